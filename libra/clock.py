@@ -1,0 +1,41 @@
+"""Clocks: the only way code in `libra/` reads time.
+
+Policies take a `Clock` so that the simulator (SimClock, advanced by the event loop) and real runs
+(WallClock) drive the same objects. Nothing in `libra/` calls `time.time()` directly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since an arbitrary, fixed origin; never decreases."""
+        ...
+
+
+class WallClock:
+    """Monotonic wall time, for real runs."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+
+class SimClock:
+    """Simulated time, moved forward only by its owner (the discrete-event loop or a test)."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now = float(start_s)
+
+    def now(self) -> float:
+        return self._now
+
+    def advance_to(self, t_s: float) -> None:
+        if t_s < self._now:
+            raise ValueError(f"simulated time cannot go back: {t_s} < {self._now}")
+        self._now = float(t_s)
+
+    def advance(self, dt_s: float) -> None:
+        self.advance_to(self._now + dt_s)

@@ -1,0 +1,163 @@
+"""Validated configuration: one pydantic model per subsystem, loaded from configs/*.yaml.
+
+The defaults written here are the embedded defaults: `LibraConfig()` is what runs when no file is
+given, and `configs/default.yaml` spells the same values out (a test keeps the two equal). Unknown
+keys and out-of-range values are errors that name the key, the value and what is allowed.
+Configs never do I/O beyond `load_config` reading its one file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from libra.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreConfig(_Section):
+    """Trajectory store on Parquet files, queried with DuckDB."""
+
+    root: str = Field(".libra/store", description="directory holding every run's Parquet files")
+    compression: Literal["zstd", "snappy", "lz4", "gzip", "none"] = Field(
+        "zstd", description="Parquet compression codec"
+    )
+    row_group_rows: int = Field(
+        1_048_576, ge=1_024, le=67_108_864, description="rows per Parquet row group"
+    )
+    fsync: bool = Field(True, description="fsync each shard before it becomes visible (durability on power loss)")
+    duckdb_threads: int = Field(2, ge=1, le=256, description="threads DuckDB may use for queries")
+
+
+class TracesConfig(_Section):
+    """How per-turn trace files map onto RL steps when imported or replayed."""
+
+    prompts_per_step: int = Field(
+        8, ge=1, le=100_000, description="prompts per RL step (each with all its samples), in file order"
+    )
+
+
+class TrackingConfig(_Section):
+    """MLflow experiment tracking."""
+
+    tracking_uri: str = Field(
+        "sqlite:///.libra/mlflow.db", description="MLflow tracking URI; a relative sqlite path is under the working directory"
+    )
+    artifact_root: str = Field(".libra/mlartifacts", description="where MLflow stores artifacts (plots, tables)")
+    experiment: str = Field("libra", min_length=1, description="default experiment name")
+
+
+class OrchestrationConfig(_Section):
+    """Prefect settings for running flows without a server."""
+
+    prefect_home: str = Field(".libra/prefect", description="PREFECT_HOME: Prefect's local database and settings")
+    task_retries: int = Field(1, ge=0, le=10, description="retries of a failed Prefect task")
+
+
+class LibraConfig(_Section):
+    """Every subsystem's settings; each section validates itself."""
+
+    store: StoreConfig = StoreConfig()
+    traces: TracesConfig = TracesConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    orchestration: OrchestrationConfig = OrchestrationConfig()
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> LibraConfig:
+    """Load a YAML config (or the embedded defaults when `path` is None), then apply overrides.
+
+    `overrides` maps dotted keys to values, e.g. {"store.root": "/data/store"}.
+    """
+    data: dict[str, Any] = {}
+    source = "embedded defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config ({exc.strerror}); pass an existing YAML file") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        data = loaded
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    try:
+        return LibraConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_validation_error(exc, LibraConfig)}") from None
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line per problem: the dotted key, the value given and what is allowed."""
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(p) for p in error["loc"])
+        if error["type"] == "extra_forbidden":
+            parent = _model_at(model, error["loc"][:-1])
+            allowed = ", ".join(parent.model_fields) if parent else "see configs/default.yaml"
+            lines.append(f"unknown key {key!r}; allowed keys here: {allowed}")
+            continue
+        allowed = _allowed(model, error["loc"])
+        value = error.get("input")
+        lines.append(f"{key} = {value!r}: {error['msg']}" + (f" (allowed: {allowed})" if allowed else ""))
+    return "; ".join(lines)
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if current is None or part not in current.model_fields:
+            return None
+        annotation = current.model_fields[part].annotation
+        current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return current
+
+
+def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """The range or choices of the field at `loc`, e.g. '1024 <= value <= 67108864'."""
+    parent = _model_at(model, loc[:-1])
+    if parent is None or loc[-1] not in parent.model_fields:
+        return ""
+    info = parent.model_fields[loc[-1]]
+    low = high = None
+    for meta in info.metadata:
+        for name, op in (("ge", "<="), ("gt", "<")):
+            if getattr(meta, name, None) is not None:
+                low = f"{getattr(meta, name)} {op} "
+        for name, op in (("le", "<="), ("lt", "<")):
+            if getattr(meta, name, None) is not None:
+                high = f" {op} {getattr(meta, name)}"
+    if low or high:
+        return f"{low or ''}value{high or ''}"
+    args = getattr(info.annotation, "__args__", None)
+    if args and all(isinstance(a, str) for a in args):
+        return "one of " + ", ".join(args)
+    return ""
+
+
+def default_config_yaml() -> str:
+    """The embedded defaults as YAML (what configs/default.yaml holds)."""
+    return yaml.safe_dump(LibraConfig().model_dump(), sort_keys=False)

@@ -1,0 +1,70 @@
+"""Shared records that cross module boundaries.
+
+Small frozen dataclasses with units in their field comments. `storage/` maps these onto Arrow
+schemas; the planner, the scheduler and the simulator read them. Later subsystems add their own
+records here (plans, pool events) when more than one package needs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ToolStatus(str, Enum):
+    """How a tool call ended, as the causal tree keys it."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    NONE = "none"  # the final turn: no tool was called
+
+
+NO_TOOL = "none"  # tool_name of a final turn
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One model generation and the tool return that follows it."""
+
+    trajectory_id: str  # unique within a run: "<prompt_id>/<sample_id>"
+    prompt_id: str  # prompts with the same id are samples of the same task
+    sample_id: str  # which sample of the prompt
+    turn_idx: int  # 0, 1, ... without gaps
+    context_tokens: int  # tokens in the context when this turn starts (prompt + earlier turns)
+    gen_tokens: int  # tokens generated in this turn
+    tool_name: str  # tool called at the end of the turn; NO_TOOL on the final turn
+    tool_payload_tokens: int  # tokens of the tool result appended after this turn (0 if none)
+    tool_status: ToolStatus  # NONE on the final turn
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """A whole multi-turn trajectory: the unit that is rolled out, rewarded and trained on."""
+
+    trajectory_id: str
+    prompt_id: str
+    sample_id: str
+    source: str  # workload or dataset name
+    prompt_tokens: int  # initial prompt size
+    turns: tuple[Turn, ...]
+    reward: float | None  # final reward; None when unknown
+
+    @property
+    def gen_tokens(self) -> int:
+        """Tokens the policy generated over all turns."""
+        return sum(t.gen_tokens for t in self.turns)
+
+    @property
+    def tool_payload_tokens(self) -> int:
+        """Tokens of tool results appended to the context over all turns."""
+        return sum(t.tool_payload_tokens for t in self.turns)
+
+    @property
+    def total_tokens(self) -> int:
+        """Final context length: prompt + generated + tool payload tokens."""
+        return self.prompt_tokens + self.gen_tokens + self.tool_payload_tokens
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(1 for t in self.turns if t.tool_name != NO_TOOL)

@@ -1,0 +1,168 @@
+"""Named queries over a catalog: the questions the planner, the tree rebuild and dashboards ask.
+
+Each is plain SQL with `$name` parameters, kept here so that `libra query --named NAME` and the
+Python callers run exactly the same text. "Recent" means the last `last_steps` steps of the run
+(all steps when `last_steps` is 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from libra.errors import LibraError
+from storage.catalog import Catalog
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    name: str
+    doc: str
+    sql: str
+    defaults: dict[str, Any] = field(default_factory=dict)  # every parameter with its default
+
+
+_RECENT_STEPS = """
+    recent_steps AS (
+        SELECT max(step) - $last_steps AS after FROM {table}
+    )
+"""
+
+LENGTH_HISTOGRAM = NamedQuery(
+    "length_histogram",
+    "Histogram of trajectory length (total tokens) over the recent steps: one row per bin of "
+    "`bin_tokens` tokens (0 = pick a width giving about `bins` bins), with the mean prompt, "
+    "generated and tool-payload tokens of the trajectories in each bin.",
+    f"""
+    WITH {_RECENT_STEPS.format(table="trajectories")},
+    recent AS (
+        SELECT t.* FROM trajectories t, recent_steps r
+        WHERE $last_steps = 0 OR t.step > r.after
+    ),
+    width AS (
+        SELECT CASE WHEN $bin_tokens > 0 THEN $bin_tokens
+                    ELSE greatest(1, ceil((max(total_tokens) + 1) / $bins))::BIGINT END AS w
+        FROM recent
+    )
+    SELECT (total_tokens // w) * w AS lo_tokens,
+           (total_tokens // w) * w + w AS hi_tokens,
+           count(*) AS trajectories,
+           avg(prompt_tokens) AS prompt_tokens_mean,
+           avg(gen_tokens) AS gen_tokens_mean,
+           avg(tool_payload_tokens) AS tool_payload_tokens_mean
+    FROM recent, width
+    GROUP BY ALL
+    ORDER BY lo_tokens
+    """,
+    {"last_steps": 0, "bin_tokens": 0, "bins": 20},
+)
+
+REMAINING_LENGTH_PATHS = NamedQuery(
+    "remaining_length_paths",
+    "One row per tool return over the recent steps, in trajectory and turn order: the return "
+    "(tool, payload tokens, status), the position in tokens after it, and the remaining tokens "
+    "the trajectory then generated or received (output and tool feedback after this return). "
+    "The causal tree is rebuilt from these rows.",
+    f"""
+    WITH {_RECENT_STEPS.format(table="turns")},
+    recent AS (
+        SELECT t.* FROM turns t, recent_steps r
+        WHERE $last_steps = 0 OR t.step > r.after
+    ),
+    walked AS (
+        SELECT step, trajectory_id, prompt_id, turn_idx, tool_name, tool_status, tool_payload_tokens,
+               context_tokens + gen_tokens + tool_payload_tokens AS position_tokens,
+               coalesce(sum(gen_tokens + tool_payload_tokens) OVER (
+                   PARTITION BY trajectory_id ORDER BY turn_idx
+                   ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)::BIGINT AS remaining_tokens,
+               is_final
+        FROM recent
+    )
+    SELECT step, trajectory_id, prompt_id, turn_idx, tool_name, tool_status, tool_payload_tokens,
+           position_tokens, remaining_tokens
+    FROM walked
+    WHERE NOT is_final
+    ORDER BY step, trajectory_id, turn_idx
+    """,
+    {"last_steps": 0},
+)
+
+TOOL_STATISTICS = NamedQuery(
+    "tool_statistics",
+    "Per tool over the recent steps: calls, trajectories using it, error and timeout rates, tool "
+    "payload size (mean, p50, p90, max), tokens generated before the call and tool latency.",
+    f"""
+    WITH {_RECENT_STEPS.format(table="turns")},
+    recent AS (
+        SELECT t.* FROM turns t, recent_steps r
+        WHERE ($last_steps = 0 OR t.step > r.after) AND t.tool_name <> 'none'
+    )
+    SELECT tool_name,
+           count(*) AS calls,
+           count(DISTINCT trajectory_id) AS trajectories,
+           avg(CASE WHEN tool_status = 'error' THEN 1.0 ELSE 0.0 END) AS error_rate,
+           avg(CASE WHEN tool_status = 'timeout' THEN 1.0 ELSE 0.0 END) AS timeout_rate,
+           avg(tool_payload_tokens) AS payload_tokens_mean,
+           quantile_cont(tool_payload_tokens, 0.5) AS payload_tokens_p50,
+           quantile_cont(tool_payload_tokens, 0.9) AS payload_tokens_p90,
+           max(tool_payload_tokens) AS payload_tokens_max,
+           avg(gen_tokens) AS gen_tokens_mean,
+           avg(tool_latency_s) AS tool_latency_s_mean
+    FROM recent
+    GROUP BY tool_name
+    ORDER BY calls DESC, tool_name
+    """,
+    {"last_steps": 0},
+)
+
+PER_STEP_DRIFT = NamedQuery(
+    "per_step_drift",
+    "Per step: trajectories, total-token mean/p50/p90/max, generated tokens, turns and tool calls "
+    "per trajectory, mean reward, and the mean length relative to the previous and the first step.",
+    """
+    WITH per_step AS (
+        SELECT step,
+               count(*) AS trajectories,
+               avg(total_tokens) AS total_tokens_mean,
+               quantile_cont(total_tokens, 0.5) AS total_tokens_p50,
+               quantile_cont(total_tokens, 0.9) AS total_tokens_p90,
+               max(total_tokens) AS total_tokens_max,
+               avg(gen_tokens) AS gen_tokens_mean,
+               avg(num_turns) AS turns_mean,
+               avg(num_tool_calls) AS tool_calls_mean,
+               avg(reward) AS reward_mean
+        FROM trajectories
+        GROUP BY step
+    )
+    SELECT *,
+           total_tokens_mean / lag(total_tokens_mean) OVER (ORDER BY step) AS length_vs_previous,
+           total_tokens_mean / first_value(total_tokens_mean) OVER (ORDER BY step) AS length_vs_first
+    FROM per_step
+    ORDER BY step
+    """,
+    {},
+)
+
+NAMED_QUERIES: dict[str, NamedQuery] = {
+    q.name: q for q in (LENGTH_HISTOGRAM, REMAINING_LENGTH_PATHS, TOOL_STATISTICS, PER_STEP_DRIFT)
+}
+
+
+def run_named(catalog: Catalog, name: str, **params: Any) -> pa.Table:
+    """Run a named query; unknown names or parameters are LibraErrors that list what exists."""
+    if name not in NAMED_QUERIES:
+        raise LibraError(f"no named query {name!r}; named queries: {', '.join(NAMED_QUERIES)}")
+    query = NAMED_QUERIES[name]
+    unknown = sorted(set(params) - set(query.defaults))
+    if unknown:
+        allowed = ", ".join(query.defaults) or "none"
+        raise LibraError(f"{name}: unknown parameter(s) {', '.join(unknown)}; parameters: {allowed}")
+    values = {**query.defaults, **params}
+    for key, value in values.items():
+        if not isinstance(value, int) or value < 0:
+            raise LibraError(f"{name}: parameter {key} must be a non-negative integer, got {value!r}")
+    if name == "length_histogram" and values["bins"] < 1:
+        raise LibraError("length_histogram: bins must be >= 1")
+    return catalog.query(query.sql, values or None)
