@@ -50,7 +50,9 @@ class TrackingConfig(_Section):
         "sqlite:///.libra/mlflow.db", description="MLflow tracking URI; a relative sqlite path is under the working directory"
     )
     artifact_root: str = Field(".libra/mlartifacts", description="where MLflow stores artifacts (plots, tables)")
-    experiment: str = Field("libra", min_length=1, description="default experiment name")
+    experiment_prefix: str = Field(
+        "libra", min_length=1, max_length=64, description="experiment names start with it: <prefix>-traces, ..."
+    )
 
 
 class OrchestrationConfig(_Section):

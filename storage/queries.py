@@ -145,8 +145,35 @@ PER_STEP_DRIFT = NamedQuery(
     {},
 )
 
+RUN_SUMMARY = NamedQuery(
+    "run_summary",
+    "One row for the whole run: steps, trajectories, turns, total-token p50/p90/p99 and mean, turns "
+    "per trajectory (p50), tool calls per trajectory, tool error rate and mean reward.",
+    """
+    WITH t AS (
+        SELECT count(DISTINCT step) AS steps,
+               count(*) AS trajectories,
+               sum(num_turns) AS turns,
+               avg(total_tokens) AS total_tokens_mean,
+               quantile_cont(total_tokens, 0.5) AS total_tokens_p50,
+               quantile_cont(total_tokens, 0.9) AS total_tokens_p90,
+               quantile_cont(total_tokens, 0.99) AS total_tokens_p99,
+               quantile_cont(num_turns, 0.5) AS turns_p50,
+               avg(num_tool_calls) AS tool_calls_mean,
+               avg(reward) AS reward_mean
+        FROM trajectories
+    ),
+    u AS (
+        SELECT avg(CASE WHEN tool_status = 'error' THEN 1.0 ELSE 0.0 END) AS tool_error_rate
+        FROM turns WHERE tool_name <> 'none'
+    )
+    SELECT * FROM t, u
+    """,
+    {},
+)
+
 NAMED_QUERIES: dict[str, NamedQuery] = {
-    q.name: q for q in (LENGTH_HISTOGRAM, REMAINING_LENGTH_PATHS, TOOL_STATISTICS, PER_STEP_DRIFT)
+    q.name: q for q in (LENGTH_HISTOGRAM, REMAINING_LENGTH_PATHS, TOOL_STATISTICS, PER_STEP_DRIFT, RUN_SUMMARY)
 }
 
 

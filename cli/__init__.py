@@ -1,0 +1,1 @@
+"""The `libra` command line: one entry point fronting every package."""

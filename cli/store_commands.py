@@ -1,0 +1,151 @@
+"""Store subcommands: `traces import`, `query`, `runs`, `schema`, `config`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from cli.format import render_table, rows_json
+from libra.config import LibraConfig, default_config_yaml
+from libra.errors import LibraError
+
+
+def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    traces = sub.add_parser("traces", help="per-turn trace files", description="Work with per-turn trace files.")
+    traces_sub = traces.add_subparsers(dest="traces_command", metavar="ACTION", required=True)
+    imp = traces_sub.add_parser(
+        "import",
+        parents=[parent],
+        help="import a per-turn trace CSV into the store",
+        description="Validate a per-turn trace CSV (format: data/traces/README.md) and write its turns and "
+        "trajectories into the store as run NAME. Nothing is written unless the whole file is valid; "
+        "importing the same file into the same run again leaves the same rows.",
+    )
+    imp.add_argument("file", metavar="FILE.csv", help="per-turn trace file")
+    imp.add_argument("--run", required=True, help="run name to import into")
+    imp.add_argument("--prompts-per-step", type=int, metavar="N", help="prompts per RL step (default: traces.prompts_per_step)")
+    imp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    imp.set_defaults(handler=cmd_traces_import)
+
+    query = sub.add_parser(
+        "query",
+        parents=[parent],
+        help="run DuckDB SQL over a run's store",
+        description="Run DuckDB SQL over a run's tables (trajectories, turns, steps, plans, pool_events), or a "
+        "named query with --named. Prints a table, or JSON rows with --json.",
+    )
+    query.add_argument("sql", nargs="?", metavar="SQL", help="the query, e.g. \"select count(*) as n from turns\"")
+    query.add_argument("--run", help="run whose tables to expose (default: every run; the run column tells them apart)")
+    query.add_argument("--named", metavar="NAME", help="run a named query instead of SQL (see `libra query --list`)")
+    query.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="parameter of a named query (repeatable)")
+    query.add_argument("--list", action="store_true", help="list the named queries and their parameters")
+    query.add_argument("--json", action="store_true", help="print rows as a JSON list of objects")
+    query.add_argument("--max-rows", type=int, default=100, metavar="N", help="rows to show in table output (default 100)")
+    query.set_defaults(handler=cmd_query)
+
+    runs = sub.add_parser("runs", parents=[parent], help="list the runs in the store", description="List the runs in the store.")
+    runs.add_argument("--json", action="store_true", help="print a JSON list")
+    runs.set_defaults(handler=cmd_runs)
+
+    schema = sub.add_parser(
+        "schema", parents=[parent], help="describe the store's tables", description="Columns of each table, with units and meaning."
+    )
+    schema.add_argument("table", nargs="?", help="one table (default: all)")
+    schema.set_defaults(handler=cmd_schema)
+
+    config = sub.add_parser(
+        "config", parents=[parent], help="print the effective configuration", description="Print the validated configuration as YAML."
+    )
+    config.set_defaults(handler=cmd_config)
+
+
+def cmd_traces_import(args: argparse.Namespace, config: LibraConfig) -> int:
+    from storage.ingest import import_trace
+
+    prompts_per_step = args.prompts_per_step if args.prompts_per_step is not None else config.traces.prompts_per_step
+    if prompts_per_step < 1:
+        raise LibraError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
+    summary = import_trace(args.file, args.run, config.store, prompts_per_step)
+    if args.json:
+        print(json.dumps(summary.__dict__))
+    else:
+        print(
+            f"imported {summary.turns} turns of {summary.trajectories} trajectories from {summary.path} "
+            f"into run {summary.run!r} ({summary.steps} steps, {summary.shards} shards, store {config.store.root})"
+        )
+    return 0
+
+
+def _parse_params(pairs: list[str]) -> dict[str, int]:
+    params: dict[str, int] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise LibraError(f"--param {pair!r}: write KEY=VALUE, e.g. --param last_steps=10")
+        try:
+            params[key] = int(value)
+        except ValueError:
+            raise LibraError(f"--param {pair!r}: the value must be an integer") from None
+    return params
+
+
+def cmd_query(args: argparse.Namespace, config: LibraConfig) -> int:
+    from storage.catalog import Catalog
+    from storage.queries import NAMED_QUERIES, run_named
+
+    if args.list:
+        for query in NAMED_QUERIES.values():
+            params = ", ".join(f"{k}={v}" for k, v in query.defaults.items()) or "no parameters"
+            print(f"{query.name} ({params})\n    {query.doc}")
+        return 0
+    if (args.sql is None) == (args.named is None):
+        raise LibraError("give either SQL or --named NAME (see `libra query --help`)")
+    if args.param and args.named is None:
+        raise LibraError("--param only applies to --named queries")
+    with Catalog(config.store.root, args.run, threads=config.store.duckdb_threads) as catalog:
+        if args.named is not None:
+            table = run_named(catalog, args.named, **_parse_params(args.param))
+        else:
+            table = catalog.query(args.sql)
+    print(rows_json(table) if args.json else render_table(table, max_rows=args.max_rows))
+    return 0
+
+
+def cmd_runs(args: argparse.Namespace, config: LibraConfig) -> int:
+    from storage.catalog import list_runs
+
+    runs = list_runs(config.store.root)
+    if args.json:
+        print(json.dumps(runs))
+    elif runs:
+        print("\n".join(runs))
+    else:
+        print(f"(no runs in store {config.store.root})")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace, config: LibraConfig) -> int:
+    from storage.schemas import TABLES
+
+    if args.table is not None and args.table not in TABLES:
+        raise LibraError(f"no table {args.table!r}; tables: {', '.join(TABLES)}")
+    for schema in TABLES.values():
+        if args.table not in (None, schema.name):
+            continue
+        print(f"{schema.name} (v{schema.version}): {schema.doc}")
+        for column in schema.columns:
+            unit = f" [{column.unit}]" if column.unit else ""
+            required = "" if column.nullable else " (required)"
+            print(f"  {column.name:<22} {str(column.type):<8} {column.doc}{unit}{required}")
+        print()
+    return 0
+
+
+def cmd_config(args: argparse.Namespace, config: LibraConfig) -> int:
+    import yaml
+
+    print(yaml.safe_dump(config.model_dump(), sort_keys=False), end="")
+    return 0
+
+
+__all__ = ["register", "default_config_yaml"]

@@ -1,0 +1,60 @@
+"""The trace-analysis flow: import agent traces, compute their statistics, track them in MLflow.
+
+Until the training pipeline exists this is Libra's main job (`libra run`): it exercises the store,
+DuckDB queries, Prefect and MLflow end to end on real agent traces.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from libra.config import LibraConfig
+from tasks.store_tasks import import_trace_task, summarize_run_task
+from tasks.tracking_tasks import log_trace_run_task
+
+TRACE_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
+
+
+def bundled_traces() -> list[Path]:
+    return sorted(TRACE_DIR.glob("*.csv"))
+
+
+def experiment_name(config: LibraConfig) -> str:
+    return f"{config.tracking.experiment_prefix}-traces"
+
+
+def run_name_for(path: str | Path) -> str:
+    """`data/traces/swe_gemini3_mini_A.csv` -> `swe_gemini3_mini_A`."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem)[:128] or "trace"
+
+
+@flow(name="trace-analysis", log_prints=False)
+def trace_analysis_flow(traces: list[str], config_json: str) -> list[dict[str, Any]]:
+    """Import each trace into its own store run, summarise it and log it to MLflow."""
+    config = LibraConfig.model_validate_json(config_json)
+    experiment = experiment_name(config)
+    importer = import_trace_task.with_options(retries=config.orchestration.task_retries)
+    out = []
+    for path in traces:
+        run = run_name_for(path)
+        summary = importer(path, run, config)
+        stats = summarize_run_task(run, config)
+        mlflow_run_id = log_trace_run_task(summary, stats, config, experiment)
+        out.append(
+            {
+                "run": run,
+                "trajectories": summary.trajectories,
+                "turns": summary.turns,
+                "steps": summary.steps,
+                "total_tokens_p50": stats["total_tokens_p50"],
+                "total_tokens_p90": stats["total_tokens_p90"],
+                "turns_p50": stats["turns_p50"],
+                "tool_error_rate": round(stats["tool_error_rate"] or 0.0, 4),
+                "mlflow_run_id": mlflow_run_id,
+            }
+        )
+    return out
