@@ -8,10 +8,10 @@ records here (plans, pool events) when more than one package needs them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class ToolStatus(str, Enum):
+class ToolStatus(StrEnum):
     """How a tool call ended, as the causal tree keys it."""
 
     OK = "ok"

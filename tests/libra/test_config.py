@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from libra.config import LibraConfig, load_config
 from libra.errors import ConfigError
@@ -71,5 +72,5 @@ def test_bad_files(tmp_path: Path) -> None:
 
 def test_configs_are_frozen() -> None:
     config = LibraConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         config.store.root = "/elsewhere"  # type: ignore[misc]

