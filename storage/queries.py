@@ -61,30 +61,25 @@ LENGTH_HISTOGRAM = NamedQuery(
 
 REMAINING_LENGTH_PATHS = NamedQuery(
     "remaining_length_paths",
-    "One row per tool return over the recent steps, in trajectory and turn order: the return "
-    "(tool, payload tokens, status), the position in tokens after it, and the remaining tokens "
-    "the trajectory then generated or received (output and tool feedback after this return). "
-    "The causal tree is rebuilt from these rows.",
+    "One row per tool return over the recent steps: the return (tool, payload tokens, status), the "
+    "position in tokens after it, and the remaining tokens the trajectory then generated or received "
+    "(output and tool feedback after this return). Rows come in no particular order; sort by "
+    "(trajectory_id, turn_idx) to walk a path. The causal tree is rebuilt from these rows.",
     f"""
     WITH {_RECENT_STEPS.format(table="turns")},
     recent AS (
         SELECT t.* FROM turns t, recent_steps r
         WHERE $last_steps = 0 OR t.step > r.after
     ),
-    walked AS (
-        SELECT step, trajectory_id, prompt_id, turn_idx, tool_name, tool_status, tool_payload_tokens,
-               context_tokens + gen_tokens + tool_payload_tokens AS position_tokens,
-               coalesce(sum(gen_tokens + tool_payload_tokens) OVER (
-                   PARTITION BY trajectory_id ORDER BY turn_idx
-                   ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), 0)::BIGINT AS remaining_tokens,
-               is_final
-        FROM recent
+    final AS (
+        SELECT step, trajectory_id, context_tokens + gen_tokens + tool_payload_tokens AS total_tokens
+        FROM recent WHERE is_final
     )
-    SELECT step, trajectory_id, prompt_id, turn_idx, tool_name, tool_status, tool_payload_tokens,
-           position_tokens, remaining_tokens
-    FROM walked
-    WHERE NOT is_final
-    ORDER BY step, trajectory_id, turn_idx
+    SELECT u.step, u.trajectory_id, u.prompt_id, u.turn_idx, u.tool_name, u.tool_status, u.tool_payload_tokens,
+           u.context_tokens + u.gen_tokens + u.tool_payload_tokens AS position_tokens,
+           f.total_tokens - (u.context_tokens + u.gen_tokens + u.tool_payload_tokens) AS remaining_tokens
+    FROM recent u JOIN final f USING (step, trajectory_id)
+    WHERE NOT u.is_final
     """,
     {"last_steps": 0},
 )

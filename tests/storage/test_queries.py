@@ -29,7 +29,7 @@ def test_import_is_idempotent(tmp_path: Path, catalog: Catalog) -> None:
 
 
 def test_remaining_length_paths(catalog: Catalog) -> None:
-    rows = run_named(catalog, "remaining_length_paths").to_pylist()
+    rows = sorted(run_named(catalog, "remaining_length_paths").to_pylist(), key=lambda r: (r["trajectory_id"], r["turn_idx"]))
     assert [(r["trajectory_id"], r["turn_idx"], r["tool_name"], r["tool_status"], r["position_tokens"], r["remaining_tokens"])
             for r in rows] == [
         ("p1/a", 0, "search", "ok", 35, 3011),

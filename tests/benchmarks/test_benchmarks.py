@@ -1,0 +1,14 @@
+"""Benchmarks stay runnable, and the README's performance section is what they last measured."""
+
+from benchmarks import bench_store, report
+
+
+def test_store_benchmark_smoke(capsys) -> None:
+    assert bench_store.main(["--rows", "4000", "--steps", "4", "--repeats", "1", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "ingest 4,000 turn rows in 4 steps" in out and "ratio bare/libra" in out
+    assert out.count("query ") == len(bench_store.QUERY_CASES)
+
+
+def test_readme_performance_section_is_current() -> None:
+    assert report.main(["--check"]) == 0, "run `python -m benchmarks.report` to regenerate README.md"
