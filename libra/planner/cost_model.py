@@ -1,0 +1,247 @@
+"""Cost model: seconds and bytes for a training configuration or a rollout instance group.
+
+No search happens here (the solvers are `training_search` and `rollout_search`). Every time is a
+sum of *ideal* terms computed from the profiles (FLOPs at peak, bytes at link or HBM bandwidth)
+multiplied by a `Coefficients` entry, so calibration can fit the multipliers to measured timings
+(`calibrate`). Defaults come from published efficiencies: training MFU ~40%, prefill at ~55% of peak,
+decode at ~85% of HBM bandwidth, collectives at ~70% of link bandwidth.
+
+Training (one RL step over all its tokens, Megatron-style layout: TP inside a node, then DP, then PP):
+    compute  = FLOPs(fwd + bwd + recompute + log-prob passes) / (GPUs * peak), stretched by the
+               1F1B bubble (m + pp - 1) / m and by uneven micro-batches
+    comm     = TP all-reduces per layer + PP activations + exposed DP gradient sync + EP all-to-all
+Rollout (a group of `count` instances of TP `tp` serving some length buckets, continuous batching):
+    batch    = KV capacity / mean resident context, capped by `max_batch` and by the trajectories
+               each instance holds
+    step     = max(compute, weight + KV bytes / bandwidth) + TP all-reduces + per-step overhead
+    time     = max(prefill + decode steps of an instance's share, the longest trajectory's own time)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+from libra.planner.profiles import BF16_BYTES, GB, Cluster, HardwareProfile, ModelProfile
+from libra.planner.workload import LengthBucket, Workload
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Multipliers over ideal times (1.0 = datasheet speed). Fitted by `calibrate.fit`."""
+
+    train_compute: float = 1 / 0.40  # 1 / training MFU
+    train_comm: float = 1 / 0.70  # actual / ideal collective time
+    train_step_s: float = 2.0  # fixed seconds per training step (optimizer, launches, bookkeeping)
+    prefill_compute: float = 1 / 0.55
+    decode_compute: float = 1 / 0.55
+    decode_memory: float = 1 / 0.85
+    rollout_comm: float = 1 / 0.70
+    decode_step_s: float = 0.003  # fixed seconds per decode step of an instance (scheduling, sampling)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def with_values(self, **values: float) -> Coefficients:
+        return replace(self, **values)
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Training knobs that are not searched."""
+
+    zero_stage: int = 1  # 1: optimizer sharded over DP; 2: + gradients; 3: + weights
+    recompute: bool = True  # full activation recomputation
+    logprob_passes: int = 1  # extra forward passes per step (old-policy log-probs; 2 with a reference model)
+    dp_overlap: float = 0.4  # fraction of the DP gradient sync hidden behind backward
+    memory_headroom: float = 0.08  # fraction of HBM kept free
+    memory_margin_bytes: float = 2.5 * GB  # workspace + fragmentation margin
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Rollout-engine knobs that are not searched."""
+
+    memory_utilization: float = 0.90  # share of HBM the engine may use (vLLM gpu_memory_utilization)
+    activation_reserve_bytes: float = 1.0 * GB  # per GPU, kept for activations and CUDA graphs
+    max_batch: int = 256  # concurrent sequences per instance
+    max_context_tokens: int = 131_072  # engine max_model_len
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    micro_batch: int  # sequences per micro-batch
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class TrainEstimate:
+    config: TrainConfig
+    seconds: float
+    memory_bytes: float  # peak per GPU
+    compute_ideal_s: float  # feature: FLOPs at peak, bubble included
+    comm_ideal_s: float  # feature: collectives at link bandwidth
+
+
+@dataclass(frozen=True)
+class CostModel:
+    cluster: Cluster
+    model: ModelProfile
+    coefficients: Coefficients = field(default_factory=Coefficients)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+
+    @property
+    def hw(self) -> HardwareProfile:
+        return self.cluster.hardware
+
+    # ---------------------------------------------------------------- links
+    def _bandwidth(self, size: int, stride: int) -> tuple[float, float]:
+        """(bytes/s, latency) of a collective over `size` ranks spaced `stride` apart."""
+        if size * stride <= self.cluster.gpus_per_node:
+            return self.hw.intra_node_bandwidth, self.hw.intra_latency_s
+        return self.hw.inter_node_bandwidth, self.hw.inter_latency_s
+
+    def _all_reduce_s(self, nbytes: float, size: int, stride: int, calls: float = 1.0) -> float:
+        if size <= 1:
+            return 0.0
+        bandwidth, latency = self._bandwidth(size, stride)
+        return 2 * (size - 1) / size * nbytes / bandwidth + calls * 2 * (size - 1) * latency
+
+    # ---------------------------------------------------------------- training
+    def train_memory_bytes(self, config: TrainConfig, max_tokens: int) -> float:
+        """Peak bytes on the busiest GPU: weights, gradients, optimizer state (by ZeRO stage),
+        recomputation checkpoints of in-flight micro-batches, one layer's working set, logits."""
+        m, s = self.model, self.training
+        dense = m.dense_params / (config.tp * config.pp)
+        experts = m.expert_params / (config.ep * config.pp)
+        expert_dp = max(1, config.dp * config.tp // config.ep)
+        weights = BF16_BYTES * (dense + experts)
+        grads = BF16_BYTES * (dense + experts)
+        optimizer = 12 * (dense / config.dp + experts / expert_dp)
+        if s.zero_stage >= 2:
+            grads = BF16_BYTES * (dense / config.dp + experts / expert_dp)
+        if s.zero_stage >= 3:
+            weights = BF16_BYTES * (dense / config.dp + experts / expert_dp)
+        tokens = config.micro_batch * max_tokens
+        layers_per_stage = m.layers / config.pp
+        per_layer_full = tokens * m.hidden * 34 / config.tp  # flash attention: no L^2 term
+        per_layer_ckpt = tokens * m.hidden * BF16_BYTES / config.tp
+        in_flight = config.pp  # 1F1B: the first stage holds pp micro-batches
+        if s.recompute:
+            first_stage = in_flight * layers_per_stage * per_layer_ckpt + per_layer_full
+        else:
+            first_stage = in_flight * layers_per_stage * per_layer_full
+        logits = tokens * m.vocab * 4 * 2 / config.tp  # fp32 logits and their gradient
+        last_stage = (layers_per_stage * per_layer_ckpt + per_layer_full if s.recompute else
+                      layers_per_stage * per_layer_full) + logits
+        activations = max(first_stage, last_stage) if config.pp > 1 else first_stage + logits
+        return weights + grads + optimizer + activations
+
+    def train_memory_limit_bytes(self) -> float:
+        return self.hw.memory_bytes * (1 - self.training.memory_headroom) - self.training.memory_margin_bytes
+
+    def train_flops(self, workload: Workload) -> float:
+        """FLOPs of one training step over the workload's tokens."""
+        m, s = self.model, self.training
+        forward = 2 * m.matmul_params * workload.tokens + 2 * m.layers * m.heads * m.head_dim * sum(
+            b.count * b.total_tokens_sq for b in workload.buckets
+        )
+        passes = 1 + 2 + (1 if s.recompute else 0) + s.logprob_passes
+        return forward * passes
+
+    def train_time(self, config: TrainConfig, workload: Workload) -> TrainEstimate:
+        m, s, c = self.model, self.training, self.coefficients
+        sequences = max(1.0, workload.trajectories)
+        per_replica = math.ceil(sequences / config.dp)
+        micro_batches = math.ceil(per_replica / config.micro_batch)
+        imbalance = per_replica * config.dp / sequences
+        bubble = (micro_batches + config.pp - 1) / micro_batches
+        compute = self.train_flops(workload) / (config.gpus * self.hw.peak_flops) * imbalance * bubble
+
+        tokens_per_replica = workload.tokens / config.dp * imbalance
+        layers_per_stage = m.layers / config.pp
+        tp_calls = 6 if s.recompute else 4
+        tp_bytes = tokens_per_replica * layers_per_stage * tp_calls * m.hidden * BF16_BYTES
+        comm = self._all_reduce_s(tp_bytes, config.tp, 1, calls=micro_batches * layers_per_stage * tp_calls)
+        if config.pp > 1:
+            bandwidth, latency = self._bandwidth(config.pp, config.tp * config.dp)
+            comm += 2 * tokens_per_replica * m.hidden * BF16_BYTES / bandwidth + 2 * micro_batches * latency
+        grad_bytes = BF16_BYTES * (m.dense_params / (config.tp * config.pp) + m.expert_params / (config.ep * config.pp))
+        comm += (1 - s.dp_overlap) * self._all_reduce_s(grad_bytes, config.dp, config.tp)
+        if m.is_moe and config.ep > 1:
+            bandwidth, latency = self._bandwidth(config.ep, config.tp)
+            a2a_bytes = (tokens_per_replica / config.tp) * layers_per_stage * tp_calls * m.hidden * BF16_BYTES \
+                * m.experts_per_token * (config.ep - 1) / config.ep
+            comm += a2a_bytes / bandwidth + micro_batches * layers_per_stage * tp_calls * latency
+        seconds = c.train_compute * compute + c.train_comm * comm + c.train_step_s
+        memory = self.train_memory_bytes(config, workload.max_tokens)
+        return TrainEstimate(config, seconds, memory, compute, comm)
+
+    # ---------------------------------------------------------------- rollout
+    def weights_per_gpu_bytes(self, tp: int) -> float:
+        return self.model.weight_bytes / tp
+
+    def kv_capacity_tokens(self, tp: int) -> int:
+        """Tokens of KV cache a TP-`tp` instance holds (0 if the weights do not fit)."""
+        r = self.rollout
+        free = self.hw.memory_bytes * r.memory_utilization - self.weights_per_gpu_bytes(tp) - r.activation_reserve_bytes
+        return max(0, int(free / self.model.kv_bytes_per_token(tp)))
+
+    def instance_fits(self, tp: int, max_tokens: int) -> bool:
+        """Whether a trajectory of `max_tokens` can run on a TP-`tp` instance at all."""
+        return max_tokens <= min(self.kv_capacity_tokens(tp), self.rollout.max_context_tokens)
+
+    def decode_step_features(self, tp: int, batch: float, context: float) -> tuple[float, float, float]:
+        """Ideal (compute, memory, comm) seconds of one decode step of `batch` sequences whose
+        mean context is `context` tokens."""
+        m, hw = self.model, self.hw
+        flops = batch * (2 * m.matmul_params + 4 * m.layers * m.heads * m.head_dim * context)
+        compute = flops / (tp * hw.peak_flops)
+        memory = (self.weights_per_gpu_bytes(tp) + batch * context * m.kv_bytes_per_token(tp)) / hw.hbm_bandwidth
+        comm = self._all_reduce_s(batch * m.hidden * BF16_BYTES * 2 * m.layers, tp, 1, calls=2 * m.layers)
+        return compute, memory, comm
+
+    def decode_step_s(self, tp: int, batch: float, context: float) -> float:
+        compute, memory, comm = self.decode_step_features(tp, batch, context)
+        c = self.coefficients
+        return max(c.decode_compute * compute, c.decode_memory * memory) + c.rollout_comm * comm + c.decode_step_s
+
+    def prefill_s(self, tp: int, tokens: float, context: float) -> float:
+        """Seconds to prefill `tokens` new tokens whose mean attended context is `context`."""
+        m = self.model
+        flops = tokens * (2 * m.matmul_params + 4 * m.layers * m.heads * m.head_dim * context)
+        return self.coefficients.prefill_compute * flops / (tp * self.hw.peak_flops)
+
+    def group_time(self, tp: int, count: int, buckets: tuple[LengthBucket, ...]) -> float:
+        """Makespan of `count` TP-`tp` instances serving `buckets` (inf if a trajectory cannot fit)."""
+        if count < 1 or not buckets:
+            return 0.0 if not buckets else math.inf
+        longest = max(buckets, key=lambda b: b.max_tokens)
+        if not self.instance_fits(tp, longest.max_tokens):
+            return math.inf
+        n = sum(b.count for b in buckets)
+        prompt = sum(b.count * b.prompt_tokens for b in buckets) / n
+        gen = sum(b.count * b.gen_tokens for b in buckets) / n
+        payload = sum(b.count * b.payload_tokens for b in buckets) / n
+        resident = prompt + (gen + payload) / 2  # mean context over a trajectory's life
+        kv_batch = self.kv_capacity_tokens(tp) / max(resident, 1.0)
+        batch = max(1.0, min(kv_batch, self.rollout.max_batch, math.ceil(n / count)))
+        step = self.decode_step_s(tp, batch, resident)
+        share = n / count
+        instance = self.prefill_s(tp, share * (prompt + payload), resident) + share * gen / batch * step
+        straggler = (self.prefill_s(tp, longest.max_tokens - longest.longest_gen_tokens, resident)
+                     + longest.longest_gen_tokens * step + longest.longest_tool_time_s)
+        return max(instance, straggler)
+
+    def weight_sync_s(self) -> float:
+        """Pushing new weights from the trainer to rollout engines (bf16, one NIC per GPU of a node)."""
+        return 0.05 + self.model.weight_bytes / (self.hw.inter_node_bandwidth * self.cluster.gpus_per_node)

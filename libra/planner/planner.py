@@ -1,0 +1,208 @@
+"""The global plan: how many GPUs train, roll out and float (hybrid), minimising iteration time.
+
+    one_step_off:  T_iter = max(T_rollout, T_train) + T_sync   (rollout of step k+1 overlaps training of step k)
+    sync:          T_iter = T_rollout + T_train + T_sync
+    colocated:     every GPU rolls out, then every GPU trains: T_rollout(N) + T_train(N) + T_sync + offload
+
+Hybrid GPUs time-share: a fraction x of the iteration in rollout, the rest in training, paying
+`hybrid_switch_s` once per iteration. Their contribution is modelled fluidly: a stage's time at a
+fractional GPU count interpolates its throughput between the two neighbouring whole counts.
+T_train(n) and T_rollout(n) are the best times using at most n GPUs, so both are non-increasing.
+
+The search visits splits at `granularity` GPUs (1 up to 64 GPUs, else a node); for each hybrid size
+and share it finds the train/rollout crossing by bisection (one_step_off) or scans every split
+(sync), with training and rollout solutions cached per GPU count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from libra.clock import Clock
+from libra.planner.cost_model import CostModel, TrainEstimate
+from libra.planner.rollout_search import INFEASIBLE, RolloutLayout, RolloutSearch
+from libra.planner.training_search import TrainingTable
+from libra.planner.workload import Workload
+
+Mode = Literal["one_step_off", "sync", "colocated"]
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    mode: Mode = "one_step_off"
+    max_hybrid_fraction: float = 0.25  # at most this share of GPUs is hybrid
+    hybrid_shares: int = 4  # rollout share x of a hybrid GPU is searched on 1/k, ..., (k-1)/k
+    hybrid_switch_s: float = 10.0  # a hybrid's join + leave per iteration
+    granularity: int | None = None  # split step in GPUs; None: 1 up to 64 GPUs, else GPUs per node
+    offload_s: float = 20.0  # colocated mode: offload/onload between stages per iteration
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    splits: int  # (train, rollout, hybrid, share) points evaluated
+    train_enumerated: int
+    train_memory_pruned: int
+    train_costed: int
+    rollout_solves: int  # rollout GPU counts solved
+    rollout_dp_evaluations: int
+    rollout_group_evaluations: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    train: TrainEstimate | None
+    train_gpus: int  # core training pool
+    rollout: RolloutLayout
+    rollout_gpus: int  # core rollout pool
+    hybrid_gpus: int
+    hybrid_rollout_share: float  # fraction of the iteration hybrids spend in rollout
+    t_train_s: float
+    t_rollout_s: float
+    t_sync_s: float
+    t_iter_s: float
+    mode: Mode
+    search_ms: float = 0.0
+    stats: SearchStats | None = field(default=None, compare=False)
+
+    @property
+    def gpus(self) -> int:
+        return self.train_gpus + self.rollout_gpus + self.hybrid_gpus
+
+
+def _fractional(time_at: Callable[[int], float], gpus: float) -> float:
+    """Time at a fractional GPU count: throughput (1/time) interpolated between whole counts."""
+    lo = math.floor(gpus)
+    if lo == gpus:
+        return time_at(lo)
+    t_lo, t_hi = time_at(lo), time_at(lo + 1)
+    if math.isinf(t_hi):
+        return math.inf
+    rate = (0.0 if math.isinf(t_lo) else 1 / t_lo) * (lo + 1 - gpus) + (1 / t_hi) * (gpus - lo)
+    return math.inf if rate == 0 else 1 / rate
+
+
+class Planner:
+    """Plans for one (cost model, workload). Reuses its caches across calls with other settings."""
+
+    def __init__(self, cost: CostModel, workload: Workload, settings: PlannerSettings | None = None) -> None:
+        self.cost = cost
+        self.workload = workload
+        self.settings = settings or PlannerSettings()
+        self.training = TrainingTable(cost, workload)
+        self.rollout_search = RolloutSearch(cost, workload)
+        self._rollout: dict[int, RolloutLayout] = {}
+
+    # cached per-count solutions ---------------------------------------------------------------
+    def rollout(self, gpus: int) -> RolloutLayout:
+        if gpus not in self._rollout:
+            self._rollout[gpus] = self.rollout_search.solve(gpus) if gpus > 0 else INFEASIBLE
+        return self._rollout[gpus]
+
+    def t_rollout(self, gpus: int) -> float:
+        return self.rollout(gpus).seconds
+
+    def t_train(self, gpus: int) -> float:
+        best = self.training.best(gpus)
+        return math.inf if best is None else best.seconds
+
+    # the objective ---------------------------------------------------------------------------
+    def iteration_time(self, train_gpus: int, rollout_gpus: int, hybrid_gpus: int, share: float) -> tuple[float, float, float]:
+        """(T_iter, T_train, T_rollout) of a split; hybrids spend `share` of their time in rollout."""
+        s = self.settings
+        sync = self.cost.weight_sync_s()
+        if s.mode == "colocated":
+            gpus = train_gpus + rollout_gpus + hybrid_gpus
+            t_train, t_rollout = self.t_train(gpus), self.t_rollout(gpus)
+            return t_rollout + t_train + sync + s.offload_s, t_train, t_rollout
+        t_rollout = _fractional(self.t_rollout, rollout_gpus + share * hybrid_gpus)
+        t_train = _fractional(self.t_train, train_gpus + (1 - share) * hybrid_gpus)
+        switch = s.hybrid_switch_s if hybrid_gpus and 0 < share < 1 else 0.0
+        if s.mode == "sync":
+            return t_rollout + t_train + sync + switch, t_train, t_rollout
+        return max(t_rollout, t_train) + sync + switch, t_train, t_rollout
+
+    def granularity(self) -> int:
+        if self.settings.granularity is not None:
+            return self.settings.granularity
+        return 1 if self.cost.cluster.gpus <= 64 else self.cost.cluster.gpus_per_node
+
+    def hybrid_sizes(self) -> list[int]:
+        total, step = self.cost.cluster.gpus, self.granularity()
+        limit = int(total * self.settings.max_hybrid_fraction)
+        return [h for h in range(0, limit + 1, step)]
+
+    def shares(self) -> list[float]:
+        """Interior shares only: a hybrid that never switches is simply a core GPU."""
+        k = self.settings.hybrid_shares
+        return [i / k for i in range(1, k)]
+
+    # the search ------------------------------------------------------------------------------
+    def plan(self, clock: Clock | None = None) -> Plan:
+        start = clock.now() if clock else 0.0
+        total = self.cost.cluster.gpus
+        best: tuple[float, float, int, int, float] | None = None  # (T_iter, T_train + T_rollout, train, hybrid, share)
+        splits = 0
+        if self.settings.mode == "colocated":
+            t_iter, t_train, t_rollout = self.iteration_time(total, 0, 0, 0.0)
+            best = (t_iter, t_train + t_rollout, total, 0, 0.0)
+            splits = 1
+        else:
+            for hybrid in self.hybrid_sizes():
+                for share in self.shares() if hybrid else [0.0]:
+                    core = total - hybrid
+                    for train in self._train_candidates(core, hybrid, share):
+                        splits += 1
+                        t_iter, t_train, t_rollout = self.iteration_time(train, core - train, hybrid, share)
+                        key = (t_iter, t_train + t_rollout, train, hybrid, share)
+                        if best is None or key < best:
+                            best = key
+        assert best is not None
+        return self._build(best, clock, start, splits)
+
+    def _train_candidates(self, core: int, hybrid: int, share: float) -> list[int]:
+        """Train-pool sizes to evaluate: every multiple of the granularity (sync), or the two around
+        the point where training stops being slower than rollout (one_step_off, found by bisection)."""
+        step = self.granularity()
+        counts = list(range(step, core, step))
+        if self.settings.mode == "sync" or not counts:
+            return counts
+
+        def train_slower(index: int) -> bool:
+            train = counts[index]
+            _, t_train, t_rollout = self.iteration_time(train, core - train, hybrid, share)
+            return t_train > t_rollout
+
+        lo, hi = 0, len(counts)  # first index where training is no longer slower
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if train_slower(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        return sorted({counts[i] for i in (lo - 1, lo) if 0 <= i < len(counts)})
+
+    def _build(self, best: tuple[float, float, int, int, float], clock: Clock | None, start: float, splits: int) -> Plan:
+        t_iter, _, train, hybrid, share = best
+        rollout = self.cost.cluster.gpus - train - hybrid
+        _, t_train, t_rollout = self.iteration_time(train, rollout, hybrid, share)
+        colocated = self.settings.mode == "colocated"
+        train_estimate = self.training.best(train)
+        layout = self.rollout(train if colocated else rollout)
+        stats = SearchStats(
+            splits, self.training.stats.enumerated, self.training.stats.memory_pruned, self.training.stats.costed,
+            len(self._rollout), self.rollout_search.dp_evaluations, self.rollout_search.group_evaluations,
+        )
+        elapsed_ms = (clock.now() - start) * 1000 if clock else 0.0
+        return Plan(
+            train=train_estimate, train_gpus=train, rollout=layout, rollout_gpus=0 if colocated else rollout,
+            hybrid_gpus=hybrid, hybrid_rollout_share=share, t_train_s=t_train, t_rollout_s=t_rollout,
+            t_sync_s=self.cost.weight_sync_s(), t_iter_s=t_iter, mode=self.settings.mode, search_ms=elapsed_ms,
+            stats=stats,
+        )
+
+
+def plan(cost: CostModel, workload: Workload, settings: PlannerSettings | None = None, clock: Clock | None = None) -> Plan:
+    return Planner(cost, workload, settings).plan(clock)

@@ -1,0 +1,148 @@
+"""The planner's view of a workload: one RL step's trajectories summarised into length buckets.
+
+Buckets are ordered by length; each carries the counts and token means the cost model needs, plus
+the longest trajectory in it (its KV footprint decides which instances may serve the bucket, and its
+own decode time is a floor on any rollout). Built from trajectory records, whether they come from
+the store, a trace file or the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from libra.errors import LibraError
+
+
+@dataclass(frozen=True)
+class TrajectoryLength:
+    """What the planner needs of one trajectory."""
+
+    prompt_tokens: int
+    gen_tokens: int
+    payload_tokens: int  # tool results appended to the context
+    turns: int  # model generations
+    tool_time_s: float = 0.0  # wall time spent in tools
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.gen_tokens + self.payload_tokens
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    max_tokens: int  # longest trajectory in the bucket (total tokens)
+    count: float  # trajectories per step in this bucket
+    prompt_tokens: float  # means over the bucket's trajectories
+    gen_tokens: float
+    payload_tokens: float
+    turns: float
+    tool_time_s: float
+    total_tokens_sq: float  # mean of total_tokens**2 (attention cost grows with it)
+    longest_gen_tokens: int  # generated tokens of the longest trajectory
+    longest_turns: int
+    longest_tool_time_s: float
+
+    @property
+    def total_tokens(self) -> float:
+        return self.prompt_tokens + self.gen_tokens + self.payload_tokens
+
+
+@dataclass(frozen=True)
+class Workload:
+    buckets: tuple[LengthBucket, ...]  # sorted by max_tokens
+
+    @property
+    def trajectories(self) -> float:
+        return sum(b.count for b in self.buckets)
+
+    @property
+    def tokens(self) -> float:
+        """Total tokens of a step (what training processes)."""
+        return sum(b.count * b.total_tokens for b in self.buckets)
+
+    @property
+    def max_tokens(self) -> int:
+        return max(b.max_tokens for b in self.buckets)
+
+    @property
+    def mean_tokens(self) -> float:
+        return self.tokens / self.trajectories
+
+    def scaled(self, factor: float) -> Workload:
+        """The same shape with every length multiplied by `factor` (for drift and what-if studies)."""
+        return Workload(tuple(
+            LengthBucket(
+                max(1, round(b.max_tokens * factor)), b.count, b.prompt_tokens * factor, b.gen_tokens * factor,
+                b.payload_tokens * factor, b.turns, b.tool_time_s, b.total_tokens_sq * factor**2,
+                max(1, round(b.longest_gen_tokens * factor)), b.longest_turns, b.longest_tool_time_s,
+            )
+            for b in self.buckets
+        ))
+
+
+def geometric_bounds(max_tokens: int, smallest: int = 512, ratio: float = 2.0, limit: int = 12) -> list[int]:
+    """Bucket upper bounds smallest, smallest*ratio, ... covering `max_tokens` (at most `limit`)."""
+    bounds = [smallest]
+    while bounds[-1] < max_tokens and len(bounds) < limit:
+        bounds.append(int(bounds[-1] * ratio))
+    bounds[-1] = max(bounds[-1], max_tokens)
+    return bounds
+
+
+def build_workload(
+    trajectories: Sequence[TrajectoryLength], batch_trajectories: int | None = None, bounds: Sequence[int] | None = None
+) -> Workload:
+    """Bucket trajectories by total tokens. With `batch_trajectories`, counts are rescaled so the
+    step has that many trajectories (the shape of the sample, the size of a real step)."""
+    if not trajectories:
+        raise LibraError("no trajectories to plan for: import a trace or run some steps first")
+    longest = max(t.total_tokens for t in trajectories)
+    edges = sorted(bounds) if bounds else geometric_bounds(longest)
+    if edges[-1] < longest:
+        edges = [*edges, longest]
+    scale = (batch_trajectories / len(trajectories)) if batch_trajectories else 1.0
+    groups: list[list[TrajectoryLength]] = [[] for _ in edges]
+    for t in trajectories:
+        groups[_bucket_index(edges, t.total_tokens)].append(t)
+    buckets = []
+    for members in groups:
+        if not members:
+            continue
+        n = len(members)
+        top = max(members, key=lambda t: (t.total_tokens, t.gen_tokens))
+        buckets.append(LengthBucket(
+            max_tokens=top.total_tokens,
+            count=n * scale,
+            prompt_tokens=sum(t.prompt_tokens for t in members) / n,
+            gen_tokens=sum(t.gen_tokens for t in members) / n,
+            payload_tokens=sum(t.payload_tokens for t in members) / n,
+            turns=sum(t.turns for t in members) / n,
+            tool_time_s=sum(t.tool_time_s for t in members) / n,
+            total_tokens_sq=sum(t.total_tokens**2 for t in members) / n,
+            longest_gen_tokens=top.gen_tokens,
+            longest_turns=top.turns,
+            longest_tool_time_s=top.tool_time_s,
+        ))
+    return Workload(tuple(buckets))
+
+
+def _bucket_index(edges: Sequence[int], tokens: int) -> int:
+    lo, hi = 0, len(edges) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tokens <= edges[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def uniform_workload(trajectories: int, prompt_tokens: int, gen_tokens: int, payload_tokens: int = 0,
+                     turns: int = 1, tool_time_s: float = 0.0) -> Workload:
+    """Every trajectory the same length: the workload of scaling studies."""
+    total = prompt_tokens + gen_tokens + payload_tokens
+    return Workload((LengthBucket(total, float(trajectories), prompt_tokens, gen_tokens, payload_tokens, turns,
+                                  tool_time_s, float(total) ** 2, gen_tokens, turns, tool_time_s),))
+
+
