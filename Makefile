@@ -31,6 +31,8 @@ test: setup
 
 bench: setup
 	$(PY) -m benchmarks.bench_store
+	$(PY) -m benchmarks.bench_planner
+	$(PY) -m benchmarks.report
 
 lint: setup
 	$(VENV)/bin/ruff check .

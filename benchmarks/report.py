@@ -38,7 +38,26 @@ def store_section(result: dict) -> list[str]:
     return lines
 
 
-SECTIONS = {"store": store_section}
+def planner_section(result: dict) -> list[str]:
+    lines = [
+        f"**Planner** (`python -m benchmarks.bench_planner`; {result['workload']}; {result['machine']})",
+        "",
+        "| GPUs | planning time (median) | goal | ratio to goal | splits evaluated / in space | training configs enumerated / memory-pruned / costed | rollout layouts x assignments in space | rollout DP evaluations |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        goal = f"< {row['goal_ms']:.0f} ms" if row["goal_ms"] else "-"
+        ratio = f"{row['ratio_to_goal']:.2f}" if row["ratio_to_goal"] is not None else "-"
+        t, r = row["training"], row["rollout"]
+        lines.append(
+            f"| {row['gpus']:,} | {row['median_ms']:.0f} ms | {goal} | {ratio} | {row['splits']['evaluated']:,} / "
+            f"{row['splits']['space']:,} | {t['enumerated']:,} / {t['memory_pruned']:,} / {t['costed']:,} | "
+            f"{r['layouts_at_full_pool']:,} x {r['monotone_assignments']} | {r['dp_evaluations']:,} |"
+        )
+    return lines
+
+
+SECTIONS = {"store": store_section, "planner": planner_section}
 
 
 def render() -> str:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from cli import run_command, store_commands
+from cli import plan_command, run_command, store_commands
 from libra import __version__
 from libra.config import LibraConfig, load_config
 from libra.errors import LibraError
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     parent = common_options()
     store_commands.register(sub, parent)
+    plan_command.register(sub, parent)
     run_command.register(sub, parent)
     return parser
 

@@ -167,8 +167,45 @@ RUN_SUMMARY = NamedQuery(
     {},
 )
 
+TRAJECTORY_LENGTHS = NamedQuery(
+    "trajectory_lengths",
+    "One row per trajectory over the recent steps with what the planner needs: prompt, generated "
+    "and tool-payload tokens, turns, and the wall time its tool calls took (0 when not recorded).",
+    f"""
+    WITH {_RECENT_STEPS.format(table="trajectories")},
+    recent AS (
+        SELECT t.* FROM trajectories t, recent_steps r
+        WHERE $last_steps = 0 OR t.step > r.after
+    ),
+    tool_time AS (
+        SELECT step, trajectory_id, coalesce(sum(tool_latency_s), 0.0) AS tool_time_s
+        FROM turns GROUP BY step, trajectory_id
+    )
+    SELECT r.step, r.trajectory_id, r.prompt_tokens, r.gen_tokens, r.tool_payload_tokens, r.num_turns,
+           coalesce(tt.tool_time_s, 0.0) AS tool_time_s
+    FROM recent r LEFT JOIN tool_time tt USING (step, trajectory_id)
+    ORDER BY r.step, r.trajectory_id
+    """,
+    {"last_steps": 0},
+)
+
+TIMING_SAMPLES = NamedQuery(
+    "timing_samples",
+    "Measured timing samples (training steps, decode steps, prefills) over the recent steps, for "
+    "calibrating the cost model.",
+    f"""
+    WITH {_RECENT_STEPS.format(table="timings")}
+    SELECT t.* FROM timings t, recent_steps r
+    WHERE $last_steps = 0 OR t.step > r.after
+    ORDER BY t.step
+    """,
+    {"last_steps": 0},
+)
+
 NAMED_QUERIES: dict[str, NamedQuery] = {
-    q.name: q for q in (LENGTH_HISTOGRAM, REMAINING_LENGTH_PATHS, TOOL_STATISTICS, PER_STEP_DRIFT, RUN_SUMMARY)
+    q.name: q
+    for q in (LENGTH_HISTOGRAM, REMAINING_LENGTH_PATHS, TOOL_STATISTICS, PER_STEP_DRIFT, RUN_SUMMARY,
+              TRAJECTORY_LENGTHS, TIMING_SAMPLES)
 }
 
 

@@ -163,7 +163,30 @@ POOL_EVENTS = TableSchema(
     ),
 )
 
-TABLES: dict[str, TableSchema] = {t.name: t for t in (TRAJECTORIES, TURNS, STEPS, PLANS, POOL_EVENTS)}
+TIMINGS = TableSchema(
+    "timings",
+    1,
+    "one row per measured (configuration, tokens) -> seconds sample, for calibrating the cost model",
+    _key_columns()
+    + (
+        Column("kind", pa.string(), "train_step, decode_step or prefill", nullable=False),
+        Column("seconds", pa.float64(), "measured wall time", "s", nullable=False),
+        Column("hardware", pa.string(), "hardware profile the sample was taken on"),
+        Column("model", pa.string(), "model profile"),
+        Column("tp", pa.int32(), "tensor parallelism"),
+        Column("pp", pa.int32(), "pipeline parallelism"),
+        Column("dp", pa.int32(), "data parallelism"),
+        Column("ep", pa.int32(), "expert parallelism"),
+        Column("micro_batch", pa.int32(), "training micro-batch", "sequences"),
+        Column("sequences", pa.float64(), "train_step: sequences in the step", "sequences"),
+        Column("tokens", pa.float64(), "train_step: tokens in the step; prefill: new tokens", "tokens"),
+        Column("max_tokens", pa.int64(), "train_step: longest sequence", "tokens"),
+        Column("batch", pa.float64(), "decode_step: concurrent sequences", "sequences"),
+        Column("context_tokens", pa.float64(), "decode_step / prefill: mean attended context", "tokens"),
+    ),
+)
+
+TABLES: dict[str, TableSchema] = {t.name: t for t in (TRAJECTORIES, TURNS, STEPS, PLANS, POOL_EVENTS, TIMINGS)}
 
 
 def table_schema(name: str) -> TableSchema:

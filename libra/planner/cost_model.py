@@ -57,6 +57,7 @@ class TrainingSettings:
     dp_overlap: float = 0.4  # fraction of the DP gradient sync hidden behind backward
     memory_headroom: float = 0.08  # fraction of HBM kept free
     memory_margin_bytes: float = 2.5 * GB  # workspace + fragmentation margin
+    logits_chunk_tokens: int = 8192  # log-probs are computed over chunks of this many tokens
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class CostModel:
             first_stage = in_flight * layers_per_stage * per_layer_ckpt + per_layer_full
         else:
             first_stage = in_flight * layers_per_stage * per_layer_full
-        logits = tokens * m.vocab * 4 * 2 / config.tp  # fp32 logits and their gradient
+        logits = min(tokens, s.logits_chunk_tokens) * m.vocab * 4 * 2 / config.tp  # fp32 logits + gradient, one chunk
         last_stage = (layers_per_stage * per_layer_ckpt + per_layer_full if s.recompute else
                       layers_per_stage * per_layer_full) + logits
         activations = max(first_stage, last_stage) if config.pp > 1 else first_stage + logits

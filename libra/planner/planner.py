@@ -206,3 +206,48 @@ class Planner:
 
 def plan(cost: CostModel, workload: Workload, settings: PlannerSettings | None = None, clock: Clock | None = None) -> Plan:
     return Planner(cost, workload, settings).plan(clock)
+
+
+def evaluate(planner: Planner, current: Plan) -> float:
+    """T_iter of an existing plan on the planner's (new) workload: the same split, the same training
+    configuration and the same instances, with buckets re-assigned to the instance groups."""
+    cost, workload, settings = planner.cost, planner.workload, planner.settings
+    if current.train is None:
+        return math.inf
+    config = current.train.config
+    if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
+        return math.inf
+    base_train = cost.train_time(config, workload).seconds
+    counts: dict[int, int] = {}
+    for group in current.rollout.groups:
+        counts[group.tp] = counts.get(group.tp, 0) + group.count
+    base_rollout = fixed_layout_time(cost, workload, counts)
+    sync = cost.weight_sync_s()
+    if current.mode == "colocated":
+        return base_rollout + base_train + sync + settings.offload_s
+    # hybrids scale each stage's throughput by the GPUs it gets, as in the search
+    share, hybrid = current.hybrid_rollout_share, current.hybrid_gpus
+    t_train = base_train * current.train_gpus / (current.train_gpus + (1 - share) * hybrid)
+    t_rollout = base_rollout * current.rollout_gpus / max(current.rollout_gpus + share * hybrid, 1e-9)
+    switch = settings.hybrid_switch_s if hybrid and 0 < share < 1 else 0.0
+    if current.mode == "sync":
+        return t_rollout + t_train + sync + switch
+    return max(t_rollout, t_train) + sync + switch
+
+
+def fixed_layout_time(cost: CostModel, workload: Workload, counts: dict[int, int]) -> float:
+    """Makespan of fixed instance counts per TP, with the sorted buckets assigned to the groups in
+    increasing TP order by dynamic programming (min over splits of the max group time)."""
+    groups = sorted((tp, c) for tp, c in counts.items() if c > 0)
+    buckets = workload.buckets
+    n = len(buckets)
+    # best[i]: smallest makespan covering buckets[0:i] with the groups seen so far
+    best = [0.0] + [math.inf] * n
+    for tp, count in groups:
+        new = list(best)
+        for i in range(1, n + 1):
+            for j in range(i):
+                if best[j] < math.inf:
+                    new[i] = min(new[i], max(best[j], cost.group_time(tp, count, buckets[j:i])))
+        best = new
+    return best[n]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libra.errors import LibraError
+from libra.types import Trajectory
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,21 @@ class Workload:
             )
             for b in self.buckets
         ))
+
+
+def lengths_from_rows(rows: Sequence[dict]) -> list[TrajectoryLength]:
+    """Rows with prompt_tokens, gen_tokens, tool_payload_tokens, num_turns and optionally
+    tool_time_s (the store's `trajectory_lengths` query) -> planner records."""
+    return [
+        TrajectoryLength(int(r["prompt_tokens"]), int(r["gen_tokens"]), int(r["tool_payload_tokens"]),
+                         int(r["num_turns"]), float(r.get("tool_time_s") or 0.0))
+        for r in rows
+    ]
+
+
+def lengths_from_trajectories(trajectories: Sequence[Trajectory]) -> list[TrajectoryLength]:
+    """Trace or rollout trajectories -> planner records (no tool timing in traces)."""
+    return [TrajectoryLength(t.prompt_tokens, t.gen_tokens, t.tool_payload_tokens, len(t.turns)) for t in trajectories]
 
 
 def geometric_bounds(max_tokens: int, smallest: int = 512, ratio: float = 2.0, limit: int = 12) -> list[int]:

@@ -1,6 +1,6 @@
 """Benchmarks stay runnable, and the README's performance section is what they last measured."""
 
-from benchmarks import bench_store, report
+from benchmarks import bench_planner, bench_store, report
 
 
 def test_store_benchmark_smoke(capsys) -> None:
@@ -8,6 +8,11 @@ def test_store_benchmark_smoke(capsys) -> None:
     out = capsys.readouterr().out
     assert "ingest 4,000 turn rows in 4 steps" in out and "ratio bare/libra" in out
     assert out.count("query ") == len(bench_store.QUERY_CASES)
+
+
+def test_planner_benchmark_smoke(capsys) -> None:
+    assert bench_planner.main(["--nodes", "1", "--repeats", "1", "--no-save"]) == 0
+    assert "8 GPUs: plan in" in capsys.readouterr().out
 
 
 def test_readme_performance_section_is_current() -> None:

@@ -1,0 +1,143 @@
+"""Calibration: fit the cost model's coefficients to measured timings, so plans follow the machine.
+
+Each sample is a measured (configuration, tokens) -> seconds observation of one of three kinds:
+a training step, a decode step of an instance, or a prefill. The cost model expresses each as
+coefficients times ideal terms (`cost_model`), so fitting is least squares on relative error with
+non-negative coefficients:
+
+    train_step   seconds = train_compute * compute + train_comm * comm + train_step_s
+    prefill      seconds = prefill_compute * flops_time
+    decode_step  seconds = max(decode_compute * compute, decode_memory * memory) + rollout_comm * comm + decode_step_s
+
+The max() of the decode roofline is fitted by alternating: label each sample with the bound that
+binds under the current coefficients, solve the linear problem, repeat until the labels settle.
+Coefficients of a kind with too few samples keep their current values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+from scipy.optimize import nnls
+
+from libra.planner.cost_model import Coefficients, CostModel, TrainConfig
+from libra.planner.workload import LengthBucket, Workload
+
+Kind = Literal["train_step", "decode_step", "prefill"]
+MIN_SAMPLES = {"train_step": 4, "decode_step": 6, "prefill": 2}
+
+
+@dataclass(frozen=True)
+class TimingSample:
+    kind: Kind
+    seconds: float  # measured
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    micro_batch: int = 1
+    sequences: float = 0.0  # train_step: sequences in the step
+    tokens: float = 0.0  # train_step: tokens in the step; prefill: new tokens
+    max_tokens: int = 0  # train_step: longest sequence
+    batch: float = 0.0  # decode_step: concurrent sequences
+    context_tokens: float = 0.0  # decode_step / prefill: mean attended context
+
+
+@dataclass(frozen=True)
+class FitResult:
+    coefficients: Coefficients
+    samples: dict[str, int]  # samples used per kind
+    mean_abs_rel_error: dict[str, float]  # on the samples, after fitting
+
+
+def _train_workload(sample: TimingSample) -> Workload:
+    mean = sample.tokens / sample.sequences
+    return Workload((LengthBucket(sample.max_tokens, sample.sequences, 0.0, mean, 0.0, 1.0, 0.0, mean * mean,
+                                  sample.max_tokens, 1, 0.0),))
+
+
+def features(cost: CostModel, sample: TimingSample) -> tuple[float, ...]:
+    """The ideal terms the sample's time is a combination of (see the module docstring)."""
+    if sample.kind == "train_step":
+        config = TrainConfig(sample.tp, sample.pp, sample.dp, sample.ep, sample.micro_batch)
+        estimate = cost.train_time(config, _train_workload(sample))
+        return estimate.compute_ideal_s, estimate.comm_ideal_s, 1.0
+    if sample.kind == "prefill":
+        return (cost.prefill_s(sample.tp, sample.tokens, sample.context_tokens) / cost.coefficients.prefill_compute,)
+    compute, memory, comm = cost.decode_step_features(sample.tp, sample.batch, sample.context_tokens)
+    return compute, memory, comm, 1.0
+
+
+def predict(cost: CostModel, sample: TimingSample) -> float:
+    c, f = cost.coefficients, features(cost, sample)
+    if sample.kind == "train_step":
+        return c.train_compute * f[0] + c.train_comm * f[1] + c.train_step_s * f[2]
+    if sample.kind == "prefill":
+        return c.prefill_compute * f[0]
+    return max(c.decode_compute * f[0], c.decode_memory * f[1]) + c.rollout_comm * f[2] + c.decode_step_s * f[3]
+
+
+def _solve(rows: list[tuple[float, ...]], seconds: list[float], active: list[int], current: list[float]) -> list[float]:
+    """Non-negative least squares on relative error over the `active` columns; others keep `current`."""
+    a = np.array(rows, dtype=float)
+    y = np.array(seconds, dtype=float)
+    fixed = [i for i in range(a.shape[1]) if i not in active]
+    target = y - (a[:, fixed] @ np.array([current[i] for i in fixed]) if fixed else 0.0)
+    weights = 1.0 / y
+    solution, _ = nnls(a[:, active] * weights[:, None], target * weights)
+    out = list(current)
+    for i, value in zip(active, solution, strict=True):
+        out[i] = float(value)
+    return out
+
+
+def fit(cost: CostModel, samples: Sequence[TimingSample], max_rounds: int = 50) -> FitResult:
+    """Coefficients that best explain `samples`; starts from (and falls back to) `cost.coefficients`."""
+    c = cost.coefficients
+    by_kind: dict[str, list[TimingSample]] = {k: [s for s in samples if s.kind == k and s.seconds > 0] for k in MIN_SAMPLES}
+    values = {name: getattr(c, name) for name in Coefficients.names()}
+
+    train = by_kind["train_step"]
+    if len(train) >= MIN_SAMPLES["train_step"]:
+        names = ["train_compute", "train_comm", "train_step_s"]
+        rows = [features(cost, s) for s in train]
+        active = [i for i in range(3) if any(r[i] > 0 for r in rows)]
+        solved = _solve(rows, [s.seconds for s in train], active, [values[n] for n in names])
+        values.update(zip(names, solved, strict=True))
+
+    prefill = by_kind["prefill"]
+    if len(prefill) >= MIN_SAMPLES["prefill"]:
+        values["prefill_compute"] = _solve([features(cost, s) for s in prefill], [s.seconds for s in prefill], [0],
+                                           [values["prefill_compute"]])[0]
+
+    decode = by_kind["decode_step"]
+    if len(decode) >= MIN_SAMPLES["decode_step"]:
+        names = ["decode_compute", "decode_memory", "rollout_comm", "decode_step_s"]
+        raw = [features(cost, s) for s in decode]
+        current = [values[n] for n in names]
+        labels: list[bool] | None = None
+        for _ in range(max_rounds):
+            compute_bound = [current[0] * r[0] >= current[1] * r[1] for r in raw]
+            if compute_bound == labels:
+                break
+            labels = compute_bound
+            rows = [(r[0] if cb else 0.0, 0.0 if cb else r[1], r[2], r[3]) for r, cb in zip(raw, labels, strict=True)]
+            active = [i for i in range(4) if any(row[i] > 0 for row in rows)]
+            current = _solve(rows, [s.seconds for s in decode], active, current)
+        values.update(zip(names, current, strict=True))
+
+    fitted = replace(cost, coefficients=Coefficients(**values))
+    errors = {
+        kind: sum(abs(predict(fitted, s) - s.seconds) / s.seconds for s in group) / len(group)
+        for kind, group in by_kind.items() if group
+    }
+    return FitResult(fitted.coefficients, {k: len(v) for k, v in by_kind.items()}, errors)
+
+
+def mean_abs_rel_error(cost: CostModel, samples: Sequence[TimingSample]) -> float:
+    errors = [abs(predict(cost, s) - s.seconds) / s.seconds for s in samples]
+    return sum(errors) / len(errors) if errors else math.nan

@@ -1,0 +1,57 @@
+"""The planning loop's state: the plan in force, when it was made, and what each step decides.
+
+`PlanController.observe` is called once per RL step with the recent workload and the measured stage
+times. It asks the trigger whether to re-plan; if so it plans for the current workload, re-costs the
+plan in force on the same workload, and applies the candidate only when the trigger's rule says the
+move pays. The simulator and the real planning flow drive the same object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libra.clock import Clock
+from libra.planner.cost_model import CostModel
+from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate
+from libra.planner.trigger import Decision, StepTimes, TriggerSettings, decide, replan_reason
+from libra.planner.workload import Workload
+
+
+@dataclass(frozen=True)
+class PlanEvent:
+    step: int
+    reason: str  # why the planner ran: initial, periodic, pressure: ...
+    candidate: Plan
+    current_t_iter_s: float  # the plan in force, re-costed on this step's workload (inf if none)
+    decision: Decision | None  # None for the initial plan
+    applied: bool
+
+
+class PlanController:
+    def __init__(self, cost: CostModel, planner: PlannerSettings | None = None,
+                 trigger: TriggerSettings | None = None, clock: Clock | None = None) -> None:
+        self.cost = cost
+        self.planner_settings = planner or PlannerSettings()
+        self.trigger = trigger or TriggerSettings()
+        self.clock = clock
+        self.current: Plan | None = None
+        self.last_plan_step: int | None = None
+        self.events: list[PlanEvent] = []
+
+    def observe(self, step: int, workload: Workload, times: StepTimes | None = None) -> PlanEvent | None:
+        reason = replan_reason(step, self.last_plan_step, times, self.trigger)
+        if reason is None:
+            return None
+        planner = Planner(self.cost, workload, self.planner_settings)
+        candidate = planner.plan(self.clock)
+        self.last_plan_step = step
+        if self.current is None:
+            event = PlanEvent(step, reason, candidate, float("inf"), None, True)
+        else:
+            current_t = evaluate(planner, self.current)
+            decision = decide(current_t, candidate, self.current, self.cost, self.trigger)
+            event = PlanEvent(step, reason, candidate, current_t, decision, decision.apply)
+        if event.applied:
+            self.current = candidate
+        self.events.append(event)
+        return event

@@ -1,0 +1,111 @@
+"""When to re-plan, and whether to apply the new plan.
+
+Re-plan after warm-up every `period_steps` steps, and earlier on pressure: when one stage's measured
+time exceeds the other's by `pressure_ratio` (the stages are out of balance). A new plan is applied
+only if it differs from the current one, the gain per step times the steps until the next periodic
+plan exceeds the cost of moving, and the relative gain passes `min_relative_gain` (hysteresis: noise
+does not move GPUs back and forth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from libra.planner.cost_model import CostModel
+from libra.planner.planner import Plan
+
+
+@dataclass(frozen=True)
+class TriggerSettings:
+    period_steps: int = 10  # periodic re-plan interval
+    warmup_steps: int = 2  # no planning before this step (statistics still settling)
+    pressure_ratio: float = 1.25  # max(T_rollout, T_train) / min(...) that forces a re-plan
+    min_relative_gain: float = 0.05  # gain / current T_iter needed to move
+    switch_base_s: float = 15.0  # fixed cost of any move (drain, re-route, bookkeeping)
+    engine_start_s: float = 20.0  # (re)starting rollout engines when the instance layout changes
+    checkpoint_bandwidth: float = 2e9  # bytes/s per GPU for re-sharding training state
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Measured stage times of one step."""
+
+    step: int
+    t_rollout_s: float
+    t_train_s: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    apply: bool
+    reason: str
+    gain_per_step_s: float  # current T_iter - candidate T_iter, on the current workload
+    switch_cost_s: float
+    horizon_steps: int  # steps the gain is counted over
+
+
+def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None, settings: TriggerSettings) -> str | None:
+    """Why to re-plan at `step`, or None."""
+    if step < settings.warmup_steps:
+        return None
+    if last_plan_step is None:
+        return "initial"
+    if step - last_plan_step >= settings.period_steps:
+        return "periodic"
+    if times is not None and min(times.t_rollout_s, times.t_train_s) > 0:
+        ratio = max(times.t_rollout_s, times.t_train_s) / min(times.t_rollout_s, times.t_train_s)
+        if ratio >= settings.pressure_ratio:
+            slow = "rollout" if times.t_rollout_s > times.t_train_s else "train"
+            return f"pressure: {slow} {ratio:.2f}x slower"
+    return None
+
+
+def same_plan(a: Plan, b: Plan) -> bool:
+    return (
+        a.train_gpus == b.train_gpus
+        and a.rollout_gpus == b.rollout_gpus
+        and a.hybrid_gpus == b.hybrid_gpus
+        and a.hybrid_rollout_share == b.hybrid_rollout_share
+        and (a.train.config if a.train else None) == (b.train.config if b.train else None)
+        and _instances(a) == _instances(b)
+    )
+
+
+def _instances(plan: Plan) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for group in plan.rollout.groups:
+        counts[group.tp] = counts.get(group.tp, 0) + group.count
+    return counts
+
+
+def switch_cost_s(cost: CostModel, old: Plan, new: Plan, settings: TriggerSettings) -> float:
+    """Seconds lost moving from `old` to `new`: a fixed part, engine restarts if the instance layout
+    changes, and re-sharding weights and optimizer state if the training layout changes."""
+    if same_plan(old, new):
+        return 0.0
+    seconds = settings.switch_base_s
+    if _instances(old) != _instances(new):
+        seconds += settings.engine_start_s
+    if (old.train.config if old.train else None) != (new.train.config if new.train else None):
+        state_bytes = 16 * cost.model.total_params  # bf16 weights + fp32 master and Adam moments
+        seconds += state_bytes / (max(new.train_gpus, 1) * settings.checkpoint_bandwidth)
+    return seconds
+
+
+def decide(current_t_iter_s: float, candidate: Plan, current: Plan, cost: CostModel, settings: TriggerSettings) -> Decision:
+    """Apply `candidate` instead of `current`? `current_t_iter_s` is the current plan re-costed on
+    the current workload (`planner.evaluate`)."""
+    horizon = settings.period_steps
+    if same_plan(current, candidate):
+        return Decision(False, "same plan", 0.0, 0.0, horizon)
+    switch = switch_cost_s(cost, current, candidate, settings)
+    gain = current_t_iter_s - candidate.t_iter_s
+    if current_t_iter_s == float("inf"):
+        return Decision(True, "current plan no longer fits the workload", gain, switch, horizon)
+    relative = gain / current_t_iter_s
+    if gain * horizon <= switch:
+        return Decision(False, f"gain {gain:.1f} s/step x {horizon} steps <= switch cost {switch:.1f} s", gain, switch, horizon)
+    if relative < settings.min_relative_gain:
+        return Decision(False, f"relative gain {relative:.1%} < {settings.min_relative_gain:.0%}", gain, switch, horizon)
+    return Decision(True, f"gain {gain:.1f} s/step ({relative:.1%}) over {horizon} steps beats switch cost {switch:.1f} s",
+                    gain, switch, horizon)

@@ -1,0 +1,54 @@
+import random
+from dataclasses import replace
+
+from libra.planner.calibrate import TimingSample, fit, mean_abs_rel_error, predict
+from libra.planner.cost_model import Coefficients, CostModel
+from libra.planner.profiles import MODELS, parse_cluster
+
+TRUTH = Coefficients(train_compute=3.1, train_comm=2.2, train_step_s=4.0, prefill_compute=2.6,
+                     decode_compute=2.4, decode_memory=1.5, rollout_comm=1.9, decode_step_s=0.006)
+
+
+def _samples(truth: CostModel, n: int, rng: random.Random, noise: float = 0.03) -> list[TimingSample]:
+    out = []
+    for _ in range(n):
+        kind = rng.choice(["train_step", "decode_step", "prefill"])
+        if kind == "train_step":
+            length = rng.randint(1_000, 16_000)
+            sequences = rng.choice([64, 128, 256, 512])
+            sample = TimingSample(kind, 0.0, tp=rng.choice([1, 2, 4, 8]), pp=rng.choice([1, 2, 4]),
+                                  dp=rng.choice([1, 2, 4]), micro_batch=rng.choice([1, 2]), sequences=sequences,
+                                  tokens=sequences * length * 0.7, max_tokens=length)
+        elif kind == "prefill":
+            sample = TimingSample(kind, 0.0, tp=rng.choice([1, 2, 4]), tokens=rng.randint(100, 20_000),
+                                  context_tokens=rng.randint(100, 20_000))
+        else:
+            sample = TimingSample(kind, 0.0, tp=rng.choice([1, 2, 4, 8]), batch=rng.randint(1, 256),
+                                  context_tokens=rng.randint(100, 30_000))
+        out.append(replace(sample, seconds=predict(truth, sample) * (1 + rng.gauss(0, noise))))
+    return out
+
+
+def test_fit_recovers_coefficients_within_ten_percent_on_held_out() -> None:
+    rng = random.Random(7)
+    default = CostModel(parse_cluster("2x8:h100"), MODELS["qwen3-8b"])
+    truth = replace(default, coefficients=TRUTH)
+    train, held_out = _samples(truth, 300, rng), _samples(truth, 150, rng)
+    result = fit(default, train)
+    fitted = replace(default, coefficients=result.coefficients)
+    for kind in ("train_step", "decode_step", "prefill"):
+        group = [s for s in held_out if s.kind == kind]
+        worst = max(abs(predict(fitted, s) - s.seconds) / s.seconds for s in group)
+        assert worst < 0.10, (kind, worst)
+        assert mean_abs_rel_error(default, group) > 0.15  # the defaults were really off
+    c = result.coefficients
+    assert abs(c.train_compute - 3.1) / 3.1 < 0.05
+    assert abs(c.prefill_compute - 2.6) / 2.6 < 0.05
+    assert abs(c.decode_memory - 1.5) / 1.5 < 0.05
+    assert result.samples == {k: sum(s.kind == k for s in train) for k in ("train_step", "decode_step", "prefill")}
+
+
+def test_too_few_samples_keep_defaults() -> None:
+    default = CostModel(parse_cluster("1x8:a800"), MODELS["qwen3-4b"])
+    sample = TimingSample("prefill", 1.0, tp=1, tokens=1000, context_tokens=500)
+    assert fit(default, [sample]).coefficients == default.coefficients

@@ -1,0 +1,86 @@
+"""The solvers against brute force on random small instances (hypothesis)."""
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from libra.planner.cost_model import CostModel
+from libra.planner.exhaustive import ExhaustivePlanner, best_rollout, best_training
+from libra.planner.planner import Planner, PlannerSettings
+from libra.planner.profiles import HARDWARE, MODELS, Cluster
+from libra.planner.rollout_search import RolloutSearch
+from libra.planner.training_search import TrainingTable
+from libra.planner.workload import TrajectoryLength, build_workload
+
+SMALL_MODELS = ["qwen2.5-3b", "qwen3-4b", "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b"]
+
+
+@st.composite
+def instances(draw):
+    hardware = HARDWARE[draw(st.sampled_from(["a800", "h100", "h200"]))]
+    per_node = draw(st.sampled_from([2, 4]))
+    cluster = Cluster(draw(st.integers(1, 2)), per_node, hardware)
+    model = MODELS[draw(st.sampled_from(SMALL_MODELS))]
+    trajectories = draw(st.lists(
+        st.builds(TrajectoryLength, st.integers(16, 2_000), st.integers(1, 24_000), st.integers(0, 8_000),
+                  st.integers(1, 12), st.floats(0, 30)),
+        min_size=1, max_size=24,
+    ))
+    bounds = sorted(draw(st.sets(st.integers(500, 30_000), min_size=0, max_size=3)))
+    workload = build_workload(trajectories, draw(st.sampled_from([16, 64, 256])), bounds or None)
+    return CostModel(cluster, model), workload
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isinf(a) and math.isinf(b)) or math.isclose(a, b, rel_tol=1e-6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(), st.sampled_from(["one_step_off", "sync"]), st.sampled_from([0.0, 0.5]))
+def test_planner_equals_exhaustive_search(instance, mode, hybrid_fraction) -> None:
+    cost, workload = instance
+    plan_settings = PlannerSettings(mode=mode, max_hybrid_fraction=hybrid_fraction, hybrid_shares=2, granularity=1)
+    fast = Planner(cost, workload, plan_settings).plan()
+    slow = ExhaustivePlanner(cost, workload, plan_settings).plan()
+    assert _same(fast.t_iter_s, slow.t_iter_s)
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances(), st.integers(1, 8))
+def test_rollout_dp_equals_brute_force(instance, gpus) -> None:
+    cost, workload = instance
+    layout = RolloutSearch(cost, workload).solve(gpus)
+    assert _same(layout.seconds, best_rollout(cost, gpus, workload))
+    if not math.isinf(layout.seconds):
+        assert layout.gpus <= gpus
+        covered = [i for g in layout.groups for i in range(g.first_bucket, g.last_bucket + 1)]
+        assert covered == list(range(len(workload.buckets)))  # every bucket once, in order
+        assert [g.tp for g in layout.groups] == sorted(g.tp for g in layout.groups)
+        assert all(cost.instance_fits(g.tp, g.max_tokens) for g in layout.groups)
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances(), st.integers(1, 8))
+def test_training_search_equals_brute_force_and_fits(instance, gpus) -> None:
+    cost, workload = instance
+    best = TrainingTable(cost, workload).best(gpus)
+    brute = best_training(cost, gpus, workload)
+    assert (best is None) == (brute is None)
+    if best is not None:
+        assert _same(best.seconds, brute.seconds)
+        assert best.config.gpus <= gpus
+        assert best.memory_bytes <= cost.train_memory_limit_bytes()
+
+
+@settings(max_examples=20, deadline=None)
+@given(instances())
+def test_plans_are_deterministic_and_within_memory(instance) -> None:
+    cost, workload = instance
+    first = Planner(cost, workload).plan()
+    second = Planner(cost, workload).plan()
+    assert first == second
+    assert first.gpus <= cost.cluster.gpus
+    if first.train is not None:
+        assert first.train.memory_bytes <= cost.train_memory_limit_bytes()
+        assert cost.train_memory_bytes(first.train.config, workload.max_tokens) == first.train.memory_bytes

@@ -1,0 +1,70 @@
+import random
+
+import pytest
+
+from libra.planner.controller import PlanController
+from libra.planner.planner import Planner, fixed_layout_time
+from libra.planner.trigger import StepTimes, TriggerSettings, decide, replan_reason, switch_cost_s
+from tests.libra.planner.builders import a800_14b, trace_workload
+
+
+def test_replan_reasons() -> None:
+    s = TriggerSettings(period_steps=10, warmup_steps=2, pressure_ratio=1.25)
+    assert replan_reason(1, None, None, s) is None
+    assert replan_reason(2, None, None, s) == "initial"
+    assert replan_reason(11, 2, None, s) is None
+    assert replan_reason(12, 2, None, s) == "periodic"
+    assert replan_reason(5, 2, StepTimes(5, 100.0, 90.0), s) is None
+    assert replan_reason(5, 2, StepTimes(5, 130.0, 100.0), s) == "pressure: rollout 1.30x slower"
+    assert replan_reason(5, 2, StepTimes(5, 100.0, 125.0), s) == "pressure: train 1.25x slower"
+
+
+def test_decide_weighs_gain_against_switch_cost() -> None:
+    cost = a800_14b()
+    small = Planner(cost, trace_workload("swe_gemini3_mini_A", scale=0.25)).plan()
+    large = Planner(cost, trace_workload("swe_gemini3_mini_A", scale=0.5)).plan()
+    s = TriggerSettings()
+    switch = switch_cost_s(cost, small, large, s)
+    assert switch == pytest.approx(15 + 20 + 16 * cost.model.total_params / (large.train_gpus * 2e9))
+    assert switch_cost_s(cost, small, small, s) == 0.0
+    same = decide(small.t_iter_s, small, small, cost, s)
+    assert (same.apply, same.reason) == (False, "same plan")
+    tiny_gain = decide(large.t_iter_s + 1.0, large, small, cost, s)
+    assert not tiny_gain.apply and "<= switch cost" in tiny_gain.reason
+    below_threshold = decide(large.t_iter_s * 1.04, large, small, cost, s)
+    assert not below_threshold.apply and "relative gain 3.8% < 5%" in below_threshold.reason
+    worth_it = decide(large.t_iter_s * 1.2, large, small, cost, s)
+    assert worth_it.apply and worth_it.gain_per_step_s == pytest.approx(large.t_iter_s * 0.2)
+    assert decide(float("inf"), large, small, cost, s).apply
+
+
+def _drive(controller: PlanController, workloads) -> None:
+    for step, workload in enumerate(workloads):
+        current = controller.current
+        times = None
+        if current is not None and current.train is not None:  # "measured" = the plan in force, re-costed
+            counts = {g.tp: g.count for g in current.rollout.groups}
+            times = StepTimes(step, fixed_layout_time(controller.cost, workload, counts),
+                              controller.cost.train_time(current.train.config, workload).seconds)
+        controller.observe(step, workload, times)
+
+
+def test_stationary_noisy_workload_never_moves() -> None:
+    base = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    rng = random.Random(0)
+    controller = PlanController(a800_14b())
+    _drive(controller, [base.scaled(1 + rng.uniform(-0.1, 0.1)) for _ in range(100)])
+    applied = [e for e in controller.events if e.applied]
+    assert [e.reason for e in applied] == ["initial"]
+    assert len(controller.events) >= 10  # it did re-plan, and declined every time
+
+
+def test_doubling_lengths_move_gpus_toward_rollout() -> None:
+    base = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    controller = PlanController(a800_14b())
+    _drive(controller, [base.scaled(1 + step / 100) for step in range(100)])
+    applied = [e.candidate for e in controller.events if e.applied]
+    rollout_share = [p.rollout_gpus + p.hybrid_rollout_share * p.hybrid_gpus for p in applied]
+    assert len(applied) >= 2
+    assert rollout_share == sorted(rollout_share)  # every move goes toward rollout
+    assert rollout_share[-1] > rollout_share[0]
