@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from libra.errors import ConfigError
 
@@ -88,12 +88,31 @@ class PlannerConfig(_Section):
     max_context_tokens: int = Field(131_072, ge=1_024, le=10_000_000, description="rollout engine max_model_len")
 
 
+class SchedulerConfig(_Section):
+    """Routing trajectories between instance buckets (C-MLFQ and Libra's router)."""
+
+    payload_bounds: tuple[int, int] = Field((500, 5_000), description="tool-payload size classes (tokens)")
+    window: int = Field(64, ge=1, le=4_096, description="remaining-length samples kept per tree node")
+    max_nodes: int = Field(100_000, ge=100, le=10_000_000, description="tree size bound; rare leaves are pruned")
+    min_support: int = Field(2, ge=1, le=1_000, description="samples a shared node needs before it is trusted")
+    payoff: float = Field(2.0, ge=0.0, le=100.0, description="migrate only if remaining >= payoff x context to re-prefill")
+    warmup_fraction: float = Field(0.3, ge=0.0, lt=1.0, description="share of replayed steps used only for learning")
+
+    @field_validator("payload_bounds")
+    @classmethod
+    def _increasing(cls, bounds: tuple[int, int]) -> tuple[int, int]:
+        if not 1 <= bounds[0] < bounds[1]:
+            raise ValueError(f"payload_bounds must be two increasing positive token counts, got {list(bounds)}")
+        return bounds
+
+
 class LibraConfig(_Section):
     """Every subsystem's settings; each section validates itself."""
 
     store: StoreConfig = StoreConfig()
     traces: TracesConfig = TracesConfig()
     planner: PlannerConfig = PlannerConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
     tracking: TrackingConfig = TrackingConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()
 

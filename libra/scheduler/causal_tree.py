@@ -1,0 +1,254 @@
+"""The causal prefix tree: what past trajectories did after the same sequence of tool returns.
+
+Roots: one per prompt (samples of a prompt seen in earlier steps), optionally one per prompt-size
+class (prompts of 2^k to 2^(k+1) tokens; the prompt's size is known before its first token), and one
+global root pooling every prompt. An edge is a reduced tool return (`keys`); a node stands for "after these returns" and keeps
+the remaining length that trajectories had from there (tokens generated or received after the
+return): visit count, and the last `window` samples, sorted on demand, from which the mean, P90 and
+their survival-conditioned versions ("given that it has already gone `elapsed` tokens past this
+node") are read in O(log window).
+
+A `Cursor` follows one live trajectory: each return costs one dict lookup per root, never a fresh
+descent. When the path leaves the tree, the cursor stays at the deepest matched node and counts the
+tokens since it, so estimates can be conditioned on them.
+
+Memory is bounded by `max_nodes`: when an insert would pass it, the least-visited leaves go first
+(`prune`). Each node holds at most `window` integers, so memory is O(max_nodes * window) plus
+the dict overhead (about 1 KB per node at window 64; 100,000 nodes ~ 100 MB worst case).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from libra.scheduler.keys import KeyScheme, ToolReturn
+
+Key = tuple[str, int, str]
+GLOBAL = "__global__"
+
+
+class Node:
+    __slots__ = ("children", "count", "samples", "_sorted", "_prefix", "parent", "key")
+
+    def __init__(self, parent: Node | None = None, key: Key | None = None, window: int = 64) -> None:
+        self.children: dict[Key, Node] = {}
+        self.count = 0  # samples ever inserted
+        self.samples: deque[int] = deque(maxlen=window)  # most recent remaining lengths (tokens)
+        self._sorted: list[int] | None = None
+        self._prefix: list[int] | None = None
+        self.parent = parent
+        self.key = key
+
+    def add(self, remaining: int) -> None:
+        self.count += 1
+        self.samples.append(remaining)
+        self._sorted = self._prefix = None
+
+    def _ready(self) -> tuple[list[int], list[int]]:
+        if self._sorted is None:
+            ordered = sorted(self.samples)
+            prefix = [0]
+            for value in ordered:
+                prefix.append(prefix[-1] + value)
+            self._sorted, self._prefix = ordered, prefix
+        return self._sorted, self._prefix  # type: ignore[return-value]
+
+    def estimate(self, elapsed: int = 0, quantile: float = 0.9) -> tuple[float, float, int] | None:
+        """(mean, quantile, support) of the remaining length of trajectories that went more than
+        `elapsed` tokens past this node, minus `elapsed`; None if none did."""
+        if not self.samples:
+            return None
+        ordered, prefix = self._ready()
+        start = bisect.bisect_right(ordered, elapsed) if elapsed > 0 else 0
+        n = len(ordered) - start
+        if n == 0:
+            return None
+        mean = (prefix[-1] - prefix[start]) / n - elapsed
+        q = ordered[start + min(n - 1, int(quantile * n))] - elapsed
+        return mean, float(q), n
+
+
+@dataclass(frozen=True)
+class TrajectoryPath:
+    """A finished trajectory as the tree stores it."""
+
+    prompt_id: str
+    start_remaining: int  # tokens generated or received after the prompt
+    returns: tuple[tuple[ToolReturn, int], ...]  # each tool return and the remaining tokens after it
+    prompt_tokens: int = 0  # initial prompt size (keys the prompt-size roots)
+
+
+def paths_from_rows(trajectory_rows: Iterable[dict], return_rows: Iterable[dict]) -> list[TrajectoryPath]:
+    """Store rows -> paths. `trajectory_rows` have step, trajectory_id, prompt_id, gen_tokens and
+    tool_payload_tokens (the `trajectories` table); `return_rows` are the `remaining_length_paths`
+    named query's rows."""
+    by_trajectory: dict[tuple[int, str], list[dict]] = {}
+    for row in return_rows:
+        by_trajectory.setdefault((row["step"], row["trajectory_id"]), []).append(row)
+    paths = []
+    for t in trajectory_rows:
+        rows = sorted(by_trajectory.get((t["step"], t["trajectory_id"]), []), key=lambda r: r["turn_idx"])
+        returns = tuple(
+            (ToolReturn(r["tool_name"], int(r["tool_payload_tokens"]), r["tool_status"]), int(r["remaining_tokens"]))
+            for r in rows
+        )
+        paths.append(TrajectoryPath(t["prompt_id"], int(t["gen_tokens"]) + int(t["tool_payload_tokens"]), returns,
+                                    int(t["prompt_tokens"])))
+    return paths
+
+
+@dataclass
+class Match:
+    node: Node
+    position: int  # trajectory position (tokens) when it reached `node`
+    on_path: bool  # still following the tree (False once a return had no child)
+
+
+class Cursor:
+    """Where one live trajectory stands in each root it has."""
+
+    __slots__ = ("matches",)
+
+    def __init__(self, matches: list[Match]) -> None:
+        self.matches = matches  # most specific root first (the prompt's), then the global root
+
+    def advance(self, key: Key, position: int) -> None:
+        for match in self.matches:
+            if match.on_path:
+                child = match.node.children.get(key)
+                if child is None:
+                    match.on_path = False
+                else:
+                    match.node, match.position = child, position
+
+
+class CausalTree:
+    def __init__(self, scheme: KeyScheme | None = None, window: int = 64, max_nodes: int = 100_000,
+                 per_prompt: bool = True, size_roots: bool = False) -> None:
+        self.scheme = scheme or KeyScheme()
+        self.window = window
+        self.max_nodes = max_nodes
+        self.per_prompt = per_prompt
+        self.size_roots = size_roots
+        self.roots: dict[str, Node] = {GLOBAL: Node(window=window)}
+        self.nodes = 1
+
+    @staticmethod
+    def size_root(prompt_tokens: int) -> str:
+        return f"__size_{max(prompt_tokens, 1).bit_length()}__"
+
+    def cursor(self, prompt_id: str, prompt_tokens: int = 0) -> Cursor:
+        """Matches from the most specific root (the prompt's) to the global one."""
+        names = [prompt_id] if self.per_prompt else []
+        if self.size_roots:
+            names.append(self.size_root(prompt_tokens))
+        matches = [Match(self.roots[n], 0, True) for n in names if n in self.roots]
+        matches.append(Match(self.roots[GLOBAL], 0, True))
+        return Cursor(matches)
+
+    def insert(self, prompt_id: str, start_remaining: int, returns: Sequence[tuple[ToolReturn, int]],
+               prompt_tokens: int = 0) -> None:
+        """Add a finished trajectory: its remaining length at the start (after the prompt) and, for
+        each tool return in order, (the return, the remaining length after it)."""
+        keys = [self.scheme.key(ret) for ret, _ in returns]
+        roots = [self.roots[GLOBAL]]
+        names = ([prompt_id] if self.per_prompt else []) + ([self.size_root(prompt_tokens)] if self.size_roots else [])
+        for name in names:
+            if name not in self.roots:
+                self.roots[name] = Node(window=self.window)
+                self.nodes += 1
+            roots.append(self.roots[name])
+        for root in roots:
+            node = root
+            node.add(start_remaining)
+            for key, (_, remaining) in zip(keys, returns, strict=True):
+                child = node.children.get(key)
+                if child is None:
+                    child = node.children[key] = Node(node, key, self.window)
+                    self.nodes += 1
+                child.add(remaining)
+                node = child
+        if self.nodes > self.max_nodes:
+            self.prune(int(self.max_nodes * 0.9))
+
+    def prune(self, target: int) -> int:
+        """Remove the least-visited leaves (childless prompt roots included; never the global root)
+        until at most `target` nodes remain."""
+        removed = 0
+        while self.nodes > target:
+            leaves: list[tuple[int, Node, str | None]] = [
+                (n.count, n, None) for n in self._walk() if not n.children and n.parent is not None
+            ]
+            leaves += [(r.count, r, name) for name, r in self.roots.items() if name != GLOBAL and not r.children]
+            if not leaves:
+                break
+            leaves.sort(key=lambda item: item[0])
+            for _, leaf, root_name in leaves[: max(1, self.nodes - target)]:
+                if root_name is not None:
+                    del self.roots[root_name]
+                else:
+                    del leaf.parent.children[leaf.key]  # type: ignore[union-attr]
+                self.nodes -= 1
+                removed += 1
+        return removed
+
+    def _walk(self) -> Iterable[Node]:
+        stack = list(self.roots.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # ------------------------------------------------------------------ persistence
+    def to_dict(self) -> dict:
+        def dump(node: Node) -> dict:
+            return {"count": node.count, "samples": list(node.samples),
+                    "children": [[list(k), dump(c)] for k, c in node.children.items()]}
+
+        return {"version": 1, "window": self.window, "max_nodes": self.max_nodes, "per_prompt": self.per_prompt,
+                "size_roots": self.size_roots,
+                "scheme": {"granularity": self.scheme.granularity, "payload_bounds": list(self.scheme.payload_bounds)},
+                "roots": {name: dump(root) for name, root in self.roots.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CausalTree:
+        if data.get("version") != 1:
+            raise ValueError(f"unsupported causal tree version {data.get('version')!r}")
+        scheme = KeyScheme(data["scheme"]["granularity"], tuple(data["scheme"]["payload_bounds"]))
+        tree = cls(scheme, data["window"], data["max_nodes"], data["per_prompt"], data.get("size_roots", False))
+        tree.roots, tree.nodes = {}, 0
+
+        def load(raw: dict, parent: Node | None, key: Key | None) -> Node:
+            node = Node(parent, key, tree.window)
+            node.count = raw["count"]
+            node.samples.extend(raw["samples"])
+            tree.nodes += 1
+            for raw_key, child in raw["children"]:
+                k = (raw_key[0], int(raw_key[1]), raw_key[2])
+                node.children[k] = load(child, node, k)
+            return node
+
+        for name, raw in data["roots"].items():
+            tree.roots[name] = load(raw, None, None)
+        return tree
+
+    def rebuild(self, paths: Iterable[TrajectoryPath]) -> None:
+        """Insert every path (e.g. the last few thousand trajectories read from the store)."""
+        for path in paths:
+            self.insert(path.prompt_id, path.start_remaining, path.returns, path.prompt_tokens)
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (temporary file, then rename)."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.to_dict()))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CausalTree:
+        return cls.from_dict(json.loads(Path(path).read_text()))
