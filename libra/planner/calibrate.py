@@ -52,6 +52,8 @@ class FitResult:
     coefficients: Coefficients
     samples: dict[str, int]  # samples used per kind
     mean_abs_rel_error: dict[str, float]  # on the samples, after fitting
+    rejected: int = 0  # samples dropped as invalid (non-positive or non-finite values)
+    kept_defaults: tuple[str, ...] = ()  # kinds whose samples could not determine the coefficients
 
 
 def _train_workload(sample: TimingSample) -> Workload:
@@ -67,7 +69,7 @@ def features(cost: CostModel, sample: TimingSample) -> tuple[float, ...]:
         estimate = cost.train_time(config, _train_workload(sample))
         return estimate.compute_ideal_s, estimate.comm_ideal_s, 1.0
     if sample.kind == "prefill":
-        return (cost.prefill_s(sample.tp, sample.tokens, sample.context_tokens) / cost.coefficients.prefill_compute,)
+        return (cost.prefill_ideal_s(sample.tp, sample.tokens, sample.context_tokens),)
     compute, memory, comm = cost.decode_step_features(sample.tp, sample.batch, sample.context_tokens)
     return compute, memory, comm, 1.0
 
@@ -81,6 +83,21 @@ def predict(cost: CostModel, sample: TimingSample) -> float:
     return max(c.decode_compute * f[0], c.decode_memory * f[1]) + c.rollout_comm * f[2] + c.decode_step_s * f[3]
 
 
+def valid(sample: TimingSample) -> bool:
+    """A sample the fit can use: positive finite time and the sizes its kind needs."""
+    if not (math.isfinite(sample.seconds) and sample.seconds > 0 and sample.tp >= 1):
+        return False
+    if sample.kind == "train_step":
+        return sample.sequences > 0 and sample.tokens > 0 and sample.max_tokens > 0 and min(sample.pp, sample.dp, sample.ep, sample.micro_batch) >= 1
+    if sample.kind == "prefill":
+        return sample.tokens > 0 and sample.context_tokens >= 0
+    return sample.batch > 0 and sample.context_tokens >= 0
+
+
+class Underdetermined(Exception):
+    """The samples do not pin down the coefficients (too few distinct configurations)."""
+
+
 def _solve(rows: list[tuple[float, ...]], seconds: list[float], active: list[int], current: list[float]) -> list[float]:
     """Non-negative least squares on relative error over the `active` columns; others keep `current`."""
     a = np.array(rows, dtype=float)
@@ -88,7 +105,10 @@ def _solve(rows: list[tuple[float, ...]], seconds: list[float], active: list[int
     fixed = [i for i in range(a.shape[1]) if i not in active]
     target = y - (a[:, fixed] @ np.array([current[i] for i in fixed]) if fixed else 0.0)
     weights = 1.0 / y
-    solution, _ = nnls(a[:, active] * weights[:, None], target * weights)
+    design = a[:, active] * weights[:, None]
+    if np.linalg.matrix_rank(design / np.maximum(np.abs(design).max(axis=0), 1e-300)) < len(active):
+        raise Underdetermined()
+    solution, _ = nnls(design, target * weights)
     out = list(current)
     for i, value in zip(active, solution, strict=True):
         out[i] = float(value)
@@ -98,36 +118,48 @@ def _solve(rows: list[tuple[float, ...]], seconds: list[float], active: list[int
 def fit(cost: CostModel, samples: Sequence[TimingSample], max_rounds: int = 50) -> FitResult:
     """Coefficients that best explain `samples`; starts from (and falls back to) `cost.coefficients`."""
     c = cost.coefficients
-    by_kind: dict[str, list[TimingSample]] = {k: [s for s in samples if s.kind == k and s.seconds > 0] for k in MIN_SAMPLES}
+    usable = [s for s in samples if valid(s)]
+    by_kind: dict[str, list[TimingSample]] = {k: [s for s in usable if s.kind == k] for k in MIN_SAMPLES}
     values = {name: getattr(c, name) for name in Coefficients.names()}
+    kept: list[str] = []
 
     train = by_kind["train_step"]
     if len(train) >= MIN_SAMPLES["train_step"]:
         names = ["train_compute", "train_comm", "train_step_s"]
         rows = [features(cost, s) for s in train]
         active = [i for i in range(3) if any(r[i] > 0 for r in rows)]
-        solved = _solve(rows, [s.seconds for s in train], active, [values[n] for n in names])
-        values.update(zip(names, solved, strict=True))
+        try:
+            values.update(zip(names, _solve(rows, [s.seconds for s in train], active, [values[n] for n in names]), strict=True))
+        except Underdetermined:
+            kept.append("train_step")
 
     prefill = by_kind["prefill"]
     if len(prefill) >= MIN_SAMPLES["prefill"]:
-        values["prefill_compute"] = _solve([features(cost, s) for s in prefill], [s.seconds for s in prefill], [0],
-                                           [values["prefill_compute"]])[0]
+        try:
+            values["prefill_compute"] = _solve([features(cost, s) for s in prefill], [s.seconds for s in prefill], [0],
+                                               [values["prefill_compute"]])[0]
+        except Underdetermined:
+            kept.append("prefill")
 
     decode = by_kind["decode_step"]
     if len(decode) >= MIN_SAMPLES["decode_step"]:
         names = ["decode_compute", "decode_memory", "rollout_comm", "decode_step_s"]
         raw = [features(cost, s) for s in decode]
-        current = [values[n] for n in names]
+        start = [values[n] for n in names]
+        current = list(start)
         labels: list[bool] | None = None
-        for _ in range(max_rounds):
-            compute_bound = [current[0] * r[0] >= current[1] * r[1] for r in raw]
-            if compute_bound == labels:
-                break
-            labels = compute_bound
-            rows = [(r[0] if cb else 0.0, 0.0 if cb else r[1], r[2], r[3]) for r, cb in zip(raw, labels, strict=True)]
-            active = [i for i in range(4) if any(row[i] > 0 for row in rows)]
-            current = _solve(rows, [s.seconds for s in decode], active, current)
+        try:
+            for _ in range(max_rounds):
+                compute_bound = [current[0] * r[0] >= current[1] * r[1] for r in raw]
+                if compute_bound == labels:
+                    break
+                labels = compute_bound
+                rows = [(r[0] if cb else 0.0, 0.0 if cb else r[1], r[2], r[3]) for r, cb in zip(raw, labels, strict=True)]
+                active = [i for i in range(4) if any(row[i] > 0 for row in rows)]
+                current = _solve(rows, [s.seconds for s in decode], active, current)
+        except Underdetermined:
+            current = start
+            kept.append("decode_step")
         values.update(zip(names, current, strict=True))
 
     fitted = replace(cost, coefficients=Coefficients(**values))
@@ -135,9 +167,10 @@ def fit(cost: CostModel, samples: Sequence[TimingSample], max_rounds: int = 50) 
         kind: sum(abs(predict(fitted, s) - s.seconds) / s.seconds for s in group) / len(group)
         for kind, group in by_kind.items() if group
     }
-    return FitResult(fitted.coefficients, {k: len(v) for k, v in by_kind.items()}, errors)
+    return FitResult(fitted.coefficients, {k: len(v) for k, v in by_kind.items()}, errors,
+                     rejected=len(samples) - len(usable), kept_defaults=tuple(kept))
 
 
 def mean_abs_rel_error(cost: CostModel, samples: Sequence[TimingSample]) -> float:
-    errors = [abs(predict(cost, s) - s.seconds) / s.seconds for s in samples]
+    errors = [abs(predict(cost, s) - s.seconds) / s.seconds for s in samples if valid(s)]
     return sum(errors) / len(errors) if errors else math.nan

@@ -8,6 +8,7 @@ move pays. The simulator and the real planning flow drive the same object.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from libra.clock import Clock
@@ -39,7 +40,10 @@ class PlanController:
         self.events: list[PlanEvent] = []
 
     def observe(self, step: int, workload: Workload, times: StepTimes | None = None) -> PlanEvent | None:
-        reason = replan_reason(step, self.last_plan_step, times, self.trigger)
+        expected = 1.0
+        if self.current is not None and self.current.t_train_s > 0 and not math.isinf(self.current.t_train_s):
+            expected = self.current.t_rollout_s / self.current.t_train_s
+        reason = replan_reason(step, self.last_plan_step, times, self.trigger, expected)
         if reason is None:
             return None
         planner = Planner(self.cost, workload, self.planner_settings)

@@ -170,7 +170,8 @@ class CostModel:
 
         tokens_per_replica = workload.tokens / config.dp * imbalance
         layers_per_stage = m.layers / config.pp
-        tp_calls = 6 if s.recompute else 4
+        forward_passes = 1 + (1 if s.recompute else 0) + s.logprob_passes
+        tp_calls = 2 * forward_passes + 2  # two all-reduces per layer per forward pass, two in backward
         tp_bytes = tokens_per_replica * layers_per_stage * tp_calls * m.hidden * BF16_BYTES
         comm = self._all_reduce_s(tp_bytes, config.tp, 1, calls=micro_batches * layers_per_stage * tp_calls)
         if config.pp > 1:
@@ -216,11 +217,15 @@ class CostModel:
         c = self.coefficients
         return max(c.decode_compute * compute, c.decode_memory * memory) + c.rollout_comm * comm + c.decode_step_s
 
-    def prefill_s(self, tp: int, tokens: float, context: float) -> float:
-        """Seconds to prefill `tokens` new tokens whose mean attended context is `context`."""
+    def prefill_ideal_s(self, tp: int, tokens: float, context: float) -> float:
+        """Prefill FLOPs of `tokens` new tokens attending `context` tokens, at peak."""
         m = self.model
         flops = tokens * (2 * m.matmul_params + 4 * m.layers * m.heads * m.head_dim * context)
-        return self.coefficients.prefill_compute * flops / (tp * self.hw.peak_flops)
+        return flops / (tp * self.hw.peak_flops)
+
+    def prefill_s(self, tp: int, tokens: float, context: float) -> float:
+        """Seconds to prefill `tokens` new tokens whose mean attended context is `context`."""
+        return self.coefficients.prefill_compute * self.prefill_ideal_s(tp, tokens, context)
 
     def group_time(self, tp: int, count: int, buckets: tuple[LengthBucket, ...]) -> float:
         """Makespan of `count` TP-`tp` instances serving `buckets` (inf if a trajectory cannot fit)."""
@@ -235,12 +240,15 @@ class CostModel:
         payload = sum(b.count * b.payload_tokens for b in buckets) / n
         resident = prompt + (gen + payload) / 2  # mean context over a trajectory's life
         kv_batch = self.kv_capacity_tokens(tp) / max(resident, 1.0)
-        batch = max(1.0, min(kv_batch, self.rollout.max_batch, math.ceil(n / count)))
+        share = n / count  # trajectories per instance
+        batch = max(1.0, min(kv_batch, self.rollout.max_batch, share))
         step = self.decode_step_s(tp, batch, resident)
-        share = n / count
         instance = self.prefill_s(tp, share * (prompt + payload), resident) + share * gen / batch * step
-        straggler = (self.prefill_s(tp, longest.max_tokens - longest.longest_gen_tokens, resident)
-                     + longest.longest_gen_tokens * step + longest.longest_tool_time_s)
+        straggler = max(
+            self.prefill_s(tp, b.max_tokens - b.longest_gen_tokens, resident) + b.longest_gen_tokens * step
+            + b.longest_tool_time_s
+            for b in buckets
+        )
         return max(instance, straggler)
 
     def weight_sync_s(self) -> float:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from libra.clock import Clock
+from libra.errors import LibraError
 from libra.planner.cost_model import CostModel, TrainEstimate
 from libra.planner.rollout_search import INFEASIBLE, RolloutLayout, RolloutSearch
 from libra.planner.training_search import TrainingTable
@@ -78,10 +79,10 @@ def _fractional(time_at: Callable[[int], float], gpus: float) -> float:
     if lo == gpus:
         return time_at(lo)
     t_lo, t_hi = time_at(lo), time_at(lo + 1)
-    if math.isinf(t_hi):
+    if math.isinf(t_lo) or math.isinf(t_hi):  # no credit for a fraction of a pool that cannot run at all
         return math.inf
-    rate = (0.0 if math.isinf(t_lo) else 1 / t_lo) * (lo + 1 - gpus) + (1 / t_hi) * (gpus - lo)
-    return math.inf if rate == 0 else 1 / rate
+    rate = (1 / t_lo) * (lo + 1 - gpus) + (1 / t_hi) * (gpus - lo)
+    return 1 / rate
 
 
 class Planner:
@@ -117,6 +118,9 @@ class Planner:
             gpus = train_gpus + rollout_gpus + hybrid_gpus
             t_train, t_rollout = self.t_train(gpus), self.t_rollout(gpus)
             return t_rollout + t_train + sync + s.offload_s, t_train, t_rollout
+        core_train, core_rollout = self.t_train(train_gpus), self.t_rollout(rollout_gpus)
+        if math.isinf(core_train) or math.isinf(core_rollout):
+            return math.inf, core_train, core_rollout  # hybrids extend a core pool that must work on its own
         t_rollout = _fractional(self.t_rollout, rollout_gpus + share * hybrid_gpus)
         t_train = _fractional(self.t_train, train_gpus + (1 - share) * hybrid_gpus)
         switch = s.hybrid_switch_s if hybrid_gpus and 0 < share < 1 else 0.0
@@ -159,7 +163,11 @@ class Planner:
                         key = (t_iter, t_train + t_rollout, train, hybrid, share)
                         if best is None or key < best:
                             best = key
-        assert best is not None
+        if best is None:
+            raise LibraError(
+                f"no train/rollout split of {total} GPUs at a granularity of {self.granularity()} GPUs; "
+                "use mode colocated, more GPUs or a finer granularity"
+            )
         return self._build(best, clock, start, splits)
 
     def _train_candidates(self, core: int, hybrid: int, share: float) -> list[int]:
@@ -225,10 +233,10 @@ def evaluate(planner: Planner, current: Plan) -> float:
     sync = cost.weight_sync_s()
     if current.mode == "colocated":
         return base_rollout + base_train + sync + settings.offload_s
-    # hybrids scale each stage's throughput by the GPUs it gets, as in the search
+    # hybrids speed each stage up by the factor the plan's own search credited them with
     share, hybrid = current.hybrid_rollout_share, current.hybrid_gpus
-    t_train = base_train * current.train_gpus / (current.train_gpus + (1 - share) * hybrid)
-    t_rollout = base_rollout * current.rollout_gpus / max(current.rollout_gpus + share * hybrid, 1e-9)
+    t_train = base_train * current.t_train_s / current.train.seconds
+    t_rollout = base_rollout * current.t_rollout_s / current.rollout.seconds
     switch = settings.hybrid_switch_s if hybrid and 0 < share < 1 else 0.0
     if current.mode == "sync":
         return t_rollout + t_train + sync + switch

@@ -9,6 +9,7 @@ does not move GPUs back and forth).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from libra.planner.cost_model import CostModel
@@ -44,19 +45,22 @@ class Decision:
     horizon_steps: int  # steps the gain is counted over
 
 
-def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None, settings: TriggerSettings) -> str | None:
-    """Why to re-plan at `step`, or None."""
+def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None, settings: TriggerSettings,
+                  expected_ratio: float = 1.0) -> str | None:
+    """Why to re-plan at `step`, or None. Pressure compares the measured rollout/train time ratio with
+    `expected_ratio`, the one the plan in force predicted (a plan may be unbalanced on purpose, e.g.
+    in sync mode), and fires at most once per `pressure_ratio` drift."""
     if step < settings.warmup_steps:
         return None
     if last_plan_step is None:
         return "initial"
     if step - last_plan_step >= settings.period_steps:
         return "periodic"
-    if times is not None and min(times.t_rollout_s, times.t_train_s) > 0:
-        ratio = max(times.t_rollout_s, times.t_train_s) / min(times.t_rollout_s, times.t_train_s)
-        if ratio >= settings.pressure_ratio:
-            slow = "rollout" if times.t_rollout_s > times.t_train_s else "train"
-            return f"pressure: {slow} {ratio:.2f}x slower"
+    if times is not None and min(times.t_rollout_s, times.t_train_s) > 0 and expected_ratio > 0:
+        drift = (times.t_rollout_s / times.t_train_s) / expected_ratio
+        if max(drift, 1 / drift) >= settings.pressure_ratio:
+            slow = "rollout" if drift > 1 else "train"
+            return f"pressure: {slow} {max(drift, 1 / drift):.2f}x slower than planned"
     return None
 
 
@@ -99,8 +103,10 @@ def decide(current_t_iter_s: float, candidate: Plan, current: Plan, cost: CostMo
     if same_plan(current, candidate):
         return Decision(False, "same plan", 0.0, 0.0, horizon)
     switch = switch_cost_s(cost, current, candidate, settings)
+    if math.isinf(candidate.t_iter_s):
+        return Decision(False, "no feasible candidate plan", 0.0, switch, horizon)
     gain = current_t_iter_s - candidate.t_iter_s
-    if current_t_iter_s == float("inf"):
+    if math.isinf(current_t_iter_s):
         return Decision(True, "current plan no longer fits the workload", gain, switch, horizon)
     relative = gain / current_t_iter_s
     if gain * horizon <= switch:

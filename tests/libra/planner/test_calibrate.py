@@ -52,3 +52,19 @@ def test_too_few_samples_keep_defaults() -> None:
     default = CostModel(parse_cluster("1x8:a800"), MODELS["qwen3-4b"])
     sample = TimingSample("prefill", 1.0, tp=1, tokens=1000, context_tokens=500)
     assert fit(default, [sample]).coefficients == default.coefficients
+
+
+def test_invalid_and_underdetermined_samples_are_refused() -> None:
+    default = CostModel(parse_cluster("1x8:a800"), MODELS["qwen3-4b"])
+    bad = [
+        TimingSample("train_step", 10.0, tp=1, sequences=0, tokens=1000, max_tokens=100),  # no sequences
+        TimingSample("prefill", float("inf"), tp=1, tokens=1000, context_tokens=10),
+        TimingSample("prefill", 0.0, tp=1, tokens=1000, context_tokens=10),
+        TimingSample("decode_step", 0.01, tp=1, batch=0, context_tokens=10),
+    ]
+    same_config = [TimingSample("train_step", 100.0 + i, tp=2, pp=1, dp=2, micro_batch=1, sequences=64,
+                                tokens=64 * 4000, max_tokens=4000) for i in range(5)]
+    result = fit(default, bad + same_config)
+    assert result.rejected == 4
+    assert result.kept_defaults == ("train_step",)  # five samples of one configuration cannot separate 3 terms
+    assert result.coefficients == default.coefficients

@@ -84,3 +84,23 @@ def test_plans_are_deterministic_and_within_memory(instance) -> None:
     if first.train is not None:
         assert first.train.memory_bytes <= cost.train_memory_limit_bytes()
         assert cost.train_memory_bytes(first.train.config, workload.max_tokens) == first.train.memory_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances(), st.sampled_from([1, 2, 4]))
+def test_group_time_never_rises_with_more_instances(instance, tp) -> None:
+    cost, workload = instance
+    times = [cost.group_time(tp, count, workload.buckets) for count in range(1, 17)]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(times, times[1:], strict=False))
+
+
+@settings(max_examples=30, deadline=None)
+@given(instances())
+def test_evaluate_reproduces_the_plan_on_its_own_workload(instance) -> None:
+    from libra.planner.planner import evaluate
+
+    cost, workload = instance
+    planner = Planner(cost, workload, PlannerSettings(max_hybrid_fraction=0.5, hybrid_shares=2, granularity=1))
+    plan = planner.plan()
+    if not math.isinf(plan.t_iter_s):
+        assert math.isclose(evaluate(planner, plan), plan.t_iter_s, rel_tol=1e-9)

@@ -15,8 +15,11 @@ def test_replan_reasons() -> None:
     assert replan_reason(11, 2, None, s) is None
     assert replan_reason(12, 2, None, s) == "periodic"
     assert replan_reason(5, 2, StepTimes(5, 100.0, 90.0), s) is None
-    assert replan_reason(5, 2, StepTimes(5, 130.0, 100.0), s) == "pressure: rollout 1.30x slower"
-    assert replan_reason(5, 2, StepTimes(5, 100.0, 125.0), s) == "pressure: train 1.25x slower"
+    assert replan_reason(5, 2, StepTimes(5, 130.0, 100.0), s) == "pressure: rollout 1.30x slower than planned"
+    assert replan_reason(5, 2, StepTimes(5, 100.0, 125.0), s) == "pressure: train 1.25x slower than planned"
+    # a plan that is unbalanced on purpose (rollout planned 1.5x train) is not under pressure at 1.5x
+    assert replan_reason(5, 2, StepTimes(5, 150.0, 100.0), s, expected_ratio=1.5) is None
+    assert replan_reason(5, 2, StepTimes(5, 200.0, 100.0), s, expected_ratio=1.5) == "pressure: rollout 1.33x slower than planned"
 
 
 def test_decide_weighs_gain_against_switch_cost() -> None:
@@ -60,7 +63,7 @@ def test_stationary_noisy_workload_never_moves() -> None:
 
 
 def test_doubling_lengths_move_gpus_toward_rollout() -> None:
-    base = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    base = trace_workload("taubench_airline", scale=4)  # 13K to 26K tokens at the tail
     controller = PlanController(a800_14b())
     _drive(controller, [base.scaled(1 + step / 100) for step in range(100)])
     applied = [e.candidate for e in controller.events if e.applied]
