@@ -1,6 +1,6 @@
 """Benchmarks stay runnable, and the README's performance section is what they last measured."""
 
-from benchmarks import bench_planner, bench_store, report
+from benchmarks import bench_planner, bench_router, bench_store, report
 
 
 def test_store_benchmark_smoke(capsys) -> None:
@@ -13,6 +13,16 @@ def test_store_benchmark_smoke(capsys) -> None:
 def test_planner_benchmark_smoke(capsys) -> None:
     assert bench_planner.main(["--nodes", "1", "--repeats", "1", "--no-save"]) == 0
     assert "8 GPUs: plan in" in capsys.readouterr().out
+
+
+def test_router_benchmark_smoke(capsys) -> None:
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parents[2] / "data" / "traces" / "taubench_airline.csv"
+    assert bench_router.main(["--traces", str(trace), "--orders", "group", "--nodes", "2000", "--decisions", "500",
+                              "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "taubench_airline (group" in out and "latency libra" in out
 
 
 def test_readme_performance_section_is_current() -> None:

@@ -71,3 +71,23 @@ def test_plan_calibrates_from_run_timings(tmp_path: Path, capsys) -> None:
     assert calibration["samples"] == {"train_step": 6, "decode_step": 18, "prefill": 0}
     assert calibration["coefficients"]["decode_memory"] == pytest.approx(1.6, rel=1e-6)
     assert calibration["coefficients"]["train_compute"] == pytest.approx(3.0, rel=1e-6)
+
+
+def test_eval_router_json(capsys) -> None:
+    trace = ROOT / "data" / "traces" / "taubench_airline.csv"
+    code, out, _ = run_cli(capsys, "eval-router", "--trace", str(trace), "--buckets", "2000,4000",
+                           "--policies", "libra,cmlfq,oracle,always-shortest", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["buckets"] == [2000, 4000]
+    assert list(report["policies"]) == ["libra", "cmlfq", "oracle", "always-shortest"]
+    for metrics in report["policies"].values():
+        assert set(metrics) == {"accuracy", "balanced_accuracy", "rank_correlation", "migrated_token_ratio",
+                                "decisions", "p50_us", "p99_us"}
+    assert report["policies"]["oracle"]["accuracy"] == 1.0
+    assert report["policies"]["always-shortest"]["migrated_token_ratio"] == 0.0
+    assert report["policies"]["always-shortest"]["rank_correlation"] is None
+    code, out, _ = run_cli(capsys, "eval-router", "--trace", str(trace))
+    assert code == 0 and "router" in out.splitlines()[1] and "libra" in out
+    code, _, err = run_cli(capsys, "eval-router", "--trace", str(trace), "--buckets", "x")
+    assert code == 2 and "--buckets 'x'" in err

@@ -1,0 +1,104 @@
+"""Router benchmark: every router on every bundled trace, and decision latency with 100,000-node trees.
+
+For each trace and order (`group`: each prompt once; `epochs:3`: prompts revisited three times) the
+routers are replayed in RL order (8 prompts per step, 30% warm-up, buckets at the warm-up p50/p90)
+and scored against the oracle's perfect 1.0. Latency: Libra's router and C-MLFQ with trees grown to
+100,000 nodes from random paths, timed over about 20,000 decisions (goal: p99 under 50 us).
+
+    python -m benchmarks.bench_router
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks.common import save
+from libra.scheduler.causal_tree import TrajectoryPath
+from libra.scheduler.keys import ToolReturn
+from libra.scheduler.metrics import quantile
+from libra.scheduler.policies import CMLFQ, Buckets, LibraRouter
+from libra.scheduler.replay import replay
+from libra.traces import read_trace
+
+TRACES = sorted((Path(__file__).resolve().parent.parent / "data" / "traces").glob("*.csv"))
+TOOLS = ["search", "bash:cat", "bash:grep", "bash:python", "python", "api:get", "api:update", "think"]
+
+
+def random_paths(rng: random.Random, count: int, depth: int) -> list[TrajectoryPath]:
+    paths = []
+    for i in range(count):
+        start = rng.randint(200, 60_000)
+        remaining = start
+        returns = []
+        for _ in range(rng.randint(1, depth)):
+            remaining = max(0, remaining - rng.randint(50, 3_000))
+            returns.append((ToolReturn(rng.choice(TOOLS), rng.choice([10, 900, 9000]), rng.choice(["ok", "ok", "error"])), remaining))
+        paths.append(TrajectoryPath(f"p{i % 5000}", start, tuple(returns), rng.randint(100, 4000)))
+    return paths
+
+
+def latency(nodes: int, decisions: int, seed: int = 0) -> dict[str, dict[str, float]]:
+    rng = random.Random(seed)
+    buckets = Buckets((4_000, 12_000))
+    routers = {"libra": LibraRouter(buckets, max_nodes=nodes * 2), "cmlfq": CMLFQ(buckets)}
+    routers["cmlfq"].tree.max_nodes = nodes * 2
+    out = {}
+    for name, router in routers.items():
+        trees = list(router.trees.values()) if isinstance(router, LibraRouter) else [router.tree]
+        while min(t.nodes for t in trees) < nodes:
+            router.observe_step(batch := random_paths(rng, 2_000, 40), {p.prompt_id: p.prompt_tokens for p in batch})
+        probes = random_paths(rng, decisions // 10, 19)  # 1 + ~10 decisions each
+        times = []
+        for i, path in enumerate(probes):
+            tid = f"probe{i}"
+            start = time.perf_counter_ns()
+            router.start(tid, path.prompt_id, path.prompt_tokens)
+            times.append(time.perf_counter_ns() - start)
+            position = path.prompt_tokens
+            for ret, remaining in path.returns:
+                position = path.prompt_tokens + path.start_remaining - remaining
+                start = time.perf_counter_ns()
+                router.on_return(tid, ret, position)
+                times.append(time.perf_counter_ns() - start)
+            router.finish(tid)
+        sizes = [t.nodes for t in trees]
+        out[name] = {"tree_nodes": min(sizes), "decisions": len(times),
+                     "p50_us": quantile(times, 0.5) / 1000, "p99_us": quantile(times, 0.99) / 1000}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--orders", nargs="*", default=["group", "epochs:3"])
+    parser.add_argument("--traces", nargs="*", help="trace files (default: the bundled ones)")
+    parser.add_argument("--nodes", type=int, default=100_000, help="tree size for the latency measurement")
+    parser.add_argument("--decisions", type=int, default=20_000)
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args(argv)
+    tables = []
+    for path in [Path(p) for p in args.traces] if args.traces else TRACES:
+        trajectories = read_trace(path).trajectories
+        for order in args.orders:
+            result = replay(trajectories, prompts_per_step=8, order=order, timer=time.perf_counter_ns)
+            tables.append({"trace": path.stem, "order": order, "buckets": list(result.buckets), "steps": result.steps,
+                           "policies": {k: asdict(v) for k, v in result.policies.items()}})
+            print(f"{path.stem} ({order}, buckets {list(result.buckets)}):")
+            for name, m in result.policies.items():
+                rank = "   -  " if m.rank_correlation is None else f"{m.rank_correlation:6.3f}"
+                print(f"  {name:<20} acc {m.accuracy:.3f}  balanced {m.balanced_accuracy:.3f}  rank {rank}  "
+                      f"migrated {m.migrated_token_ratio:6.1%}  p99 {m.p99_us:5.1f} us")
+    lat = latency(args.nodes, args.decisions)
+    for name, m in lat.items():
+        print(f"latency {name}: {m['tree_nodes']:,}-node trees, {m['decisions']:,} decisions: p50 {m['p50_us']:.1f} us, "
+              f"p99 {m['p99_us']:.1f} us (goal p99 < 50 us)")
+    if not args.no_save:
+        print(f"wrote {save('router', {'tables': tables, 'latency': lat})}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
