@@ -1,0 +1,240 @@
+"""Rollout instances with continuous batching, driven by a router, on simulated time.
+
+An instance of TP `tp` holds up to `max_batch` sequences whose reserved KV (context plus the turn's
+generation) fits its capacity; the rest wait in its queue. All its active sequences decode one
+token per step, and a step takes the cost model's decode time at the current batch and mean
+context, so between events every sequence advances at the same rate. Admitting a turn first
+prefills its new tokens (the prompt, the tool result, or the whole context after a migration),
+during which the instance makes no decode progress. Between turns a trajectory waits for its tool
+and holds no GPU. The router picks a bucket at the start and at each tool return; within a bucket
+the least-loaded instance takes the turn. A turn that cannot fit its bucket's instances at all goes
+to the smallest instance that holds it (physics, not policy).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from libra.planner.cost_model import CostModel
+from libra.scheduler.causal_tree import TrajectoryPath
+from libra.scheduler.keys import ToolReturn
+from libra.scheduler.policies import Router
+from libra.sim.engine import Event, EventLoop
+from libra.sim.workloads import SimTrajectory
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    tp: int
+    bucket: int  # the router bucket this instance serves
+
+
+@dataclass
+class _Seq:
+    trajectory: SimTrajectory
+    turn: int
+    done_at: float  # instance virtual token count at which this turn's generation ends
+    reserved: int  # KV tokens reserved (context + this turn's generation)
+    context: int  # context tokens when the turn started
+
+
+class Instance:
+    def __init__(self, index: int, spec: InstanceSpec, cost: CostModel, loop: EventLoop, on_done) -> None:
+        self.index = index
+        self.tp = spec.tp
+        self.bucket = spec.bucket
+        self.cost = cost
+        self.loop = loop
+        self.on_done = on_done
+        self.capacity = min(cost.kv_capacity_tokens(spec.tp), cost.rollout.max_context_tokens)
+        self.max_batch = cost.rollout.max_batch
+        self.active: dict[int, _Seq] = {}
+        self.heap: list[tuple[float, int]] = []
+        self.queue: deque[tuple[_Seq, int]] = deque()  # (sequence, tokens to prefill)
+        self.kv_used = 0
+        self.virtual = 0.0  # tokens each active sequence has decoded since the instance started
+        self.synced_at = 0.0
+        self.stall_until = 0.0
+        self.step_s = 0.0
+        self.context_sum = 0
+        self.event: Event | None = None
+        self.busy_s = 0.0
+        self.last_activity = 0.0
+
+    @property
+    def load(self) -> int:
+        return len(self.active) + len(self.queue)
+
+    def fits(self, tokens: int) -> bool:
+        return tokens <= self.capacity
+
+    def _sync(self) -> None:
+        """Advance decode progress to now (none while prefilling)."""
+        now = self.loop.now
+        start = max(self.synced_at, self.stall_until)
+        if self.active and now > start and self.step_s > 0:
+            self.virtual += (now - start) / self.step_s
+        if self.active or self.stall_until > self.synced_at:
+            self.busy_s += now - self.synced_at
+        self.synced_at = now
+
+    def submit(self, seq: _Seq, prefill_tokens: int) -> None:
+        self._sync()
+        self.queue.append((seq, prefill_tokens))
+        self._admit()
+        self._reschedule()
+
+    def _admit(self) -> None:
+        while self.queue and len(self.active) < self.max_batch:
+            seq, prefill = self.queue[0]
+            if self.kv_used + seq.reserved > self.capacity and self.active:
+                break
+            self.queue.popleft()
+            now = self.loop.now
+            self.stall_until = max(now, self.stall_until) + self.cost.prefill_s(self.tp, prefill, seq.context)
+            seq.done_at = self.virtual + seq.trajectory.turns[seq.turn].gen_tokens
+            key = id(seq)
+            self.active[key] = seq
+            heapq.heappush(self.heap, (seq.done_at, key))
+            self.kv_used += seq.reserved
+            self.context_sum += seq.context
+        self._rate()
+
+    def _rate(self) -> None:
+        if self.active:
+            mean_context = self.context_sum / len(self.active)
+            self.step_s = self.cost.decode_step_s(self.tp, len(self.active), mean_context)
+
+    def _reschedule(self) -> None:
+        if self.event is not None:
+            self.event.cancelled = True
+            self.event = None
+        if not self.heap:
+            return
+        start = max(self.loop.now, self.stall_until)
+        when = start + max(0.0, self.heap[0][0] - self.virtual) * self.step_s
+        self.event = self.loop.at(when, self._complete)
+
+    def _complete(self) -> None:
+        self.event = None
+        self._sync()
+        finished = []
+        while self.heap and self.heap[0][0] <= self.virtual + 1e-9:
+            _, key = heapq.heappop(self.heap)
+            seq = self.active.pop(key)
+            self.kv_used -= seq.reserved
+            self.context_sum -= seq.context
+            finished.append(seq)
+        self._admit()
+        self._reschedule()
+        self.last_activity = self.loop.now
+        for seq in finished:
+            self.on_done(self, seq)
+
+
+@dataclass
+class RolloutResult:
+    makespan_s: float
+    gen_tokens: int
+    total_tokens: int
+    migrated_tokens: int  # context re-prefilled on migration
+    migrations: int
+    busy_gpu_s: float
+    idle_gpu_s: float
+    finish_s: dict[str, float] = field(default_factory=dict)
+    events: int = 0
+
+
+class RolloutSim:
+    """Runs one step's trajectories through a set of instances and a router."""
+
+    def __init__(self, cost: CostModel, layout: Sequence[InstanceSpec], router: Router) -> None:
+        if not layout:
+            raise ValueError("a rollout needs at least one instance")
+        self.cost = cost
+        self.loop = EventLoop()
+        self.router = router
+        self.instances = [Instance(i, spec, cost, self.loop, self._turn_done) for i, spec in enumerate(layout)]
+        self.by_bucket: dict[int, list[Instance]] = {}
+        for inst in self.instances:
+            self.by_bucket.setdefault(inst.bucket, []).append(inst)
+        self.placed: dict[str, Instance] = {}
+        self.position: dict[str, int] = {}
+        self.result = RolloutResult(0.0, 0, 0, 0, 0, 0.0, 0.0)
+
+    def _pick(self, bucket: int, need: int) -> Instance:
+        buckets = sorted(self.by_bucket)
+        if bucket not in self.by_bucket:  # no instance serves it: the nearest bucket that has some
+            bucket = min(buckets, key=lambda b: (abs(b - bucket), -b))
+        candidates = [i for i in self.by_bucket[bucket] if i.fits(need)]
+        if not candidates:  # too long for this bucket's instances: the smallest that holds it
+            candidates = [i for i in self.instances if i.fits(need)]
+            if not candidates:
+                raise ValueError(f"a context of {need} tokens fits no rollout instance")
+            smallest = min(i.tp for i in candidates)
+            candidates = [i for i in candidates if i.tp == smallest]
+        return min(candidates, key=lambda i: (i.load, i.index))
+
+    def _send(self, trajectory: SimTrajectory, turn: int, bucket: int, new_tokens: int) -> None:
+        tid = trajectory.trajectory_id
+        context = self.position[tid]
+        need = context + trajectory.turns[turn].gen_tokens
+        instance = self._pick(bucket, need)
+        previous = self.placed.get(tid)
+        prefill = new_tokens
+        if previous is not None and previous is not instance:
+            prefill = context  # migration: the whole context is prefilled again
+            self.result.migrated_tokens += context - new_tokens
+            self.result.migrations += 1
+        self.placed[tid] = instance
+        instance.submit(_Seq(trajectory, turn, 0.0, need, context), prefill)
+
+    def _turn_done(self, instance: Instance, seq: _Seq) -> None:
+        trajectory, turn = seq.trajectory, seq.turn
+        step = trajectory.turns[turn]
+        tid = trajectory.trajectory_id
+        self.result.gen_tokens += step.gen_tokens
+        self.position[tid] += step.gen_tokens
+        if turn == len(trajectory.turns) - 1:
+            self.result.finish_s[tid] = self.loop.now
+            self.router.finish(tid)
+            return
+
+        def tool_returns() -> None:
+            self.position[tid] += step.payload_tokens
+            decision = self.router.on_return(tid, ToolReturn(step.tool_name, step.payload_tokens, step.status),
+                                             self.position[tid])
+            self._send(trajectory, turn + 1, decision.bucket, step.payload_tokens)
+
+        self.loop.after(step.tool_latency_s, tool_returns)
+
+    def run(self, trajectories: Sequence[SimTrajectory]) -> RolloutResult:
+        for t in trajectories:
+            self.position[t.trajectory_id] = t.prompt_tokens
+            decision = self.router.start(t.trajectory_id, t.prompt_id, t.prompt_tokens)
+            self._send(t, 0, decision.bucket, t.prompt_tokens)
+        self.loop.run()
+        makespan = self.loop.now
+        for inst in self.instances:
+            inst._sync()
+        gpu_s = sum(i.tp for i in self.instances) * makespan
+        busy = sum(i.busy_s * i.tp for i in self.instances)
+        self.result.makespan_s = makespan
+        self.result.busy_gpu_s = busy
+        self.result.idle_gpu_s = max(0.0, gpu_s - busy)
+        self.result.total_tokens = sum(t.total_tokens for t in trajectories)
+        self.result.events = self.loop.processed
+        return self.result
+
+
+def path_of(trajectory: SimTrajectory) -> TrajectoryPath:
+    """The causal tree's view of a simulated trajectory."""
+    start = sum(t.gen_tokens + t.payload_tokens for t in trajectory.turns)
+    spent, returns = 0, []
+    for turn in trajectory.turns[:-1]:
+        spent += turn.gen_tokens + turn.payload_tokens
+        returns.append((ToolReturn(turn.tool_name, turn.payload_tokens, turn.status), start - spent))
+    return TrajectoryPath(trajectory.prompt_id, start, tuple(returns), trajectory.prompt_tokens)
