@@ -9,9 +9,11 @@ move pays. The simulator and the real planning flow drive the same object.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libra.clock import Clock
+from libra.errors import LibraError
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate
 from libra.planner.trigger import Decision, StepTimes, TriggerSettings, decide, replan_reason
@@ -30,24 +32,40 @@ class PlanEvent:
 
 class PlanController:
     def __init__(self, cost: CostModel, planner: PlannerSettings | None = None,
-                 trigger: TriggerSettings | None = None, clock: Clock | None = None) -> None:
+                 trigger: TriggerSettings | None = None, clock: Clock | None = None,
+                 variants: Sequence[PlannerSettings] = ()) -> None:
+        """`variants`: alternative planner settings searched side by side (the best plan wins), e.g.
+        one per uniform instance size."""
         self.cost = cost
         self.planner_settings = planner or PlannerSettings()
+        self.variants = tuple(variants) or (self.planner_settings,)
         self.trigger = trigger or TriggerSettings()
         self.clock = clock
         self.current: Plan | None = None
         self.last_plan_step: int | None = None
         self.events: list[PlanEvent] = []
 
-    def observe(self, step: int, workload: Workload, times: StepTimes | None = None) -> PlanEvent | None:
+    def observe(self, step: int, workload: Workload, times: StepTimes | None = None,
+                force: bool = False) -> PlanEvent | None:
+        """`force`: plan now if there is no plan yet, even during warm-up (a run must start somewhere)."""
         expected = 1.0
         if self.current is not None and self.current.t_train_s > 0 and not math.isinf(self.current.t_train_s):
             expected = self.current.t_rollout_s / self.current.t_train_s
         reason = replan_reason(step, self.last_plan_step, times, self.trigger, expected)
+        if reason is None and self.current is None and force:
+            reason = "initial"
         if reason is None:
             return None
-        planner = Planner(self.cost, workload, self.planner_settings)
-        candidate = planner.plan(self.clock)
+        planners = [Planner(self.cost, workload, settings) for settings in self.variants]
+        plans = []
+        for p in planners:
+            try:
+                plans.append((p.plan(self.clock), p))
+            except LibraError:  # this variant has no feasible split
+                continue
+        if not plans:
+            raise LibraError("no planner variant found a feasible plan for this workload")
+        candidate, planner = min(plans, key=lambda item: item[0].t_iter_s)
         self.last_plan_step = step
         if self.current is None:
             event = PlanEvent(step, reason, candidate, float("inf"), None, True)

@@ -39,6 +39,7 @@ class PlannerSettings:
     hybrid_switch_s: float = 10.0  # a hybrid's join + leave per iteration
     granularity: int | None = None  # split step in GPUs; None: 1 up to 64 GPUs, else GPUs per node
     offload_s: float = 20.0  # colocated mode: offload/onload between stages per iteration
+    rollout_tps: tuple[int, ...] = (1, 2, 4, 8)  # instance sizes the rollout layout may use
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Planner:
         self.workload = workload
         self.settings = settings or PlannerSettings()
         self.training = TrainingTable(cost, workload)
-        self.rollout_search = RolloutSearch(cost, workload)
+        self.rollout_search = RolloutSearch(cost, workload, self.settings.rollout_tps)
         self._rollout: dict[int, RolloutLayout] = {}
 
     # cached per-count solutions ---------------------------------------------------------------

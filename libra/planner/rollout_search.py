@@ -15,7 +15,8 @@ buckets gives the fewest GPUs that finish every bucket by T:
 
 where instances() is the fewest instances of TP tp_k whose group time for buckets j..i is <= T
 (group time is non-increasing in the instance count, so it is found by bisection). The smallest T
-with need <= GPUs is found by bisection on T; the layout is the DP's argmin at that T.
+with need <= GPUs is found by bisection on T; the layout is the DP's argmin at that T, and GPUs it
+leaves unused go, one instance at a time, to the slowest group.
 """
 
 from __future__ import annotations
@@ -131,7 +132,23 @@ class RolloutSearch:
             else:
                 hi, solution = mid, found
         assert solution is not None
-        return self._layout(solution[1])
+        return self._fill(self._layout(solution[1]), gpus)
+
+    def _fill(self, layout: RolloutLayout, gpus: int) -> RolloutLayout:
+        """Give GPUs the optimum left unused to the slowest group that can take an instance (more
+        instances never slow a group down, and usually shorten its tail)."""
+        groups = list(layout.groups)
+        spare = gpus - layout.gpus
+        while groups:
+            takers = [i for i, g in enumerate(groups) if g.tp <= spare]
+            if not takers:
+                break
+            i = max(takers, key=lambda k: (groups[k].seconds, -groups[k].tp))
+            g = groups[i]
+            groups[i] = InstanceGroup(g.tp, g.count + 1, g.first_bucket, g.last_bucket, g.max_tokens,
+                                      self.group_time(g.first_bucket, g.last_bucket, g.tp, g.count + 1))
+            spare -= g.tp
+        return RolloutLayout(tuple(groups), max((g.seconds for g in groups), default=0.0))
 
     def _feasible_upper(self, gpus: int) -> float | None:
         """A makespan some layout achieves: the best single-group layout, or None."""

@@ -48,13 +48,26 @@ class RouteDecision:
 
 
 class Router:
-    """Base class: per-trajectory current bucket and the step-end hook."""
+    """Base class: per-trajectory current bucket and the step-end hook.
+
+    `measure` says what the buckets are ranges of: `remaining` tokens from the decision on (how
+    routing is scored on traces), or the trajectory's `total` length (how the planner sizes its
+    instance groups; the simulator routes this way), i.e. the tokens so far plus the remaining ones.
+    """
 
     name = "router"
 
-    def __init__(self, buckets: Buckets) -> None:
+    def __init__(self, buckets: Buckets, measure: str = "remaining") -> None:
+        if measure not in ("remaining", "total"):
+            raise ValueError(f"measure must be 'remaining' or 'total', got {measure!r}")
         self.buckets = buckets
+        self.measure = measure
         self.current: dict[str, int] = {}
+        self.offset: dict[str, int] = {}  # added to remaining-length estimates (the position in `total` mode)
+
+    def _at(self, trajectory_id: str, position: int) -> None:
+        if self.measure == "total":
+            self.offset[trajectory_id] = position
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         self.current[trajectory_id] = 0
@@ -65,6 +78,7 @@ class Router:
 
     def finish(self, trajectory_id: str) -> None:
         self.current.pop(trajectory_id, None)
+        self.offset.pop(trajectory_id, None)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
         """The step's finished trajectories become visible (RL order: at the end of the step)."""
@@ -79,8 +93,8 @@ class LeastLoad(Router):
 
     name = "least-load"
 
-    def __init__(self, buckets: Buckets) -> None:
-        super().__init__(buckets)
+    def __init__(self, buckets: Buckets, measure: str = "remaining") -> None:
+        super().__init__(buckets, measure)
         self.active = [0] * buckets.count
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
@@ -100,8 +114,8 @@ class MLFQ(Router):
 
     name = "mlfq"
 
-    def __init__(self, buckets: Buckets) -> None:
-        super().__init__(buckets)
+    def __init__(self, buckets: Buckets, measure: str = "remaining") -> None:
+        super().__init__(buckets, measure)
         self.prompt_tokens: dict[str, int] = {}
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
@@ -109,7 +123,7 @@ class MLFQ(Router):
         return super().start(trajectory_id, prompt_id, prompt_tokens)
 
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
-        spent = position - self.prompt_tokens[trajectory_id]
+        spent = position if self.measure == "total" else position - self.prompt_tokens[trajectory_id]
         bucket = max(self.current[trajectory_id], self.buckets.of(spent))
         self.current[trajectory_id] = bucket
         return RouteDecision(bucket, None)
@@ -184,23 +198,25 @@ class Oracle(Router):
 
     name = "oracle"
 
-    def __init__(self, buckets: Buckets, truth: Mapping[str, Sequence[int]]) -> None:
-        super().__init__(buckets)
-        self.truth = truth  # trajectory -> remaining at start, after return 1, 2, ...
+    def __init__(self, buckets: Buckets, truth: Mapping[str, Sequence[int]], measure: str = "remaining") -> None:
+        super().__init__(buckets, measure)
+        self.truth = truth  # trajectory -> remaining at start, after return 1, 2, ... (or the total, repeated)
         self.index: dict[str, int] = {}
 
     def _decide(self, trajectory_id: str) -> RouteDecision:
         remaining = self.truth[trajectory_id][self.index[trajectory_id]]
         self.index[trajectory_id] += 1
-        bucket = self.buckets.of(remaining)
+        bucket = self.buckets.of(self.offset.get(trajectory_id, 0) + remaining)
         self.current[trajectory_id] = bucket
         return RouteDecision(bucket, float(remaining))
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         self.index[trajectory_id] = 0
+        self._at(trajectory_id, prompt_tokens)
         return self._decide(trajectory_id)
 
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
+        self._at(trajectory_id, position)
         return self._decide(trajectory_id)
 
 
@@ -209,8 +225,8 @@ class CMLFQ(Router):
 
     name = "cmlfq"
 
-    def __init__(self, buckets: Buckets, tree: CausalTree | None = None) -> None:
-        super().__init__(buckets)
+    def __init__(self, buckets: Buckets, tree: CausalTree | None = None, measure: str = "remaining") -> None:
+        super().__init__(buckets, measure)
         self.tree = tree or CausalTree(KeyScheme("fine"))
         self.cursors: dict[str, Cursor] = {}
 
@@ -219,8 +235,9 @@ class CMLFQ(Router):
         if stats is None:
             return RouteDecision(current, None)
         mean, p90, _ = stats
-        target = self.buckets.of(mean)
-        if target == self.buckets.of(p90) and target != current:
+        offset = self.offset.get(trajectory_id, 0)
+        target = self.buckets.of(offset + mean)
+        if target == self.buckets.of(offset + p90) and target != current:
             self.current[trajectory_id] = current = target
         return RouteDecision(current, mean)
 
@@ -230,6 +247,7 @@ class CMLFQ(Router):
         return RouteDecision(0, None)
 
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
+        self._at(trajectory_id, position)
         cursor = self.cursors[trajectory_id]
         cursor.advance(self.tree.scheme.key(ret), position)
         match = cursor.matches[0]  # the prompt's root if seen, else the global one
@@ -256,8 +274,8 @@ class LibraRouter(CMLFQ):
 
     def __init__(self, buckets: Buckets, min_support: int = 2, decay: float = 0.5, payoff: float = 2.0,
                  size_roots: bool = True, payload_bounds: tuple[int, ...] = (500, 5_000), window: int = 64,
-                 max_nodes: int = 100_000) -> None:
-        Router.__init__(self, buckets)
+                 max_nodes: int = 100_000, measure: str = "remaining") -> None:
+        Router.__init__(self, buckets, measure)
         self.payoff = payoff  # migrate only if the estimated remaining tokens >= payoff x the context to re-prefill
         self.position: dict[str, int] = {}
         self.size_roots = size_roots
@@ -275,9 +293,10 @@ class LibraRouter(CMLFQ):
         if stats is None:
             return RouteDecision(current, None)
         mean, p90, _ = stats
-        target = self.buckets.of(mean)
+        offset = self.offset.get(trajectory_id, 0)
+        target = self.buckets.of(offset + mean)
         position = self.position.get(trajectory_id, 0)
-        if target == self.buckets.of(p90) and target != current and (position == 0 or mean >= self.payoff * position):
+        if target == self.buckets.of(offset + p90) and target != current and (position == 0 or mean >= self.payoff * position):
             self.current[trajectory_id] = current = target
         return RouteDecision(current, mean)
 
@@ -313,14 +332,22 @@ class LibraRouter(CMLFQ):
         cursors = {g: tree.cursor(prompt_id, prompt_tokens) for g, tree in self.trees.items()}
         paths = {g: [[(m.node, prompt_tokens)] for m in c.matches] for g, c in cursors.items()}
         self.tracks[trajectory_id] = _Track(cursors, paths)
-        self.position[trajectory_id] = 0  # nothing to re-prefill before the first turn
-        return self._gate(trajectory_id, self._estimate(paths[self.granularity], prompt_tokens))
+        self.position[trajectory_id] = 0
+        self._at(trajectory_id, prompt_tokens)
+        stats = self._estimate(paths[self.granularity], prompt_tokens)
+        if stats is None:
+            return RouteDecision(0, None)
+        # placing a new trajectory costs no migration, so the best point estimate decides (no gate)
+        bucket = self.buckets.of(self.offset.get(trajectory_id, 0) + stats[0])
+        self.current[trajectory_id] = bucket
+        return RouteDecision(bucket, stats[0])
 
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
         track = self.tracks[trajectory_id]
         for g, tree in self.trees.items():
             self._follow(track.cursors[g], track.paths[g], tree.scheme.key(ret), position)
         self.position[trajectory_id] = position
+        self._at(trajectory_id, position)
         return self._gate(trajectory_id, self._estimate(track.paths[self.granularity], position))
 
     def finish(self, trajectory_id: str) -> None:

@@ -7,7 +7,8 @@ context, so between events every sequence advances at the same rate. Admitting a
 prefills its new tokens (the prompt, the tool result, or the whole context after a migration),
 during which the instance makes no decode progress. Between turns a trajectory waits for its tool
 and holds no GPU. The router picks a bucket at the start and at each tool return; within a bucket
-the least-loaded instance takes the turn. A turn that cannot fit its bucket's instances at all goes
+a trajectory stays on its instance (its KV prefix is cached there), and a new one goes to the
+least-loaded instance. A turn that cannot fit its bucket's instances at all goes
 to the smallest instance that holds it (physics, not policy).
 """
 
@@ -30,6 +31,7 @@ from libra.sim.workloads import SimTrajectory
 class InstanceSpec:
     tp: int
     bucket: int  # the router bucket this instance serves
+    hybrid: bool = False  # leaves for training once the rollout is down to its tail
 
 
 @dataclass
@@ -63,6 +65,9 @@ class Instance:
         self.event: Event | None = None
         self.busy_s = 0.0
         self.last_activity = 0.0
+        self.hybrid = spec.hybrid
+        self.draining = False
+        self.released_at: float | None = None  # when a draining hybrid held no work any more
 
     @property
     def load(self) -> int:
@@ -131,8 +136,14 @@ class Instance:
         self._admit()
         self._reschedule()
         self.last_activity = self.loop.now
+        self.release_if_idle()
         for seq in finished:
             self.on_done(self, seq)
+
+    def release_if_idle(self) -> None:
+        if self.draining and self.released_at is None and not self.active and not self.queue:
+            self._sync()
+            self.released_at = self.loop.now
 
 
 @dataclass
@@ -146,14 +157,21 @@ class RolloutResult:
     idle_gpu_s: float
     finish_s: dict[str, float] = field(default_factory=dict)
     events: int = 0
+    hybrid_released_s: list[tuple[int, float]] = field(default_factory=list)  # (GPUs, when they left rollout)
 
 
 class RolloutSim:
     """Runs one step's trajectories through a set of instances and a router."""
 
-    def __init__(self, cost: CostModel, layout: Sequence[InstanceSpec], router: Router) -> None:
-        if not layout:
-            raise ValueError("a rollout needs at least one instance")
+    def __init__(self, cost: CostModel, layout: Sequence[InstanceSpec], router: Router,
+                 hybrid_leave_fraction: float = 0.0) -> None:
+        """`hybrid_leave_fraction`: hybrid instances stop taking turns once at most this share of the
+        step's trajectories is unfinished, and leave when their last turn ends."""
+        if not layout or all(spec.hybrid for spec in layout):
+            raise ValueError("a rollout needs at least one core instance")
+        self.hybrid_leave_fraction = hybrid_leave_fraction
+        self.unfinished = 0
+        self.total = 0
         self.cost = cost
         self.loop = EventLoop()
         self.router = router
@@ -165,13 +183,17 @@ class RolloutSim:
         self.position: dict[str, int] = {}
         self.result = RolloutResult(0.0, 0, 0, 0, 0, 0.0, 0.0)
 
-    def _pick(self, bucket: int, need: int) -> Instance:
-        buckets = sorted(self.by_bucket)
-        if bucket not in self.by_bucket:  # no instance serves it: the nearest bucket that has some
-            bucket = min(buckets, key=lambda b: (abs(b - bucket), -b))
-        candidates = [i for i in self.by_bucket[bucket] if i.fits(need)]
-        if not candidates:  # too long for this bucket's instances: the smallest that holds it
-            candidates = [i for i in self.instances if i.fits(need)]
+    def _pick(self, bucket: int, need: int, previous: Instance | None = None) -> Instance:
+        """The trajectory's previous instance if it serves `bucket` (its KV prefix is cached there),
+        else the least-loaded instance of the bucket."""
+        if previous is not None and previous.bucket == bucket and previous.fits(need) and not previous.draining:
+            return previous
+        live = sorted(b for b, insts in self.by_bucket.items() if any(not i.draining for i in insts))
+        if bucket not in live:  # no instance serves it: the nearest bucket that has some
+            bucket = min(live, key=lambda b: (abs(b - bucket), -b))
+        candidates = [i for i in self.by_bucket.get(bucket, []) if i.fits(need) and not i.draining]
+        if not candidates:  # too long for this bucket's instances (or they left): the smallest that holds it
+            candidates = [i for i in self.instances if i.fits(need) and not i.draining]
             if not candidates:
                 raise ValueError(f"a context of {need} tokens fits no rollout instance")
             smallest = min(i.tp for i in candidates)
@@ -182,8 +204,8 @@ class RolloutSim:
         tid = trajectory.trajectory_id
         context = self.position[tid]
         need = context + trajectory.turns[turn].gen_tokens
-        instance = self._pick(bucket, need)
         previous = self.placed.get(tid)
+        instance = self._pick(bucket, need, previous)
         prefill = new_tokens
         if previous is not None and previous is not instance:
             prefill = context  # migration: the whole context is prefilled again
@@ -201,6 +223,12 @@ class RolloutSim:
         if turn == len(trajectory.turns) - 1:
             self.result.finish_s[tid] = self.loop.now
             self.router.finish(tid)
+            self.unfinished -= 1
+            if self.hybrid_leave_fraction > 0 and self.unfinished <= self.hybrid_leave_fraction * self.total:
+                for inst in self.instances:
+                    if inst.hybrid and not inst.draining:
+                        inst.draining = True
+                        inst.release_if_idle()
             return
 
         def tool_returns() -> None:
@@ -212,6 +240,7 @@ class RolloutSim:
         self.loop.after(step.tool_latency_s, tool_returns)
 
     def run(self, trajectories: Sequence[SimTrajectory]) -> RolloutResult:
+        self.total = self.unfinished = len(trajectories)
         for t in trajectories:
             self.position[t.trajectory_id] = t.prompt_tokens
             decision = self.router.start(t.trajectory_id, t.prompt_id, t.prompt_tokens)
@@ -227,6 +256,8 @@ class RolloutSim:
         self.result.idle_gpu_s = max(0.0, gpu_s - busy)
         self.result.total_tokens = sum(t.total_tokens for t in trajectories)
         self.result.events = self.loop.processed
+        self.result.hybrid_released_s = [(i.tp, i.released_at if i.released_at is not None else makespan)
+                                         for i in self.instances if i.hybrid]
         return self.result
 
 

@@ -1,0 +1,195 @@
+"""Running whole-system policies over the same simulated workload and reporting what they achieve.
+
+Every policy sees the same trajectories at every step (same seed). A step rolls out its batch on the
+policy's instances with its router; its training time comes from the planner's cost model for the
+policy's training configuration and the step's tokens. Pipelining:
+
+    colocated     step = rollout(k) + offload/onload + train(k) + weight sync
+    one_step_off  step = max(rollout(k) + reconfiguration, train(k-1)) + weight sync; hybrid instances
+                  leave the rollout for its tail and join train(k-1) as extra data-parallel replicas
+                  after fetching a snapshot, which speeds the rest of that training up
+
+Non-oracle policies plan on the previous step's trajectories (step 0 on a separate warm-up batch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from libra.planner.cost_model import CostModel, TrainConfig
+from libra.planner.planner import Planner, PlannerSettings
+from libra.planner.trigger import StepTimes, TriggerSettings
+from libra.sim.policies import POLICIES, StepConfig, SystemPolicy, make_policy, workload_of
+from libra.sim.rollout import RolloutSim
+from libra.sim.workloads import SimTrajectory, WorkloadGenerator, WorkloadSpec
+
+OFFLOAD_S = 20.0  # colocated: offloading and reloading training state around each rollout
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    rollout_s: float
+    train_s: float  # training of the batch trained in this step (after hybrid speed-up)
+    step_s: float
+    trained_tokens: int
+    gen_tokens: int
+    train_gpus: int
+    rollout_gpus: int
+    hybrid_gpus: int
+    idle_rollout_gpu_s: float
+    idle_train_gpu_s: float
+    migrated_tokens: int
+    switch_cost_s: float
+    plan_reason: str
+    train_config: TrainConfig
+    instances: tuple[tuple[int, int], ...]  # (tp, count) of core rollout instances
+    hybrid_events: tuple[tuple[float, str, int], ...]  # (time in step, event, GPUs)
+
+
+@dataclass
+class PolicyRun:
+    name: str
+    steps: list[StepRecord] = field(default_factory=list)
+    tail_train_s: float = 0.0  # one_step_off: training of the last batch after the last rollout
+
+    @property
+    def total_time_s(self) -> float:
+        return sum(s.step_s for s in self.steps) + self.tail_train_s
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(s.trained_tokens for s in self.steps)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.trained_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    def step_time_quantile(self, q: float) -> float:
+        ordered = sorted(s.step_s for s in self.steps)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
+
+    @property
+    def step_time_mean_s(self) -> float:
+        return sum(s.step_s for s in self.steps) / len(self.steps) if self.steps else math.nan
+
+    @property
+    def idle_gpu_s(self) -> dict[str, float]:
+        return {"rollout": sum(s.idle_rollout_gpu_s for s in self.steps),
+                "train": sum(s.idle_train_gpu_s for s in self.steps)}
+
+
+def train_seconds(cost: CostModel, config: TrainConfig, gpus: int, batch: list[SimTrajectory],
+                  settings: PlannerSettings) -> tuple[float, TrainConfig]:
+    """Training time of `batch`; a configuration that no longer fits memory is replaced by the best
+    one on the same GPUs (the trainer re-shards)."""
+    workload = workload_of(batch)
+    if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
+        best = Planner(cost, workload, settings).training.best(gpus)
+        if best is None:
+            raise ValueError(f"no training configuration fits {gpus} GPUs for {workload.max_tokens} tokens")
+        config = best.config
+    return cost.train_time(config, workload).seconds, config
+
+
+def join_seconds(cost: CostModel, config: TrainConfig) -> float:
+    """A hybrid replica fetching the latest weights and optimizer state (its shard) from a snapshot."""
+    shard_bytes = 14 * cost.model.total_params / (config.tp * config.pp)  # bf16 weights + fp32 Adam state
+    return 2.0 + shard_bytes / cost.hw.inter_node_bandwidth
+
+
+def with_hybrids(train_s: float, config: TrainConfig, released: list[tuple[int, float]], join_s: float) -> tuple[float, list]:
+    """Training time when hybrid GPUs join as extra replicas at their release time + join time."""
+    replica = config.tp * config.pp
+    arrivals = sorted(t + join_s for _, t in released)
+    gpus_joined = 0
+    now, done, rate = 0.0, 0.0, 1.0  # rate: replicas relative to the core's
+    events = []
+    for (gpus, _), at in zip(sorted(released, key=lambda r: r[1]), arrivals, strict=True):
+        if at >= now + (1 - done) * train_s / rate:
+            break
+        done += (at - now) * rate / train_s
+        now = at
+        gpus_joined += gpus
+        rate = (config.dp + gpus_joined // replica) / config.dp
+        events.append((at, "join_training", gpus))
+    return now + (1 - done) * train_s / rate, events
+
+
+def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, policies: list[str], seed: int = 0,
+             planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
+             progress: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
+    planner = planner or PlannerSettings()
+    trigger = trigger or TriggerSettings()
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; policies: {', '.join(POLICIES)}")
+    generator = WorkloadGenerator(spec, seed)
+    batches = [generator.step(k) for k in range(steps)]
+    warmup = generator.step(-1)
+    runs = {}
+    for name in policies:
+        runs[name] = run_policy(make_policy(name, cost, planner, trigger), cost, batches, warmup, planner, progress)
+    return runs
+
+
+def run_policy(policy: SystemPolicy, cost: CostModel, batches: list[list[SimTrajectory]],
+               warmup: list[SimTrajectory], planner: PlannerSettings,
+               progress: Callable[[str, int], None] | None = None) -> PolicyRun:
+    run = PolicyRun(policy.name)
+    sync_s = cost.weight_sync_s()
+    previous = warmup
+    pending: tuple[StepConfig, list[SimTrajectory]] | None = None  # batch waiting to be trained
+    times: StepTimes | None = None
+    for k, batch in enumerate(batches):
+        config = policy.configure(k, previous, batch, times)
+        router = policy.router(config, batch)
+        rollout = RolloutSim(cost, config.layout, router, policy.hybrid_leave_fraction).run(batch)
+        policy.observe(batch)
+        if config.mode == "colocated":
+            train_s, train_config = train_seconds(cost, config.train_config, config.train_gpus, batch, planner)
+            step_s = rollout.makespan_s + OFFLOAD_S + train_s + sync_s
+            trained, events = batch, []
+            idle_rollout = rollout.idle_gpu_s
+            idle_train = 0.0
+        else:
+            train_s, events = 0.0, []
+            train_config = config.train_config
+            trained = []
+            if pending is not None:
+                base_s, train_config = train_seconds(cost, pending[0].train_config, pending[0].train_gpus, pending[1], planner)
+                train_s, events = with_hybrids(base_s, train_config, rollout.hybrid_released_s,
+                                               join_seconds(cost, train_config))
+                trained = pending[1]
+            rollout_side = rollout.makespan_s + config.switch_cost_s
+            step_s = max(rollout_side, train_s) + sync_s
+            idle_rollout = rollout.idle_gpu_s + config.rollout_gpus * (step_s - rollout.makespan_s)
+            idle_train = config.train_gpus * (step_s - train_s)
+            pending = (config, batch)
+        released = tuple((t, "leave_rollout", g) for g, t in rollout.hybrid_released_s)
+        run.steps.append(StepRecord(
+            k, rollout.makespan_s, train_s, step_s, sum(t.total_tokens for t in trained), rollout.gen_tokens,
+            config.train_gpus, config.rollout_gpus, config.hybrid_gpus, idle_rollout, idle_train,
+            rollout.migrated_tokens, config.switch_cost_s, config.plan_reason, train_config,
+            _instances(config), released + tuple(events),
+        ))
+        times = StepTimes(k, rollout.makespan_s, train_s if train_s > 0 else rollout.makespan_s)
+        previous = batch
+        if progress:
+            progress(policy.name, k)
+    if pending is not None:
+        run.tail_train_s, _ = train_seconds(cost, pending[0].train_config, pending[0].train_gpus, pending[1], planner)
+        last = run.steps[-1]
+        run.steps[-1] = StepRecord(**{**last.__dict__, "trained_tokens": last.trained_tokens
+                                      + sum(t.total_tokens for t in pending[1])})
+    return run
+
+
+def _instances(config: StepConfig) -> tuple[tuple[int, int], ...]:
+    counts: dict[int, int] = {}
+    for spec in config.layout:
+        if not spec.hybrid:
+            counts[spec.tp] = counts.get(spec.tp, 0) + 1
+    return tuple(sorted(counts.items()))
