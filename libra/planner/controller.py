@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from libra.clock import Clock
 from libra.errors import LibraError
@@ -39,6 +39,9 @@ class PlanController:
         self.cost = cost
         self.planner_settings = planner or PlannerSettings()
         self.variants = tuple(variants) or (self.planner_settings,)
+        # measured / predicted rollout time of each variant's plans (1.0 until one of them has run)
+        self.rollout_correction = [1.0] * len(self.variants)
+        self.current_variant: int | None = None
         self.trigger = trigger or TriggerSettings()
         self.clock = clock
         self.current: Plan | None = None
@@ -56,16 +59,16 @@ class PlanController:
             reason = "initial"
         if reason is None:
             return None
-        planners = [Planner(self.cost, workload, settings) for settings in self.variants]
         plans = []
-        for p in planners:
+        for index, settings in enumerate(self.variants):
+            p = Planner(self.cost, workload, settings)
             try:
-                plans.append((p.plan(self.clock), p))
+                plans.append((corrected(p.plan(self.clock), self.rollout_correction[index]), p, index))
             except LibraError:  # this variant has no feasible split
                 continue
         if not plans:
             raise LibraError("no planner variant found a feasible plan for this workload")
-        candidate, planner = min(plans, key=lambda item: item[0].t_iter_s)
+        candidate, planner, variant = min(plans, key=lambda item: item[0].t_iter_s)
         self.last_plan_step = step
         if self.current is None:
             event = PlanEvent(step, reason, candidate, float("inf"), None, True)
@@ -75,5 +78,31 @@ class PlanController:
             event = PlanEvent(step, reason, candidate, current_t, decision, decision.apply)
         if event.applied:
             self.current = candidate
+            self.current_variant = variant
         self.events.append(event)
         return event
+
+    def record(self, measured_rollout_s: float, weight: float = 0.5) -> None:
+        """Fold a measured rollout time of the plan in force into its variant's correction, so
+        variants whose plans run slower than predicted (e.g. length buckets the router cannot fill
+        as planned) lose to those that keep their promise."""
+        if self.current is None or self.current_variant is None or measured_rollout_s <= 0:
+            return
+        predicted = self.current.t_rollout_s / self.rollout_correction[self.current_variant]
+        if predicted > 0 and math.isfinite(predicted):
+            i = self.current_variant
+            self.rollout_correction[i] = (1 - weight) * self.rollout_correction[i] + weight * measured_rollout_s / predicted
+
+
+def corrected(plan: Plan, factor: float) -> Plan:
+    """A plan with its rollout time scaled by a measured correction (and T_iter recomputed)."""
+    if factor == 1.0 or math.isinf(plan.t_iter_s):
+        return plan
+    t_rollout = plan.t_rollout_s * factor
+    if plan.mode == "sync":
+        t_iter = t_rollout + plan.t_train_s + (plan.t_iter_s - plan.t_rollout_s - plan.t_train_s)
+    elif plan.mode == "one_step_off":
+        t_iter = max(t_rollout, plan.t_train_s) + (plan.t_iter_s - max(plan.t_rollout_s, plan.t_train_s))
+    else:
+        t_iter = plan.t_iter_s + plan.t_rollout_s * (factor - 1)
+    return replace(plan, t_rollout_s=t_rollout, t_iter_s=t_iter)

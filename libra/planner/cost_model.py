@@ -58,6 +58,7 @@ class TrainingSettings:
     memory_headroom: float = 0.08  # fraction of HBM kept free
     memory_margin_bytes: float = 2.5 * GB  # workspace + fragmentation margin
     logits_chunk_tokens: int = 8192  # log-probs are computed over chunks of this many tokens
+    min_sequence_tokens: int = 0  # memory is planned for sequences of at least this length (the generation cap)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ class CostModel:
         """Peak bytes on the busiest GPU: weights, gradients, optimizer state (by ZeRO stage),
         recomputation checkpoints of in-flight micro-batches, one layer's working set, logits."""
         m, s = self.model, self.training
+        max_tokens = max(max_tokens, s.min_sequence_tokens)
         dense = m.dense_params / (config.tp * config.pp)
         experts = m.expert_params / (config.ep * config.pp)
         expert_dp = max(1, config.dp * config.tp // config.ep)

@@ -181,11 +181,16 @@ class Planned(SystemPolicy):
         self.hybrid_leave_fraction = 0.2 if hybrids else 0.0
         variants = [replace(self.planner_settings, rollout_tps=(tp,)) for tp in (1, 2, 4, 8)
                     if tp <= cost.cluster.gpus_per_node] if uniform else [self.planner_settings]
+        if not uniform:  # Libra's stages may also fall back to uniform instances when buckets do not pay off
+            variants += [replace(self.planner_settings, rollout_tps=(tp,)) for tp in (1, 2, 4, 8)
+                         if tp <= cost.cluster.gpus_per_node]
         self.controller = PlanController(cost, self.planner_settings, trigger, variants=variants)
 
     def configure(self, step, previous, upcoming, times):
         if self.frozen and self.config is not None:
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
+        if times is not None:
+            self.controller.record(times.t_rollout_s)
         event = self.controller.observe(step, workload_of(previous), times, force=True)
         if self.config is not None and (event is None or not event.applied):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")

@@ -8,7 +8,8 @@ prefills its new tokens (the prompt, the tool result, or the whole context after
 during which the instance makes no decode progress. Between turns a trajectory waits for its tool
 and holds no GPU. The router picks a bucket at the start and at each tool return; within a bucket
 a trajectory stays on its instance (its KV prefix is cached there), and a new one goes to the
-least-loaded instance. A turn that cannot fit its bucket's instances at all goes
+least-loaded instance, or, if that one would queue it, to an instance of a longer bucket that can
+start it now (work-conserving dispatch). A turn that cannot fit its bucket's instances at all goes
 to the smallest instance that holds it (physics, not policy).
 """
 
@@ -75,6 +76,10 @@ class Instance:
 
     def fits(self, tokens: int) -> bool:
         return tokens <= self.capacity
+
+    def can_start(self, tokens: int) -> bool:
+        """Whether a new turn needing `tokens` of KV would be admitted now rather than queued."""
+        return not self.queue and len(self.active) < self.max_batch and self.kv_used + tokens <= self.capacity
 
     def _sync(self) -> None:
         """Advance decode progress to now (none while prefilling)."""
@@ -198,7 +203,13 @@ class RolloutSim:
                 raise ValueError(f"a context of {need} tokens fits no rollout instance")
             smallest = min(i.tp for i in candidates)
             candidates = [i for i in candidates if i.tp == smallest]
-        return min(candidates, key=lambda i: (i.load, i.index))
+        chosen = min(candidates, key=lambda i: (i.load, i.index))
+        if previous is None and not chosen.can_start(need):  # work-conserving: a new trajectory does not
+            spill = [i for i in self.instances  # queue while an instance of a longer bucket could start it
+                     if i.bucket > bucket and not i.draining and i.can_start(need)]
+            if spill:
+                chosen = min(spill, key=lambda i: (i.bucket, i.load, i.index))
+        return chosen
 
     def _send(self, trajectory: SimTrajectory, turn: int, bucket: int, new_tokens: int) -> None:
         tid = trajectory.trajectory_id

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from libra.errors import LibraError
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.trigger import StepTimes, TriggerSettings
@@ -84,13 +85,15 @@ class PolicyRun:
 def train_seconds(cost: CostModel, config: TrainConfig, gpus: int, batch: list[SimTrajectory],
                   settings: PlannerSettings) -> tuple[float, TrainConfig]:
     """Training time of `batch`; a configuration that no longer fits memory is replaced by the best
-    one on the same GPUs (the trainer re-shards)."""
+    one on the same GPUs (the trainer re-shards), falling back to ZeRO-3 sharding when nothing else fits."""
     workload = workload_of(batch)
     if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
-        best = Planner(cost, workload, settings).training.best(gpus)
-        if best is None:
-            raise ValueError(f"no training configuration fits {gpus} GPUs for {workload.max_tokens} tokens")
-        config = best.config
+        for fallback in (cost, replace(cost, training=replace(cost.training, zero_stage=3))):
+            best = Planner(fallback, workload, settings).training.best(gpus)
+            if best is not None:
+                return fallback.train_time(best.config, workload).seconds, best.config
+        raise LibraError(f"no training configuration of {cost.model.name} fits {gpus} GPUs for sequences of "
+                         f"{workload.max_tokens:,} tokens, even with ZeRO-3; simulate with more GPUs or a smaller model")
     return cost.train_time(config, workload).seconds, config
 
 
@@ -123,6 +126,8 @@ def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, policies: list[str
              progress: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
     planner = planner or PlannerSettings()
     trigger = trigger or TriggerSettings()
+    # training must hold the longest sequence the generation cap allows, not just the ones seen so far
+    cost = replace(cost, training=replace(cost.training, min_sequence_tokens=min(spec.max_tokens, cost.rollout.max_context_tokens)))
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policies {unknown}; policies: {', '.join(POLICIES)}")

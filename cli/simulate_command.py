@@ -1,0 +1,109 @@
+"""`libra simulate`: whole-system policies on a simulated cluster, recorded in the store and MLflow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from libra.config import LibraConfig
+from libra.errors import LibraError
+
+
+def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    cmd = sub.add_parser(
+        "simulate",
+        parents=[parent],
+        help="compare Libra with verl/AReaL-style baselines and the oracle on a simulated cluster",
+        description="Simulate an agentic RL job step by step on a cluster of GPUs (same workload, same seed for "
+        "every policy) and report throughput, step times, idle GPU time and total time, with each policy's ratio "
+        "to libra and to the oracle. Results go to the store (steps, plans, pool_events) and to MLflow (a parent "
+        "run with a child run per policy, plus plots).",
+    )
+    cmd.add_argument("--workload", required=True, help="search-r1, dapo-math, r2e-gym or trace:FILE.csv")
+    cmd.add_argument("--cluster", default="6x8:a800", help="NODESxGPUS:HARDWARE (default 6x8:a800)")
+    cmd.add_argument("--model", default="qwen3-14b", help="model profile (default qwen3-14b)")
+    cmd.add_argument("--steps", type=int, default=200, help="RL steps (default 200)")
+    cmd.add_argument("--policies", default="all", help="'all' or a comma-separated list")
+    cmd.add_argument("--group-size", type=int, help="samples per prompt (default: the workload's, 16)")
+    cmd.add_argument("--prompts-per-step", type=int, help="prompts per step (default: the workload's)")
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--run", help="store run name (default: sim-<workload>-<seed>)")
+    cmd.add_argument("--no-track", action="store_true", help="skip MLflow")
+    cmd.add_argument("--json", action="store_true", help="print the results as JSON")
+    cmd.set_defaults(handler=cmd_simulate)
+
+
+def summarize(runs: dict, gpus: int, workload: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"workload": workload, "gpus": gpus, "policies": {}}
+    for name, r in runs.items():
+        out["policies"][name] = {
+            "tokens_per_s": r.tokens_per_s,
+            "step_time_mean_s": r.step_time_mean_s,
+            "step_time_p99_s": r.step_time_quantile(0.99),
+            "idle_gpu_s": r.idle_gpu_s,
+            "total_time_s": r.total_time_s,
+        }
+    for ref in ("libra", "oracle"):
+        if ref in runs and runs[ref].tokens_per_s > 0:
+            for m in out["policies"].values():
+                m[f"vs_{ref}"] = m["tokens_per_s"] / runs[ref].tokens_per_s
+    return out
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = [f"{summary['workload']} on {summary['gpus']} GPUs",
+             f"{'policy':<22} {'tokens/s':>9} {'step mean':>10} {'step p99':>9} {'idle rollout':>13} "
+             f"{'idle train':>11} {'total':>9} {'vs libra':>9} {'vs oracle':>9}"]
+    for name, m in summary["policies"].items():
+        vs_l = f"{m['vs_libra']:.2f}" if "vs_libra" in m else "-"
+        vs_o = f"{m['vs_oracle']:.2f}" if "vs_oracle" in m else "-"
+        lines.append(f"{name:<22} {m['tokens_per_s']:>9.1f} {m['step_time_mean_s']:>9.1f}s {m['step_time_p99_s']:>8.1f}s "
+                     f"{m['idle_gpu_s']['rollout']:>12.0f}s {m['idle_gpu_s']['train']:>10.0f}s {m['total_time_s']:>8.0f}s "
+                     f"{vs_l:>9} {vs_o:>9}")
+    lines.append("(tokens/s: trained tokens per second of wall time; idle: GPU-seconds)")
+    return "\n".join(lines)
+
+
+def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
+    from libra.planner.profiles import model_profile, parse_cluster
+    from libra.planner.settings import cost_model, planner_settings, trigger_settings
+    from libra.sim.policies import POLICIES
+    from libra.sim.runner import simulate
+    from libra.sim.workloads import workload_spec
+    from storage.writer import check_run_name
+
+    if args.steps < 1:
+        raise LibraError(f"--steps must be >= 1, got {args.steps}")
+    for flag, value in (("--group-size", args.group_size), ("--prompts-per-step", args.prompts_per_step)):
+        if value is not None and value < 1:
+            raise LibraError(f"{flag} must be >= 1, got {value}")
+    policies = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        raise LibraError(f"unknown policies {', '.join(unknown) or '(none given)'}; policies: all, {', '.join(POLICIES)}")
+    cluster, model = parse_cluster(args.cluster), model_profile(args.model)
+    spec = workload_spec(args.workload, args.group_size, args.prompts_per_step)
+    run_name = check_run_name(args.run or f"sim-{args.workload.replace(':', '-').replace('/', '-')}-{args.seed}"[:128])
+    cost = cost_model(cluster, model, config.planner)
+    started = time.perf_counter()
+    runs = simulate(spec, cost, args.steps, policies, args.seed, planner_settings(config.planner),
+                    trigger_settings(config.planner))
+    wall = time.perf_counter() - started
+    summary = summarize(runs, cluster.gpus, args.workload)
+    summary["simulation_wall_s"] = wall
+    from tasks.sim_records import record_store
+
+    record_store(runs, run_name, config.store)
+    if not args.no_track:
+        from cli.runtime import prepare_runtime
+
+        prepare_runtime(config)
+        from tasks.sim_records import record_mlflow
+
+        summary["mlflow_parent_run_id"] = record_mlflow(runs, summary, args, config)
+    summary["store_run"] = run_name
+    print(json.dumps(summary) if args.json else render(summary) +
+          f"\nsimulated in {wall:.1f} s; store run {run_name!r}")
+    return 0

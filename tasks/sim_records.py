@@ -1,0 +1,104 @@
+"""Recording simulation results: the store's steps, plans and pool_events tables, and MLflow runs
+with plots. Plain functions (the CLI calls them directly; a flow can wrap them as tasks)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from libra.config import LibraConfig, StoreConfig
+from storage.ingest import writer_for
+
+
+def record_store(runs: dict, run: str, store: StoreConfig) -> None:
+    steps, plans, events = [], [], []
+    for name, r in runs.items():
+        clock = 0.0
+        for s in r.steps:
+            plan_id = f"{name}/{s.step}"
+            steps.append({"step": s.step, "policy": name, "plan_id": plan_id, "start_s": clock,
+                          "rollout_s": s.rollout_s, "train_s": s.train_s, "step_s": s.step_s,
+                          "trajectories": None, "gen_tokens": s.gen_tokens, "trained_tokens": s.trained_tokens,
+                          "idle_rollout_gpu_s": s.idle_rollout_gpu_s, "idle_train_gpu_s": s.idle_train_gpu_s,
+                          "train_gpus": s.train_gpus, "rollout_gpus": s.rollout_gpus, "hybrid_gpus": s.hybrid_gpus})
+            if s.plan_reason:
+                c = s.train_config
+                plans.append({"step": s.step, "plan_id": plan_id, "applied": True, "reason": f"{name}: {s.plan_reason}",
+                              "train_gpus": s.train_gpus, "rollout_gpus": s.rollout_gpus, "hybrid_gpus": s.hybrid_gpus,
+                              "train_tp": c.tp, "train_pp": c.pp, "train_dp": c.dp, "train_ep": c.ep,
+                              "micro_batch": c.micro_batch, "switch_cost_s": s.switch_cost_s,
+                              "rollout_instances": json.dumps([{"tp": tp, "count": n} for tp, n in s.instances])})
+            for i, (at, event, gpus) in enumerate(s.hybrid_events):
+                before, after = ("rollout", "leaving") if event == "leave_rollout" else ("joining", "training")
+                events.append({"step": s.step, "time_s": clock + at, "worker_id": f"{name}/hybrid-{i}", "gpus": gpus,
+                               "from_state": before, "to_state": after, "event": event, "detail": name})
+            clock += s.step_s
+    writer = writer_for(store)
+    for table, rows in (("steps", steps), ("plans", plans), ("pool_events", events)):
+        if rows:
+            writer.write_run(table, run, pa.Table.from_pylist(rows))
+
+
+def plot_runs(runs: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, r in runs.items():
+        xs = [s.step for s in r.steps]
+        ax.plot(xs, [s.trained_tokens / s.step_s if s.step_s else 0 for s in r.steps], label=name, linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("trained tokens / s")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "throughput.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, r in runs.items():
+        ax.plot([s.step for s in r.steps], [s.train_gpus for s in r.steps], label=f"{name} train", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training GPUs (rest: rollout and hybrid)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "gpu_split.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def record_mlflow(runs: dict, summary: dict[str, Any], args: Any, config: LibraConfig) -> str:
+    import mlflow
+
+    from tasks.tracking_tasks import ensure_experiment
+
+    experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-sim-{summary['workload']}".replace(":", "-")
+                                   .replace("/", "-")[:200], config.tracking.artifact_root)
+    params = {"workload": summary["workload"], "cluster": args.cluster, "model": args.model, "steps": args.steps,
+              "seed": args.seed}
+    with mlflow.start_run(experiment_id=experiment, run_name=f"{summary['workload']}-{args.cluster}") as parent:
+        mlflow.log_params(params)
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in plot_runs(runs, Path(tmp)):
+                mlflow.log_artifact(str(path))
+            (Path(tmp) / "summary.json").write_text(json.dumps(summary, indent=2))
+            mlflow.log_artifact(str(Path(tmp) / "summary.json"))
+        for name, r in runs.items():
+            with mlflow.start_run(experiment_id=experiment, run_name=name, nested=True):
+                mlflow.log_params({**params, "policy": name})
+                m = summary["policies"][name]
+                mlflow.log_metrics({"tokens_per_s": m["tokens_per_s"], "step_time_mean_s": m["step_time_mean_s"],
+                                    "step_time_p99_s": m["step_time_p99_s"], "total_time_s": m["total_time_s"],
+                                    "idle_rollout_gpu_s": m["idle_gpu_s"]["rollout"],
+                                    "idle_train_gpu_s": m["idle_gpu_s"]["train"]})
+                for s in r.steps:
+                    mlflow.log_metrics({"step_s": s.step_s, "rollout_s": s.rollout_s, "train_s": s.train_s,
+                                        "train_gpus": s.train_gpus}, step=s.step)
+        return parent.info.run_id

@@ -1,0 +1,48 @@
+import json
+from pathlib import Path
+
+import mlflow
+
+from cli.main import main
+from storage.catalog import Catalog
+
+
+def test_simulate_json_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
+                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
+                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n")
+    code = main(["simulate", "--workload", "search-r1", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--steps", "3",
+                 "--policies", "static-uniform,libra,oracle", "--group-size", "4", "--prompts-per-step", "8",
+                 "--config", str(config), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    result = json.loads(out)
+    assert (result["workload"], result["gpus"]) == ("search-r1", 16)
+    assert list(result["policies"]) == ["static-uniform", "libra", "oracle"]
+    for m in result["policies"].values():
+        assert {"tokens_per_s", "step_time_mean_s", "step_time_p99_s", "idle_gpu_s", "total_time_s"} <= set(m)
+        assert set(m["idle_gpu_s"]) == {"rollout", "train"}
+    assert result["policies"]["libra"]["vs_libra"] == 1.0 and result["policies"]["oracle"]["vs_oracle"] == 1.0
+    with Catalog(tmp_path / "store", result["store_run"]) as catalog:
+        rows = catalog.query("select policy, count(*) as n from steps group by policy order by policy").to_pylist()
+        assert rows == [{"policy": p, "n": 3} for p in ("libra", "oracle", "static-uniform")]
+        assert catalog.query("select count(*) as n from plans").to_pylist()[0]["n"] >= 3
+    mlflow.set_tracking_uri(uri)
+    parent = mlflow.get_run(result["mlflow_parent_run_id"])
+    children = mlflow.search_runs(experiment_ids=[parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(children["tags.mlflow.runName"]) == ["libra", "oracle", "static-uniform"]
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(parent.info.run_id)}
+    assert {"throughput.png", "gpu_split.png", "summary.json"} <= artifacts
+    mlflow.set_tracking_uri(None)
+
+
+def test_simulate_errors(capsys) -> None:
+    assert main(["simulate", "--workload", "nope", "--steps", "1", "--no-track"]) == 2
+    assert "unknown workload 'nope'" in capsys.readouterr().err
+    assert main(["simulate", "--workload", "search-r1", "--policies", "libra,magic", "--no-track"]) == 2
+    assert "unknown policies magic" in capsys.readouterr().err
+    assert main(["simulate", "--workload", "search-r1", "--steps", "0", "--no-track"]) == 2

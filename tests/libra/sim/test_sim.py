@@ -1,0 +1,81 @@
+import pytest
+
+from libra.planner.cost_model import CostModel
+from libra.planner.planner import PlannerSettings
+from libra.planner.profiles import MODELS, parse_cluster
+from libra.scheduler.policies import Buckets, LeastLoad
+from libra.sim.engine import EventLoop
+from libra.sim.policies import workload_of
+from libra.sim.rollout import InstanceSpec, RolloutSim
+from libra.sim.runner import simulate, train_seconds
+from libra.sim.workloads import SimTrajectory, SimTurn, WorkloadGenerator, WorkloadSpec, workload_spec
+
+COST = CostModel(parse_cluster("6x8:a800"), MODELS["qwen3-14b"])
+
+
+def test_event_loop_orders_and_cancels() -> None:
+    loop, seen = EventLoop(), []
+    loop.at(2.0, lambda: seen.append("b"))
+    loop.at(1.0, lambda: seen.append("a"))
+    dropped = loop.at(1.5, lambda: seen.append("x"))
+    loop.at(2.0, lambda: seen.append("c"))
+    dropped.cancelled = True
+    loop.run()
+    assert seen == ["a", "b", "c"] and loop.now == 2.0
+    with pytest.raises(ValueError):
+        loop.at(1.0, lambda: None)
+
+
+def test_single_turn_time_is_prefill_plus_decode_steps() -> None:
+    t = SimTrajectory("p/0", "p", 50, (SimTurn(100, "none", 0, "none", 0.0),))
+    result = RolloutSim(COST, [InstanceSpec(2, 0)], LeastLoad(Buckets(()))).run([t])
+    expected = COST.prefill_s(2, 50, 50) + 100 * COST.decode_step_s(2, 1, 50)
+    assert result.makespan_s == pytest.approx(expected)
+    assert (result.gen_tokens, result.migrated_tokens) == (100, 0)
+
+
+def test_tool_calls_hold_no_gpu_and_add_their_latency() -> None:
+    t = SimTrajectory("p/0", "p", 50, (SimTurn(10, "search", 20, "ok", 3.0), SimTurn(10, "none", 0, "none", 0.0)))
+    result = RolloutSim(COST, [InstanceSpec(1, 0)], LeastLoad(Buckets(()))).run([t])
+    decode = COST.decode_step_s(1, 1, 50) * 10 + COST.decode_step_s(1, 1, 80) * 10
+    prefill = COST.prefill_s(1, 50, 50) + COST.prefill_s(1, 20, 80)
+    assert result.makespan_s == pytest.approx(decode + prefill + 3.0)
+    assert result.idle_gpu_s == pytest.approx(3.0, rel=1e-6)  # the instance waited for the tool
+
+
+def test_same_seed_same_numbers() -> None:
+    spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
+    cost = CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"])
+    first = simulate(spec, cost, 3, ["static-uniform", "libra"], seed=3)
+    second = simulate(spec, cost, 3, ["static-uniform", "libra"], seed=3)
+    for name in first:
+        assert [s.step_s for s in first[name].steps] == [s.step_s for s in second[name].steps]
+        assert first[name].tokens_per_s == second[name].tokens_per_s
+    other = simulate(spec, cost, 3, ["static-uniform"], seed=4)
+    assert other["static-uniform"].tokens_per_s != first["static-uniform"].tokens_per_s
+
+
+def test_long_tail_holds_most_of_a_static_rollout() -> None:
+    """dapo-math (long reasoning): the last 10% of trajectories to finish take over half the wall time."""
+    batch = WorkloadGenerator(workload_spec("dapo-math"), seed=0).step(0)
+    result = RolloutSim(COST, [InstanceSpec(2, 0)] * 12, LeastLoad(Buckets(()))).run(batch)
+    finish = sorted(result.finish_s.values())
+    p90 = finish[int(0.9 * len(finish)) - 1]
+    assert (result.makespan_s - p90) / result.makespan_s > 0.5
+
+
+def test_rollout_to_training_ratio_grows_with_length_as_the_cost_model_says() -> None:
+    from libra.planner.planner import Planner
+
+    simulated, planned = [], []
+    for scale in (1.0, 8.0):
+        spec = WorkloadSpec("scaled", "fireact_hotpotqa.csv", gen_scale=scale, prompts_per_step=16)
+        batch = WorkloadGenerator(spec, seed=1).step(0)
+        planner = Planner(COST, workload_of(batch), PlannerSettings(rollout_tps=(2,)))
+        config = planner.training.best(24).config
+        rollout = RolloutSim(COST, [InstanceSpec(2, 0)] * 12, LeastLoad(Buckets(()))).run(batch).makespan_s
+        simulated.append(rollout / train_seconds(COST, config, 24, batch, PlannerSettings())[0])
+        planned.append(planner.t_rollout(24) / planner.t_train(24))
+    sim_growth, model_growth = simulated[1] / simulated[0], planned[1] / planned[0]
+    assert sim_growth > 1.5 and model_growth > 1.5
+    assert 0.5 < sim_growth / model_growth < 2.0
