@@ -85,7 +85,33 @@ def router_section(result: dict) -> list[str]:
     return lines[:-1]
 
 
-SECTIONS = {"store": store_section, "planner": planner_section, "router": router_section}
+def sim_section(result: dict) -> list[str]:
+    lines = [
+        f"**Simulated cluster** (`python -m benchmarks.bench_sim`; {result['cluster']}, {result['model']}, 16 samples "
+        f"per prompt, seed 0; {result['machine']}). Throughput is trained tokens per second of wall time; ratios are "
+        "against Libra and the oracle in the same run.",
+        "",
+        "| policy | " + " | ".join(f"{t['workload']} tokens/s (vs libra, vs oracle)" for t in result["tables"]) + " |",
+        "|---|" + "---|" * len(result["tables"]),
+    ]
+    names = list(result["tables"][0]["policies"])
+    for name in names:
+        cells = []
+        for t in result["tables"]:
+            m = t["policies"][name]
+            cells.append(f"{m['tokens_per_s']:.0f} ({m['vs_libra']:.2f}, {m['vs_oracle']:.2f})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Steps: " + "; ".join(f"{t['workload']} {t['steps']} steps of {t['trajectories_per_step']} trajectories, "
+                                      f"all policies simulated in {t['wall_s']:.0f} s" for t in result["tables"]) + ".")
+    lines.append("")
+    lines.append("Simulation time for Libra alone (search-r1, batch grown with the cluster): " + "; ".join(
+        f"{r['gpus']:,} GPUs ({r['trajectories_per_step']:,} trajectories/step) {r['seconds_per_step']:.2f} s per step, "
+        f"{r['seconds_for_200_steps']:.0f} s per 200 steps" for r in result["scale"]) + ".")
+    return lines
+
+
+SECTIONS = {"store": store_section, "planner": planner_section, "router": router_section, "sim": sim_section}
 
 
 def render() -> str:

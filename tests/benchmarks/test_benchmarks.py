@@ -1,6 +1,6 @@
 """Benchmarks stay runnable, and the README's performance section is what they last measured."""
 
-from benchmarks import bench_planner, bench_router, bench_store, report
+from benchmarks import bench_planner, bench_router, bench_sim, bench_store, report
 
 
 def test_store_benchmark_smoke(capsys) -> None:
@@ -23,6 +23,13 @@ def test_router_benchmark_smoke(capsys) -> None:
                               "--no-save"]) == 0
     out = capsys.readouterr().out
     assert "taubench_airline (group" in out and "latency libra" in out
+
+
+def test_sim_benchmark_smoke(capsys) -> None:
+    assert bench_sim.main(["--steps", "2", "--workloads", "search-r1", "--scale-nodes", "1", "--scale-steps", "1",
+                           "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "search-r1 (2 steps" in out and "libra" in out and "scale: 8 GPUs" in out
 
 
 def test_readme_performance_section_is_current() -> None:
