@@ -24,11 +24,17 @@ class NamedQuery:
     defaults: dict[str, Any] = field(default_factory=dict)  # every parameter with its default
 
 
-_RECENT_STEPS = """
+def _recent(table: str, condition: str = "TRUE") -> str:
+    """CTEs `recent_steps` and `recent`: the rows of `table` in the last `$last_steps` steps (all when 0)
+    that satisfy `condition`."""
+    return f"""
     recent_steps AS (
         SELECT max(step) - $last_steps AS after FROM {table}
-    )
-"""
+    ),
+    recent AS (
+        SELECT t.* FROM {table} t, recent_steps r
+        WHERE ($last_steps = 0 OR t.step > r.after) AND ({condition})
+    )"""
 
 LENGTH_HISTOGRAM = NamedQuery(
     "length_histogram",
@@ -36,11 +42,7 @@ LENGTH_HISTOGRAM = NamedQuery(
     "`bin_tokens` tokens (0 = pick a width giving about `bins` bins), with the mean prompt, "
     "generated and tool-payload tokens of the trajectories in each bin.",
     f"""
-    WITH {_RECENT_STEPS.format(table="trajectories")},
-    recent AS (
-        SELECT t.* FROM trajectories t, recent_steps r
-        WHERE $last_steps = 0 OR t.step > r.after
-    ),
+    WITH {_recent("trajectories")},
     width AS (
         SELECT CASE WHEN $bin_tokens > 0 THEN $bin_tokens
                     ELSE greatest(1, ceil((max(total_tokens) + 1) / $bins))::BIGINT END AS w
@@ -66,11 +68,7 @@ REMAINING_LENGTH_PATHS = NamedQuery(
     "(output and tool feedback after this return). Rows come in no particular order; sort by "
     "(trajectory_id, turn_idx) to walk a path. The causal tree is rebuilt from these rows.",
     f"""
-    WITH {_RECENT_STEPS.format(table="turns")},
-    recent AS (
-        SELECT t.* FROM turns t, recent_steps r
-        WHERE $last_steps = 0 OR t.step > r.after
-    ),
+    WITH {_recent("turns")},
     final AS (
         SELECT step, trajectory_id, context_tokens + gen_tokens + tool_payload_tokens AS total_tokens
         FROM recent WHERE is_final
@@ -89,11 +87,7 @@ TOOL_STATISTICS = NamedQuery(
     "Per tool over the recent steps: calls, trajectories using it, error and timeout rates, tool "
     "payload size (mean, p50, p90, max), tokens generated before the call and tool latency.",
     f"""
-    WITH {_RECENT_STEPS.format(table="turns")},
-    recent AS (
-        SELECT t.* FROM turns t, recent_steps r
-        WHERE ($last_steps = 0 OR t.step > r.after) AND t.tool_name <> 'none'
-    )
+    WITH {_recent("turns", "t.tool_name <> 'none'")}
     SELECT tool_name,
            count(*) AS calls,
            count(DISTINCT trajectory_id) AS trajectories,
@@ -172,11 +166,7 @@ TRAJECTORY_LENGTHS = NamedQuery(
     "One row per trajectory over the recent steps with what the planner needs: prompt, generated "
     "and tool-payload tokens, turns, and the wall time its tool calls took (0 when not recorded).",
     f"""
-    WITH {_RECENT_STEPS.format(table="trajectories")},
-    recent AS (
-        SELECT t.* FROM trajectories t, recent_steps r
-        WHERE $last_steps = 0 OR t.step > r.after
-    ),
+    WITH {_recent("trajectories")},
     tool_time AS (
         SELECT step, trajectory_id, coalesce(sum(tool_latency_s), 0.0) AS tool_time_s
         FROM turns GROUP BY step, trajectory_id
@@ -194,10 +184,8 @@ TIMING_SAMPLES = NamedQuery(
     "Measured timing samples (training steps, decode steps, prefills) over the recent steps, for "
     "calibrating the cost model.",
     f"""
-    WITH {_RECENT_STEPS.format(table="timings")}
-    SELECT t.* FROM timings t, recent_steps r
-    WHERE $last_steps = 0 OR t.step > r.after
-    ORDER BY t.step
+    WITH {_recent("timings")}
+    SELECT * FROM recent ORDER BY step
     """,
     {"last_steps": 0},
 )

@@ -237,9 +237,13 @@ class CMLFQ(Router):
         mean, p90, _ = stats
         offset = self.offset.get(trajectory_id, 0)
         target = self.buckets.of(offset + mean)
-        if target == self.buckets.of(offset + p90) and target != current:
+        if target == self.buckets.of(offset + p90) and target != current and self._pays(trajectory_id, mean):
             self.current[trajectory_id] = current = target
         return RouteDecision(current, mean)
+
+    def _pays(self, trajectory_id: str, remaining: float) -> bool:
+        """Whether moving is worth re-prefilling the context (the original rule always moves)."""
+        return True
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         self.current[trajectory_id] = 0
@@ -287,18 +291,10 @@ class LibraRouter(CMLFQ):
         self.score = {g: 0.0 for g in self.trees}  # decayed balanced accuracy of each granularity
         self.tracks: dict[str, _Track] = {}
 
-    def _gate(self, trajectory_id: str, stats: tuple[float, float, int] | None) -> RouteDecision:
-        """C-MLFQ's agreement gate, plus: a move must pay for re-prefilling the context."""
-        current = self.current[trajectory_id]
-        if stats is None:
-            return RouteDecision(current, None)
-        mean, p90, _ = stats
-        offset = self.offset.get(trajectory_id, 0)
-        target = self.buckets.of(offset + mean)
+    def _pays(self, trajectory_id: str, remaining: float) -> bool:
+        """A move must leave at least `payoff` times the context it re-prefills still to generate."""
         position = self.position.get(trajectory_id, 0)
-        if target == self.buckets.of(offset + p90) and target != current and (position == 0 or mean >= self.payoff * position):
-            self.current[trajectory_id] = current = target
-        return RouteDecision(current, mean)
+        return position == 0 or remaining >= self.payoff * position
 
     @property
     def granularity(self) -> str:
