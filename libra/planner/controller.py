@@ -63,35 +63,37 @@ class PlanController:
         for index, settings in enumerate(self.variants):
             p = Planner(self.cost, workload, settings)
             try:
-                plans.append((corrected(p.plan(self.clock), self.rollout_correction[index]), p, index))
+                raw = p.plan(self.clock)
             except LibraError:  # this variant has no feasible split
                 continue
+            plans.append((corrected(raw, self.rollout_correction[index]), raw, p, index))
         if not plans:
             raise LibraError("no planner variant found a feasible plan for this workload")
-        candidate, planner, variant = min(plans, key=lambda item: item[0].t_iter_s)
+        candidate, raw, planner, variant = min(plans, key=lambda item: item[0].t_iter_s)
         self.last_plan_step = step
         if self.current is None:
             event = PlanEvent(step, reason, candidate, float("inf"), None, True)
         else:
-            current_t = evaluate(planner, self.current)
+            assert self.current_variant is not None
+            current_t = evaluate(planner, corrected(self.current, self.rollout_correction[self.current_variant]))
             decision = decide(current_t, candidate, self.current, self.cost, self.trigger)
             event = PlanEvent(step, reason, candidate, current_t, decision, decision.apply)
         if event.applied:
-            self.current = candidate
+            self.current = raw  # kept as predicted; corrections are applied when plans are compared
             self.current_variant = variant
         self.events.append(event)
         return event
 
-    def record(self, measured_rollout_s: float, weight: float = 0.5) -> None:
-        """Fold a measured rollout time of the plan in force into its variant's correction, so
-        variants whose plans run slower than predicted (e.g. length buckets the router cannot fill
-        as planned) lose to those that keep their promise."""
-        if self.current is None or self.current_variant is None or measured_rollout_s <= 0:
+    def record(self, measured_rollout_s: float, predicted_rollout_s: float, weight: float = 0.5) -> None:
+        """Fold a step's measured rollout time, against what the plan in force predicted for that
+        same step, into the plan's variant's correction, so variants whose plans run slower than
+        predicted (e.g. length buckets the router cannot fill as planned) lose to those that keep
+        their promise."""
+        if self.current_variant is None or measured_rollout_s <= 0:
             return
-        predicted = self.current.t_rollout_s / self.rollout_correction[self.current_variant]
-        if predicted > 0 and math.isfinite(predicted):
+        if predicted_rollout_s > 0 and math.isfinite(predicted_rollout_s):
             i = self.current_variant
-            self.rollout_correction[i] = (1 - weight) * self.rollout_correction[i] + weight * measured_rollout_s / predicted
+            self.rollout_correction[i] = (1 - weight) * self.rollout_correction[i] + weight * measured_rollout_s / predicted_rollout_s
 
 
 def corrected(plan: Plan, factor: float) -> Plan:

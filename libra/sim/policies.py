@@ -21,7 +21,7 @@ from typing import Literal
 
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel, TrainConfig
-from libra.planner.planner import Plan, Planner, PlannerSettings
+from libra.planner.planner import Plan, Planner, PlannerSettings, fixed_layout_time
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import TrajectoryLength, Workload, build_workload
 from libra.scheduler.policies import MLFQ, Buckets, LeastLoad, LibraRouter, Oracle, Router
@@ -189,8 +189,13 @@ class Planned(SystemPolicy):
     def configure(self, step, previous, upcoming, times):
         if self.frozen and self.config is not None:
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
-        if times is not None:
-            self.controller.record(times.t_rollout_s)
+        plan = self.controller.current
+        if times is not None and plan is not None and previous:
+            counts: dict[int, int] = {}
+            for group in plan.rollout.groups:
+                counts[group.tp] = counts.get(group.tp, 0) + group.count
+            predicted = fixed_layout_time(self.cost, workload_of(previous), counts) * plan.t_rollout_s / plan.rollout.seconds
+            self.controller.record(times.t_rollout_s, predicted)
         event = self.controller.observe(step, workload_of(previous), times, force=True)
         if self.config is not None and (event is None or not event.applied):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
