@@ -278,8 +278,14 @@ class LibraRouter(CMLFQ):
 
     def __init__(self, buckets: Buckets, min_support: int = 2, decay: float = 0.5, payoff: float = 2.0,
                  size_roots: bool = True, payload_bounds: tuple[int, ...] = (500, 5_000), window: int = 64,
-                 max_nodes: int = 100_000, measure: str = "remaining") -> None:
+                 max_nodes: int = 100_000, measure: str = "remaining",
+                 prior_shares: Sequence[float] | None = None) -> None:
+        """`prior_shares`: the share of trajectories expected in each bucket (e.g. the planner's); a
+        trajectory the tree knows nothing about is placed by smooth weighted round-robin over them
+        instead of all going to the shortest bucket."""
         Router.__init__(self, buckets, measure)
+        self.prior = list(prior_shares) if prior_shares else None
+        self._credit = [0.0] * buckets.count
         self.payoff = payoff  # migrate only if the estimated remaining tokens >= payoff x the context to re-prefill
         self.position: dict[str, int] = {}
         self.size_roots = size_roots
@@ -290,6 +296,15 @@ class LibraRouter(CMLFQ):
         self.decay = decay
         self.score = {g: 0.0 for g in self.trees}  # decayed balanced accuracy of each granularity
         self.tracks: dict[str, _Track] = {}
+
+    def _prior_bucket(self) -> int:
+        if not self.prior:
+            return 0
+        for b, share in enumerate(self.prior):
+            self._credit[b] += share
+        bucket = max(range(len(self.prior)), key=lambda b: (self._credit[b], -b))
+        self._credit[bucket] -= sum(self.prior)
+        return bucket
 
     def _pays(self, trajectory_id: str, remaining: float) -> bool:
         """A move must leave at least `payoff` times the context it re-prefills still to generate."""
@@ -332,7 +347,9 @@ class LibraRouter(CMLFQ):
         self._at(trajectory_id, prompt_tokens)
         stats = self._estimate(paths[self.granularity], prompt_tokens)
         if stats is None:
-            return RouteDecision(0, None)
+            bucket = self._prior_bucket()
+            self.current[trajectory_id] = bucket
+            return RouteDecision(bucket, None)
         # placing a new trajectory costs no migration, so the best point estimate decides (no gate)
         bucket = self.buckets.of(self.offset.get(trajectory_id, 0) + stats[0])
         self.current[trajectory_id] = bucket

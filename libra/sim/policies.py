@@ -39,9 +39,10 @@ class StepConfig:
     train_gpus: int
     train_config: TrainConfig
     layout: tuple[InstanceSpec, ...]
-    bounds: tuple[int, ...]  # router bucket bounds (remaining tokens)
+    bounds: tuple[int, ...]  # router bucket bounds (total tokens)
     switch_cost_s: float = 0.0  # paid this step for reconfiguring
     plan_reason: str = ""
+    shares: tuple[float, ...] = ()  # planned share of trajectories per bucket
 
     @property
     def rollout_gpus(self) -> int:
@@ -68,6 +69,13 @@ def smallest_fitting_tp(cost: CostModel, max_tokens: int) -> int:
 def uniform_layout(cost: CostModel, gpus: int, max_tokens: int) -> tuple[InstanceSpec, ...]:
     tp = smallest_fitting_tp(cost, max_tokens)
     return tuple(InstanceSpec(tp, 0) for _ in range(max(1, gpus // tp)))
+
+
+def plan_shares(plan: Plan, workload: Workload) -> tuple[float, ...]:
+    """The share of the planned workload's trajectories each instance group serves."""
+    total = workload.trajectories or 1.0
+    return tuple(sum(b.count for b in workload.buckets[g.first_bucket:g.last_bucket + 1]) / total
+                 for g in plan.rollout.groups)
 
 
 def plan_layout(plan: Plan) -> tuple[tuple[InstanceSpec, ...], tuple[int, ...]]:
@@ -179,11 +187,12 @@ class Planned(SystemPolicy):
         self.router_kind = router
         self.frozen = frozen
         self.hybrid_leave_fraction = 0.2 if hybrids else 0.0
-        variants = [replace(self.planner_settings, rollout_tps=(tp,)) for tp in (1, 2, 4, 8)
-                    if tp <= cost.cluster.gpus_per_node] if uniform else [self.planner_settings]
+        tps = [tp for tp in (1, 2, 4, 8) if tp <= cost.cluster.gpus_per_node]
+        variants = [replace(self.planner_settings, rollout_tps=(tp,)) for tp in tps] if uniform else [self.planner_settings]
         if not uniform:  # Libra's stages may also fall back to uniform instances when buckets do not pay off
-            variants += [replace(self.planner_settings, rollout_tps=(tp,)) for tp in (1, 2, 4, 8)
-                         if tp <= cost.cluster.gpus_per_node]
+            variants += [replace(self.planner_settings, rollout_tps=(tp,)) for tp in tps]
+        if hybrids:  # ... and to plans without hybrids when leaving the rollout tail costs more than it gives
+            variants += [replace(v, max_hybrid_fraction=0.0) for v in variants]
         self.controller = PlanController(cost, self.planner_settings, trigger, variants=variants)
 
     def configure(self, step, previous, upcoming, times):
@@ -196,24 +205,29 @@ class Planned(SystemPolicy):
                 counts[group.tp] = counts.get(group.tp, 0) + group.count
             predicted = fixed_layout_time(self.cost, workload_of(previous), counts) * plan.t_rollout_s / plan.rollout.seconds
             self.controller.record(times.t_rollout_s, predicted)
-        event = self.controller.observe(step, workload_of(previous), times, force=True)
+        workload = workload_of(previous)
+        event = self.controller.observe(step, workload, times, force=True)
         if self.config is not None and (event is None or not event.applied):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
         plan = self.controller.current
         layout, bounds = plan_layout(plan)
         switch = event.decision.switch_cost_s if event is not None and event.decision is not None else 0.0
         self.config = StepConfig("one_step_off", plan.train_gpus, plan.train.config, layout, bounds, switch,
-                                 event.reason if event else "")
+                                 event.reason if event else "", plan_shares(plan, workload))
         return self.config
 
     def router(self, config, upcoming):
         if self._router is None or self._router.buckets.bounds != config.bounds:
             buckets = Buckets(config.bounds)
             old = self._router
-            kind = {"least-load": LeastLoad, "mlfq": MLFQ, "libra": LibraRouter}[self.router_kind]
-            self._router = kind(buckets, measure="total")
+            if self.router_kind == "libra":
+                self._router = LibraRouter(buckets, measure="total", prior_shares=config.shares or None)
+            else:
+                self._router = {"least-load": LeastLoad, "mlfq": MLFQ}[self.router_kind](buckets, measure="total")
             if isinstance(old, LibraRouter) and isinstance(self._router, LibraRouter):
                 self._router.trees, self._router.score = old.trees, old.score  # keep what the tree learned
+        elif isinstance(self._router, LibraRouter) and config.shares:
+            self._router.prior = list(config.shares)
         return self._router
 
 
