@@ -99,3 +99,17 @@ def test_metrics_exact() -> None:
     assert balanced_accuracy(records, 3) == pytest.approx((1 + 0.5 + 1) / 3)
     assert rank_correlation(records) == 1.0
     assert spearman([1, 2, 2, 3], [4, 3, 2, 1]) == pytest.approx(-0.9486832980505138)
+
+
+def test_libra_router_places_unknown_trajectories_by_prior_shares() -> None:
+    router = LibraRouter(BUCKETS, measure="total", prior_shares=(0.5, 0.25, 0.25))
+    assert [router.start(str(i), "new", 10).bucket for i in range(8)] == [0, 1, 2, 0, 0, 1, 2, 0]
+    assert LibraRouter(BUCKETS).start("x", "new", 10).bucket == 0  # no prior: the shortest bucket
+
+
+def test_total_measure_adds_the_position() -> None:
+    router = MLFQ(BUCKETS, measure="total")
+    router.start("a", "p", 50)
+    assert router.on_return("a", SEARCH, 120).bucket == 1  # 120 tokens in total so far > 100
+    with pytest.raises(ValueError):
+        MLFQ(BUCKETS, measure="tokens")
