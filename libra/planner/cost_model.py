@@ -20,7 +20,7 @@ Rollout (a group of `count` instances of TP `tp` serving some length buckets, co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from libra.planner.profiles import BF16_BYTES, GB, Cluster, HardwareProfile, ModelProfile
 from libra.planner.workload import LengthBucket, Workload
@@ -42,9 +42,6 @@ class Coefficients:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
-
-    def with_values(self, **values: float) -> Coefficients:
-        return replace(self, **values)
 
 
 @dataclass(frozen=True)

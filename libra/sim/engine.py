@@ -53,6 +53,3 @@ class EventLoop:
             self.clock.advance_to(event.time)
             self.processed += 1
             event.callback()
-
-    def empty(self) -> bool:
-        return not any(not e.cancelled for e in self._heap)

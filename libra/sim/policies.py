@@ -30,7 +30,6 @@ from libra.sim.workloads import SimTrajectory
 
 POLICIES = ("verl-colocated", "static-uniform", "+planner", "+hetero-tp", "+cmlfq", "libra",
             "greedy-heuristic", "areal-static-optimal", "oracle")
-ABLATION = ("static-uniform", "+planner", "+hetero-tp", "+cmlfq", "libra")
 
 
 @dataclass(frozen=True)

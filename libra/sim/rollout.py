@@ -65,7 +65,6 @@ class Instance:
         self.context_sum = 0
         self.event: Event | None = None
         self.busy_s = 0.0
-        self.last_activity = 0.0
         self.hybrid = spec.hybrid
         self.draining = False
         self.released_at: float | None = None  # when a draining hybrid held no work any more
@@ -140,7 +139,6 @@ class Instance:
             finished.append(seq)
         self._admit()
         self._reschedule()
-        self.last_activity = self.loop.now
         self.release_if_idle()
         for seq in finished:
             self.on_done(self, seq)

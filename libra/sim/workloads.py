@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +159,3 @@ class WorkloadGenerator:
                               self.tool_latency(u.tool_name, u.tool_status.value, rng)) for u in t.turns)
         return SimTrajectory(f"{step}/{t.trajectory_id}", t.prompt_id, t.prompt_tokens, turns)
 
-
-def lengths(trajectories: Sequence[SimTrajectory]) -> list[int]:
-    return [t.total_tokens for t in trajectories]
