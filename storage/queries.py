@@ -171,7 +171,7 @@ TRAJECTORY_LENGTHS = NamedQuery(
         SELECT step, trajectory_id, coalesce(sum(tool_latency_s), 0.0) AS tool_time_s
         FROM turns GROUP BY step, trajectory_id
     )
-    SELECT r.step, r.trajectory_id, r.prompt_tokens, r.gen_tokens, r.tool_payload_tokens, r.num_turns,
+    SELECT r.step, r.trajectory_id, r.prompt_id, r.prompt_tokens, r.gen_tokens, r.tool_payload_tokens, r.num_turns,
            coalesce(tt.tool_time_s, 0.0) AS tool_time_s
     FROM recent r LEFT JOIN tool_time tt USING (step, trajectory_id)
     ORDER BY r.step, r.trajectory_id

@@ -91,3 +91,20 @@ def test_eval_router_json(capsys) -> None:
     assert code == 0 and "router" in out.splitlines()[1] and "libra" in out
     code, _, err = run_cli(capsys, "eval-router", "--trace", str(trace), "--buckets", "x")
     assert code == 2 and "--buckets 'x'" in err
+
+
+def test_tree_rebuild_from_store(tmp_path: Path, capsys) -> None:
+    from libra.scheduler.causal_tree import GLOBAL, CausalTree
+
+    store = str(tmp_path / "store")
+    run_cli(capsys, "traces", "import", str(SWE), "--run", "swe", "--store", store)
+    out_file = tmp_path / "tree.json"
+    code, out, _ = run_cli(capsys, "tree", "--run", "swe", "--store", store, "--out", str(out_file), "--json")
+    summary = json.loads(out)
+    assert code == 0 and (summary["trajectories"], summary["tool_returns"]) == (246, 9976)
+    tree = CausalTree.load(out_file)
+    assert tree.nodes == summary["nodes"] and tree.roots[GLOBAL].count == 246
+    code, out, _ = run_cli(capsys, "tree", "--run", "swe", "--store", store, "--out", str(out_file), "--last-steps", "5", "--json")
+    assert json.loads(out)["trajectories"] == 38
+    code, _, err = run_cli(capsys, "tree", "--run", "swe", "--store", store, "--out", str(tmp_path / "no" / "t.json"))
+    assert code == 2 and "cannot write" in err
