@@ -227,10 +227,7 @@ def evaluate(planner: Planner, current: Plan) -> float:
     if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
         return math.inf
     base_train = cost.train_time(config, workload).seconds
-    counts: dict[int, int] = {}
-    for group in current.rollout.groups:
-        counts[group.tp] = counts.get(group.tp, 0) + group.count
-    base_rollout = fixed_layout_time(cost, workload, counts)
+    base_rollout = fixed_layout_time(cost, workload, current.rollout.instance_counts)
     sync = cost.weight_sync_s()
     if current.mode == "colocated":
         return base_rollout + base_train + sync + settings.offload_s

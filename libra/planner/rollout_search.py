@@ -54,6 +54,14 @@ class RolloutLayout:
     def gpus(self) -> int:
         return sum(g.gpus for g in self.groups)
 
+    @property
+    def instance_counts(self) -> dict[int, int]:
+        """Instances per TP size."""
+        counts: dict[int, int] = {}
+        for group in self.groups:
+            counts[group.tp] = counts.get(group.tp, 0) + group.count
+        return counts
+
 
 INFEASIBLE = RolloutLayout((), math.inf)
 

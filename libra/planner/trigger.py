@@ -71,15 +71,8 @@ def same_plan(a: Plan, b: Plan) -> bool:
         and a.hybrid_gpus == b.hybrid_gpus
         and a.hybrid_rollout_share == b.hybrid_rollout_share
         and (a.train.config if a.train else None) == (b.train.config if b.train else None)
-        and _instances(a) == _instances(b)
+        and a.rollout.instance_counts == b.rollout.instance_counts
     )
-
-
-def _instances(plan: Plan) -> dict[int, int]:
-    counts: dict[int, int] = {}
-    for group in plan.rollout.groups:
-        counts[group.tp] = counts.get(group.tp, 0) + group.count
-    return counts
 
 
 def switch_cost_s(cost: CostModel, old: Plan, new: Plan, settings: TriggerSettings) -> float:
@@ -88,7 +81,7 @@ def switch_cost_s(cost: CostModel, old: Plan, new: Plan, settings: TriggerSettin
     if same_plan(old, new):
         return 0.0
     seconds = settings.switch_base_s
-    if _instances(old) != _instances(new):
+    if old.rollout.instance_counts != new.rollout.instance_counts:
         seconds += settings.engine_start_s
     if (old.train.config if old.train else None) != (new.train.config if new.train else None):
         state_bytes = 16 * cost.model.total_params  # bf16 weights + fp32 master and Adam moments

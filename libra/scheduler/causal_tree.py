@@ -82,6 +82,24 @@ class TrajectoryPath:
     returns: tuple[tuple[ToolReturn, int], ...]  # each tool return and the remaining tokens after it
     prompt_tokens: int = 0  # initial prompt size (keys the prompt-size roots)
 
+    @property
+    def remaining_at_decisions(self) -> list[int]:
+        """The true remaining tokens at the start and after each tool return (what an oracle knows)."""
+        return [self.start_remaining] + [remaining for _, remaining in self.returns]
+
+
+def path_from_turns(prompt_id: str, prompt_tokens: int,
+                    turns: Sequence[tuple[int, str, int, str]]) -> TrajectoryPath:
+    """A finished trajectory as the tree stores it, from its turns as (generated tokens, tool,
+    payload tokens, status): the remaining tokens at its start and after each tool return that is
+    followed by another turn."""
+    start = sum(gen + payload for gen, _, payload, _ in turns)
+    spent, returns = 0, []
+    for gen, tool, payload, status in turns[:-1]:
+        spent += gen + payload
+        returns.append((ToolReturn(tool, payload, status), start - spent))
+    return TrajectoryPath(prompt_id, start, tuple(returns), prompt_tokens)
+
 
 def paths_from_rows(trajectory_rows: Iterable[dict], return_rows: Iterable[dict]) -> list[TrajectoryPath]:
     """Store rows -> paths. `trajectory_rows` have step, trajectory_id, prompt_id, gen_tokens and

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from libra.config import SchedulerConfig
 from libra.errors import LibraError
-from libra.scheduler.causal_tree import CausalTree, TrajectoryPath
-from libra.scheduler.keys import KeyScheme, ToolReturn
+from libra.scheduler.causal_tree import CausalTree, TrajectoryPath, path_from_turns
+from libra.scheduler.keys import KeyScheme
 from libra.scheduler.metrics import (
     DecisionRecord,
     accuracy,
@@ -46,13 +46,8 @@ POLICIES = ("libra", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least
 def path_of(trajectory: Trajectory) -> TrajectoryPath:
     """The tree's view of a trajectory: remaining tokens at its start and after each tool return
     that is followed by another turn."""
-    start = trajectory.gen_tokens + trajectory.tool_payload_tokens
-    returns = []
-    spent = 0
-    for turn in trajectory.turns[:-1]:
-        spent += turn.gen_tokens + turn.tool_payload_tokens
-        returns.append((ToolReturn(turn.tool_name, turn.tool_payload_tokens, turn.tool_status.value), start - spent))
-    return TrajectoryPath(trajectory.prompt_id, start, tuple(returns), trajectory.prompt_tokens)
+    return path_from_turns(trajectory.prompt_id, trajectory.prompt_tokens, [
+        (t.gen_tokens, t.tool_name, t.tool_payload_tokens, t.tool_status.value) for t in trajectory.turns])
 
 
 def parse_order(order: str) -> int:
@@ -167,7 +162,7 @@ def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets
         ids = [f"{index}/{t.trajectory_id}" for t in step]
         paths = [path_of(t) for t in step]
         for tid, path in zip(ids, paths, strict=True):
-            truth[tid] = [path.start_remaining] + [r for _, r in path.returns]
+            truth[tid] = path.remaining_at_decisions
         if router is None:
             router = make_router(name, buckets, truth, settings)
         scored = index >= warmup

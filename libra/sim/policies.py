@@ -199,10 +199,8 @@ class Planned(SystemPolicy):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
         plan = self.controller.current
         if times is not None and plan is not None and previous:
-            counts: dict[int, int] = {}
-            for group in plan.rollout.groups:
-                counts[group.tp] = counts.get(group.tp, 0) + group.count
-            predicted = fixed_layout_time(self.cost, workload_of(previous), counts) * plan.t_rollout_s / plan.rollout.seconds
+            predicted = (fixed_layout_time(self.cost, workload_of(previous), plan.rollout.instance_counts)
+                         * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
         workload = workload_of(previous)
         event = self.controller.observe(step, workload, times, force=True)
@@ -243,10 +241,7 @@ class OraclePolicy(SystemPolicy):
         return self.config
 
     def router(self, config, upcoming):
-        truth = {}
-        for t in upcoming:
-            path = path_of(t)
-            truth[t.trajectory_id] = [path.start_remaining] + [r for _, r in path.returns]
+        truth = {t.trajectory_id: path_of(t).remaining_at_decisions for t in upcoming}
         self._router = Oracle(Buckets(config.bounds), truth, measure="total")
         return self._router
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from libra.planner.cost_model import CostModel
-from libra.scheduler.causal_tree import TrajectoryPath
+from libra.scheduler.causal_tree import TrajectoryPath, path_from_turns
 from libra.scheduler.keys import ToolReturn
 from libra.scheduler.policies import Router
 from libra.sim.engine import Event, EventLoop
@@ -272,9 +272,5 @@ class RolloutSim:
 
 def path_of(trajectory: SimTrajectory) -> TrajectoryPath:
     """The causal tree's view of a simulated trajectory."""
-    start = sum(t.gen_tokens + t.payload_tokens for t in trajectory.turns)
-    spent, returns = 0, []
-    for turn in trajectory.turns[:-1]:
-        spent += turn.gen_tokens + turn.payload_tokens
-        returns.append((ToolReturn(turn.tool_name, turn.payload_tokens, turn.status), start - spent))
-    return TrajectoryPath(trajectory.prompt_id, start, tuple(returns), trajectory.prompt_tokens)
+    return path_from_turns(trajectory.prompt_id, trajectory.prompt_tokens,
+                           [(t.gen_tokens, t.tool_name, t.payload_tokens, t.status) for t in trajectory.turns])
