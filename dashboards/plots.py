@@ -41,6 +41,17 @@ def per_step_drift_png(catalog: Catalog, out: str | Path, title: str = "") -> Pa
     return _save(fig, out)
 
 
+def lines_png(series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str, out: str | Path) -> Path:
+    """One line per named (xs, ys) series."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, label=label, linewidth=1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    return _save(fig, out)
+
+
 def _save(fig: plt.Figure, out: str | Path) -> Path:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)

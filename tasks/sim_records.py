@@ -44,34 +44,13 @@ def record_store(runs: dict, run: str, store: StoreConfig) -> None:
 
 
 def plot_runs(runs: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
+    from dashboards.plots import lines_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for name, r in runs.items():
-        xs = [s.step for s in r.steps]
-        ax.plot(xs, [s.trained_tokens / s.step_s if s.step_s else 0 for s in r.steps], label=name, linewidth=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("trained tokens / s")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out_dir / "throughput.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for name, r in runs.items():
-        ax.plot([s.step for s in r.steps], [s.train_gpus for s in r.steps], label=f"{name} train", linewidth=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training GPUs (rest: rollout and hybrid)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out_dir / "gpu_split.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
+    throughput = {name: ([s.step for s in r.steps], [s.trained_tokens / s.step_s if s.step_s else 0 for s in r.steps])
+                  for name, r in runs.items()}
+    split = {f"{name} train": ([s.step for s in r.steps], [s.train_gpus for s in r.steps]) for name, r in runs.items()}
+    return [lines_png(throughput, "step", "trained tokens / s", out_dir / "throughput.png"),
+            lines_png(split, "step", "training GPUs (rest: rollout and hybrid)", out_dir / "gpu_split.png")]
 
 
 def record_mlflow(runs: dict, summary: dict[str, Any], args: Any, config: LibraConfig) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from libra.scheduler.causal_tree import CausalTree, Cursor, Node, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
+from libra.scheduler.metrics import DecisionRecord, balanced_accuracy
 
 
 @dataclass(frozen=True)
@@ -375,8 +376,8 @@ class LibraRouter(CMLFQ):
             tree.rebuild(paths)
 
     def _balanced_accuracy(self, tree: CausalTree, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> float:
-        hits = [0] * self.buckets.count
-        totals = [0] * self.buckets.count
+        """How `tree` would have routed `paths` (no estimate counts as a miss); 0 for no decisions."""
+        records = []
         for path in paths:
             start = prompt_tokens[path.prompt_id]
             cursor = tree.cursor(path.prompt_id, start)
@@ -386,12 +387,9 @@ class LibraRouter(CMLFQ):
                 position = start + path.start_remaining - remaining
                 self._follow(cursor, nodes, tree.scheme.key(ret), position)
                 decisions.append((self._estimate(nodes, position), remaining))
-            for stats, truth in decisions:
-                bucket = self.buckets.of(truth)
-                totals[bucket] += 1
-                if stats is not None and self.buckets.of(stats[0]) == bucket:
-                    hits[bucket] += 1
-        seen = [h / t for h, t in zip(hits, totals, strict=True) if t]
-        return sum(seen) / len(seen) if seen else 0.0
+            records += [DecisionRecord(-1 if stats is None else self.buckets.of(stats[0]), self.buckets.of(truth),
+                                       None, truth, 0, 0) for stats, truth in decisions]
+        score = balanced_accuracy(records, self.buckets.count)
+        return 0.0 if math.isnan(score) else score
 
 
