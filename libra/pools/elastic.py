@@ -1,0 +1,509 @@
+"""Elastic data-parallel training: core ranks that never change, hybrids that join and leave.
+
+Processes and groups:
+- The core ranks form the core group (`init_process_group` over a `core/` key prefix) once, at the
+  start; it is never rebuilt. Core rank 0 is the leader: it owns the hybrids' state machines.
+- The replicas of a step (core ranks, then hybrids by id) form a *generation*. A generation with
+  hybrids gets its own gloo group (`gen/<g>/` key prefix), built when the membership changes; a
+  generation without hybrids uses the core group, so a run whose hybrids never join executes exactly
+  the code (and produces exactly the bits) of a run without hybrids.
+
+A step: every replica computes the summed loss gradient of its shard of the step's global batch
+(`batching.shards`; a replica that is not active contributes zeros and a zero count), the gradients
+and counts are summed by one all-reduce, and every replica applies `sum / count` with its own
+optimizer, so all replicas stay identical.
+
+Join (hybrid h, requested at step boundary s0): the leader snapshots weights and optimizer state
+(copied in memory at the boundary, written to disk by a background thread, so the core keeps
+training) and logs every later update. h loads the snapshot and reports it; at the next boundary s1
+it enters the generation in zero mode: the leader sends it the logged updates for steps s0..s1-1,
+h replays them (bitwise the core's state: same tensors, same optimizer), and takes part in step s1
+contributing zeros. At s1+1 it is activated and gets a shard. Leave: at a boundary the hybrid is
+left out of the next generation; it has finished its last step and returns to rollout.
+
+Failure: when a step's all-reduce over a generation with hybrids fails (a member died, or timed out),
+the core ranks agree on it over the core group (a one-element MAX all-reduce), drop the step's
+partial results, and redo the whole step core-only over the full batch. Every hybrid of that
+generation is rolled back to rollout (a dead one is marked failed); none of their gradients counts,
+and no sample is lost. A hybrid that dies while fetching the snapshot is not in any group yet: it is
+marked failed and the core does not notice. A join that takes longer than `join_timeout_s` is
+cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from libra.pools.batching import shards
+from libra.pools.control import DONE, Control
+from libra.pools.states import PoolEvent, Role, State, Worker
+from libra.pools.task import TrainTask
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker process needs (picklable; sent to spawned processes and Ray actors)."""
+
+    host: str
+    port: int
+    task: TrainTask
+    core_ranks: int
+    hybrids: tuple[str, ...]
+    steps: int
+    out_dir: str
+    t0: float  # the pool's start (epoch seconds); events are timed from it
+    gpus_per_worker: int = 1
+    group_timeout_s: float = 30.0
+    join_timeout_s: float = 180.0
+    max_catchup_steps: int = 64
+    failure_grace_s: float = 2.0
+    min_step_s: float = 0.0  # pace: a step takes at least this long (emulates a real trainer's step)
+    threads: int = 1
+
+    def core_id(self, rank: int) -> str:
+        return f"core-{rank}"
+
+
+# -- one replica's arithmetic --------------------------------------------------------------------
+
+def _payload(task: TrainTask, model: nn.Module, step: int, shard: range | None) -> torch.Tensor:
+    """[summed gradient of the shard..., sample count]; zeros for a replica without a shard."""
+    params = [p for p in model.parameters()]
+    dtype = params[0].dtype
+    if shard is None or len(shard) == 0:
+        size = sum(p.numel() for p in params)
+        return torch.zeros(size + 1, dtype=dtype)
+    model.zero_grad(set_to_none=True)
+    inputs, targets = task.batch(step)
+    task.loss_sum(model, inputs[shard.start:shard.stop], targets[shard.start:shard.stop]).backward()
+    grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype) for p in params]
+    return torch.cat(grads + [torch.tensor([float(len(shard))], dtype=dtype)])
+
+
+def _apply(model: nn.Module, optimizer: torch.optim.Optimizer, update: torch.Tensor) -> None:
+    """Load the mean gradient `update` into the parameters' grads and take one optimizer step."""
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.grad = update[offset:offset + n].view_as(p).clone()
+        offset += n
+    optimizer.step()
+
+
+def _mean(payload: torch.Tensor) -> torch.Tensor:
+    return payload[:-1] / payload[-1]
+
+
+def state_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """A detached copy of the weights and optimizer state."""
+    return {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "optimizer": _clone(optimizer.state_dict())}
+
+
+def _clone(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    return obj
+
+
+def _save_atomic(obj: dict, path: Path) -> int:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+def _group(control: Control, gen: int, rank: int, size: int, timeout_s: float) -> dist.ProcessGroup:
+    return dist.ProcessGroupGloo(dist.PrefixStore(f"gen/{gen}", control.store), rank, size, timedelta(seconds=timeout_s))
+
+
+# -- the leader: hybrids' state machines and the membership of each step --------------------------
+
+@dataclass
+class _Join:
+    started: float
+    snapshot_step: int | None = None  # the snapshot the hybrid loaded (None: still fetching)
+    entered: int | None = None  # the step it entered in zero mode
+
+
+@dataclass
+class _Snapshot:
+    step: int  # the state before this step
+    path: Path
+    bytes: int = 0
+    written: bool = False
+    waiting: list[str] = field(default_factory=list)
+
+
+class Leader:
+    """Runs on core rank 0. At each step boundary it reads the request channel, moves the hybrids'
+    state machines, and publishes the step's generation."""
+
+    def __init__(self, control: Control, spec: WorkerSpec, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.control = control
+        self.spec = spec
+        self.model, self.optimizer = model, optimizer
+        self.workers = {h: Worker(h, Role.HYBRID, spec.gpus_per_worker, self._emit, self._now) for h in spec.hybrids}
+        self.offset = 0
+        self.gen = 0
+        self.members: list[str] = []  # hybrids in the current generation, in rank order
+        self.active: set[str] = set()
+        self.joins: dict[str, _Join] = {}
+        self.leave_requested: set[str] = set()
+        self.snapshot: _Snapshot | None = None
+        self.updates: dict[int, torch.Tensor] = {}  # step -> applied mean gradient, while a join needs them
+        self.lock = threading.Lock()
+        self.step = 0
+        self.published: tuple | None = None
+
+    def _now(self) -> float:
+        return time.time() - self.spec.t0
+
+    def _emit(self, event: PoolEvent) -> None:
+        self.control.post("events", asdict(event))
+
+    # requests -------------------------------------------------------------------------------
+    def _handle(self, message: dict) -> None:
+        kind, hid = message["type"], message.get("hid", "")
+        worker = self.workers.get(hid)
+        if worker is None:
+            return
+        state = worker.state
+        if kind == "join" and state is State.ROLLOUT:
+            worker.move(State.JOINING, "join_requested", self.step, message.get("detail", ""))
+            self.joins[hid] = _Join(self._now())
+            self._send_snapshot(hid)
+        elif kind == "loaded" and state is State.JOINING and hid in self.joins:
+            join = self.joins[hid]
+            if not self._fresh() or message["step"] != self.snapshot.step:
+                self._send_snapshot(hid)  # the log no longer reaches back to it: fetch a newer one
+                return
+            join.snapshot_step = message["step"]
+            worker.note("snapshot_loaded", self.step, f"step {message['step']}, {message['bytes']} bytes in "
+                        f"{message['seconds']:.3f} s")
+        elif kind == "leave":
+            if state is State.TRAINING:
+                self.leave_requested.add(hid)
+            elif state is State.JOINING:
+                self._drop(hid)
+                worker.move(State.ROLLOUT, "cancelled", self.step, "leave requested during the join")
+                self.control.send(hid, {"op": "cancel"})
+        elif kind == "exited" and state is State.LEAVING:
+            worker.move(State.ROLLOUT, "released", self.step, f"after step {message['step']}")
+        elif kind == "died" and state is not State.FAILED:
+            self._drop(hid)
+            worker.move(State.FAILED, "died", self.step, message.get("detail", ""))
+        elif kind == "restarted" and state is State.FAILED:
+            worker.move(State.ROLLOUT, "restarted", self.step, message.get("detail", ""))
+
+    def _drop(self, hid: str) -> None:
+        self.joins.pop(hid, None)
+        self.leave_requested.discard(hid)
+        self.active.discard(hid)
+        if hid in self.members:
+            self.members.remove(hid)
+        with self.lock:
+            if self.snapshot is not None and hid in self.snapshot.waiting:
+                self.snapshot.waiting.remove(hid)
+
+    # snapshots ------------------------------------------------------------------------------
+    def _send_snapshot(self, hid: str) -> None:
+        """Point `hid` at a snapshot whose later updates are still logged, writing one if needed."""
+        with self.lock:
+            if self._fresh():
+                assert self.snapshot is not None
+                if self.snapshot.written:
+                    self._tell(hid, self.snapshot)
+                else:
+                    self.snapshot.waiting.append(hid)
+                return
+            path = Path(self.spec.out_dir) / f"snapshot-{self.step}.pt"
+            self.snapshot = snapshot = _Snapshot(self.step, path, waiting=[hid])
+            self.updates = {s: u for s, u in self.updates.items() if s >= self.step}
+        state = state_of(self.model, self.optimizer)  # copied now: the state before this step
+        writer = threading.Thread(target=self._write, args=(snapshot, state), daemon=True)
+        writer.start()
+
+    def _fresh(self) -> bool:
+        """Whether the last snapshot can serve a new join: recent, and every update since is logged."""
+        s = self.snapshot
+        return (s is not None and self.step - s.step <= self.spec.max_catchup_steps // 2
+                and all(t in self.updates for t in range(s.step, self.step)))
+
+    def _write(self, snapshot: _Snapshot, state: dict) -> None:
+        control = Control.connect(self.spec.host, self.spec.port)  # a client of its own for this thread
+        size = _save_atomic({"step": snapshot.step, **state}, snapshot.path)
+        with self.lock:
+            snapshot.bytes, snapshot.written = size, True
+            for hid in snapshot.waiting:
+                Leader._tell_with(control, hid, snapshot)
+            snapshot.waiting.clear()
+
+    def _tell(self, hid: str, snapshot: _Snapshot) -> None:
+        Leader._tell_with(self.control, hid, snapshot)
+
+    @staticmethod
+    def _tell_with(control: Control, hid: str, snapshot: _Snapshot) -> None:
+        control.send(hid, {"op": "snapshot", "path": str(snapshot.path), "step": snapshot.step, "bytes": snapshot.bytes})
+
+    def record_update(self, step: int, update: torch.Tensor) -> None:
+        """Keep the step's applied mean gradient while some join may need to replay it."""
+        if any(j.entered is None for j in self.joins.values()):
+            self.updates[step] = update.clone()
+            while len(self.updates) > self.spec.max_catchup_steps:  # too slow a join: it will get a newer snapshot
+                del self.updates[min(self.updates)]
+        else:
+            self.updates.clear()
+
+    # boundaries -----------------------------------------------------------------------------
+    def boundary(self, step: int) -> dict:
+        """Apply requests and publish step `step`'s generation; returns it."""
+        self.step = step
+        messages, self.offset = self.control.read("requests", self.offset)
+        for message in messages:
+            self._handle(message)
+        now = self._now()
+        for hid, join in list(self.joins.items()):
+            if join.entered is None and now - join.started > self.spec.join_timeout_s:
+                self._drop(hid)
+                self.workers[hid].move(State.ROLLOUT, "join_timed_out", step, f"after {now - join.started:.1f} s")
+                self.control.send(hid, {"op": "cancel"})
+        for hid in list(self.members):
+            worker = self.workers[hid]
+            if worker.state is State.JOINING and hid not in self.active:  # finished its zero step
+                self.active.add(hid)
+                self.joins.pop(hid, None)
+                worker.move(State.TRAINING, "activated", step)
+            elif hid in self.leave_requested:
+                self.members.remove(hid)
+                self.active.discard(hid)
+                self.leave_requested.discard(hid)
+                worker.move(State.LEAVING, "leave_requested", step)
+        entering = {hid: j.snapshot_step for hid, j in self.joins.items()
+                    if j.snapshot_step is not None and j.entered is None and self.workers[hid].state is State.JOINING}
+        for hid in entering:
+            self.joins[hid].entered = step
+        self.members = sorted(set(self.members) | set(entering))
+        key = (tuple(self.members), tuple(sorted(self.active)))
+        if key != self.published or entering:
+            self.gen += 1
+            self.published = key
+            info = {"members": [self.spec.core_id(r) for r in range(self.spec.core_ranks)] + self.members,
+                    "active": sorted(self.active), "entering": entering, "step": step}
+            self.control.put(f"gen/{self.gen}", info)
+            for hid in entering:
+                self.control.send(hid, {"op": "enter", "gen": self.gen, "step": step})
+        self.control.put(f"step/{step}", self.gen)
+        self.control.put("progress", step)
+        return self.control.get(f"gen/{self.gen}")
+
+    def catch_up(self, group: dist.ProcessGroup, info: dict) -> None:
+        """Send each entering hybrid the updates since its snapshot."""
+        for hid, since in info["entering"].items():
+            missing = [s for s in range(since, info["step"]) if s not in self.updates]
+            if missing:
+                raise RuntimeError(f"updates for steps {missing[:3]}... are no longer logged")
+            updates = [self.updates[s] for s in range(since, info["step"])]
+            block = torch.stack(updates) if updates else torch.zeros(0)
+            rank = info["members"].index(hid)
+            group.send([torch.tensor([float(len(updates))])], rank, 0).wait()
+            if updates:
+                group.send([block], rank, 1).wait()
+
+    def on_failure(self, step: int, error: str) -> None:
+        """A generation with hybrids failed at `step`: wait briefly for death notices, then roll
+        back every hybrid of it; the next boundary publishes a core-only generation."""
+        failed = list(self.members)
+        deadline = time.time() + self.spec.failure_grace_s
+        while time.time() < deadline and any(self.workers[h].state is not State.FAILED for h in failed):
+            messages, self.offset = self.control.read("requests", self.offset)
+            for message in messages:
+                self._handle(message)
+            time.sleep(0.02)
+        for hid in failed:
+            worker = self.workers[hid]
+            if worker.state in (State.JOINING, State.TRAINING):
+                self._drop(hid)
+                worker.move(State.ROLLOUT, "rolled_back", step, f"step {step} failed: {error[:200]}")
+        self.members, self.active = [], set()
+        self.published = None
+
+    def finish(self, steps: int) -> None:
+        """Training is over: every hybrid still training leaves; wait (bounded) for them to exit."""
+        self.step = steps
+        for hid in list(self.members):
+            worker = self.workers[hid]
+            if worker.state is State.TRAINING:
+                worker.move(State.LEAVING, "leave_requested", steps, "training finished")
+            elif worker.state is State.JOINING:
+                worker.move(State.ROLLOUT, "cancelled", steps, "training finished")
+        for hid in list(self.joins):
+            if self.workers[hid].state is State.JOINING:
+                self.workers[hid].move(State.ROLLOUT, "cancelled", steps, "training finished")
+                self.control.send(hid, {"op": "cancel"})
+        self.control.put(f"step/{steps}", DONE)
+        deadline = time.time() + self.spec.failure_grace_s
+        while time.time() < deadline and any(w.state is State.LEAVING for w in self.workers.values()):
+            messages, self.offset = self.control.read("requests", self.offset)
+            for message in messages:
+                self._handle(message)
+            time.sleep(0.02)
+        self.control.put("finished", steps)
+
+
+# -- processes --------------------------------------------------------------------------------
+
+def core_main(rank: int, spec: WorkerSpec) -> None:
+    """A core training rank: runs every step of the run."""
+    torch.set_num_threads(spec.threads)
+    control = Control.connect(spec.host, spec.port)
+    dist.init_process_group("gloo", store=dist.PrefixStore("core", control.store), rank=rank,
+                            world_size=spec.core_ranks, timeout=timedelta(seconds=spec.group_timeout_s * 4))
+    model, optimizer = spec.task.build()
+    leader = Leader(control, spec, model, optimizer) if rank == 0 else None
+    core = [spec.core_id(r) for r in range(spec.core_ranks)]
+    gen, info, group = 0, None, None
+    log = []
+    try:
+        for step in range(spec.steps):
+            began = time.perf_counter()
+            if leader is not None:
+                leader.boundary(step)
+            g = control.get(f"step/{step}")
+            if g != gen:
+                new = control.get(f"gen/{g}")
+                if info is None or new["members"] != info["members"]:
+                    group = None
+                gen, info = g, new
+            assert info is not None
+            failed = ""
+            if len(info["members"]) == len(core):  # core-only: the core group, exactly as without hybrids
+                payload = _payload(spec.task, model, step, shards(spec.task.batch_size, core)[spec.core_id(rank)])
+                dist.all_reduce(payload)
+            else:
+                active = core + info["active"]
+                try:
+                    if group is None:
+                        group = _group(control, gen, rank, len(info["members"]), spec.group_timeout_s)
+                        if leader is not None:
+                            leader.catch_up(group, info)
+                    payload = _payload(spec.task, model, step, shards(spec.task.batch_size, active)[spec.core_id(rank)])
+                    group.allreduce([payload]).wait()
+                except Exception as exc:  # a member died or timed out
+                    failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                flag = torch.tensor([1.0 if failed else 0.0])
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                if flag.item() > 0:  # redo the whole step core-only; nothing from the failed attempt counts
+                    group, info = None, {"members": core, "active": []}
+                    payload = _payload(spec.task, model, step, shards(spec.task.batch_size, core)[spec.core_id(rank)])
+                    dist.all_reduce(payload)
+                    if leader is not None:
+                        leader.on_failure(step, failed or "another core rank saw the failure")
+            update = _mean(payload)
+            _apply(model, optimizer, update)
+            if leader is not None:
+                leader.record_update(step, update)
+            if spec.min_step_s > 0:
+                time.sleep(max(0.0, spec.min_step_s - (time.perf_counter() - began)))
+            log.append({"step": step, "seconds": time.perf_counter() - began, "replicas": len(info["members"]),
+                        "active": len(core) + len(info["active"]), "retried": bool(failed)})
+        if leader is not None:
+            leader.finish(spec.steps)
+            _save_atomic({"step": spec.steps, **state_of(model, optimizer)}, Path(spec.out_dir) / "final.pt")
+            Path(spec.out_dir, "steps.json").write_text(json.dumps(log))
+    except Exception:
+        control.post("errors", {"worker": spec.core_id(rank), "error": traceback.format_exc()})
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def hybrid_main(hid: str, spec: WorkerSpec, die_at: str = "") -> None:
+    """A hybrid worker: serves rollout (here: waits) until told to load a snapshot and enter a
+    generation; trains with it until left out, then returns to rollout. `die_at` kills the process
+    with SIGKILL at a named point of the join ("fetching", "entering"), for failure tests."""
+    torch.set_num_threads(spec.threads)
+    control = Control.connect(spec.host, spec.port)
+    offset = control.inbox_offset(hid)
+    model, optimizer = spec.task.build()
+    loaded: int | None = None
+    while True:
+        message = control.receive(hid, offset, timeout_s=1.0)
+        if message is None:
+            continue
+        offset += 1
+        op = message["op"]
+        if op == "stop":
+            return
+        if op == "cancel":
+            loaded = None
+        elif op == "snapshot":
+            if die_at == "fetching":
+                os.kill(os.getpid(), 9)
+            began = time.perf_counter()
+            state = torch.load(message["path"], weights_only=True)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            loaded = state["step"]
+            control.post("requests", {"type": "loaded", "hid": hid, "step": loaded, "bytes": message["bytes"],
+                                      "seconds": time.perf_counter() - began})
+        elif op == "enter" and loaded is not None:
+            if die_at == "entering":
+                os.kill(os.getpid(), 9)
+            last = _member(hid, spec, control, model, optimizer, message["gen"], message["step"])
+            loaded = None
+            control.post("requests", {"type": "exited", "hid": hid, "step": last})
+            model, optimizer = spec.task.build()  # back to rollout; a later join loads a fresh snapshot
+
+
+def _member(hid: str, spec: WorkerSpec, control: Control, model: nn.Module, optimizer: torch.optim.Optimizer,
+            gen: int, step: int) -> int:
+    """Train as a member of generation `gen` from `step` until left out; returns the last step done."""
+    info = control.get(f"gen/{gen}")
+    group = _group(control, gen, info["members"].index(hid), len(info["members"]), spec.group_timeout_s)
+    try:
+        count = torch.zeros(1)
+        group.recv([count], 0, 0).wait()
+        if count.item() > 0:
+            size = sum(p.numel() for p in model.parameters())
+            block = torch.zeros(int(count.item()), size, dtype=next(model.parameters()).dtype)
+            group.recv([block], 0, 1).wait()
+            for update in block:
+                _apply(model, optimizer, update)
+        core = [spec.core_id(r) for r in range(spec.core_ranks)]
+        last = step - 1
+        while True:
+            g = control.get(f"step/{step}")
+            if g == DONE:
+                return last
+            if g != gen:
+                new = control.get(f"gen/{g}")
+                if hid not in new["members"]:
+                    return last
+                if new["members"] != info["members"]:
+                    group = _group(control, g, new["members"].index(hid), len(new["members"]), spec.group_timeout_s)
+                gen, info = g, new
+            shard = shards(spec.task.batch_size, core + info["active"]).get(hid)
+            payload = _payload(spec.task, model, step, shard)
+            group.allreduce([payload]).wait()
+            _apply(model, optimizer, _mean(payload))
+            last, step = step, step + 1
+    except Exception:  # the generation failed: the leader rolls this hybrid back
+        return step - 1

@@ -1,0 +1,232 @@
+"""The coordinator: hosts the control-plane store, launches the core ranks (local processes) and the
+hybrids (through a provider), and runs a monitor thread that
+
+- drains the leader's pool events (the authoritative state of every hybrid),
+- reports hybrids whose process died to the leader,
+- reconciles the desired hybrid count (set by the planner, or a schedule over steps) into join,
+  leave and restart requests.
+
+    pool = ElasticPool(RegressionTask(), steps=50, hybrids=2)
+    pool.start(); pool.set_desired(2); result = pool.wait()
+    result.events  # every transition, also written to the store's pool_events by `record`
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from libra.errors import LibraError
+from libra.pools.control import Control
+from libra.pools.elastic import WorkerSpec, core_main
+from libra.pools.providers import LocalProcesses, Provider
+from libra.pools.reconciler import Action, reconcile
+from libra.pools.states import PoolEvent, State
+from libra.pools.task import TrainTask
+
+
+@dataclass(frozen=True)
+class PoolResult:
+    model: dict[str, torch.Tensor]  # final weights (core rank 0)
+    optimizer: dict  # final optimizer state
+    steps: list[dict]  # per step: seconds, replicas, active replicas, retried
+    events: list[PoolEvent]
+    out_dir: str
+
+
+@dataclass
+class _Monitor:
+    events: list[PoolEvent] = field(default_factory=list)
+    states: dict[str, State] = field(default_factory=dict)
+    in_flight: dict[str, tuple[str, float]] = field(default_factory=dict)  # hid -> (op, sent at)
+    dead: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+    progress: int = -1
+
+
+class ElasticPool:
+    def __init__(self, task: TrainTask, *, steps: int, core_ranks: int = 2, hybrids: int = 2,
+                 out_dir: str | Path | None = None, provider: Provider | None = None,
+                 gpus_per_worker: int = 1, group_timeout_s: float = 30.0, join_timeout_s: float = 180.0,
+                 max_catchup_steps: int = 64, min_step_s: float = 0.0, poll_s: float = 0.05,
+                 schedule: Mapping[int, int] | None = None, die_at: Mapping[str, str] | None = None,
+                 on_event: Callable[[PoolEvent], None] | None = None) -> None:
+        """`schedule`: desired hybrid count from a step on ({0: 0, 10: 2} = none, then two from step
+        10); without one, `set_desired` or explicit `request_join`/`request_leave` drive the pool.
+        `die_at`: fault injection for tests (hybrid id -> "fetching" | "entering")."""
+        if steps < 1 or core_ranks < 1 or hybrids < 0:
+            raise LibraError(f"need steps >= 1, core_ranks >= 1, hybrids >= 0; got {steps}, {core_ranks}, {hybrids}")
+        self.task = task
+        self.steps = steps
+        self.core_ranks = core_ranks
+        self.hybrid_ids = tuple(f"hybrid-{i}" for i in range(hybrids))
+        self.out_dir = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="libra-pool-"))
+        self.provider = provider or LocalProcesses()
+        self.settings = dict(gpus_per_worker=gpus_per_worker, group_timeout_s=group_timeout_s,
+                             join_timeout_s=join_timeout_s, max_catchup_steps=max_catchup_steps, min_step_s=min_step_s)
+        self.poll_s = poll_s
+        self.schedule = dict(sorted((schedule or {}).items()))
+        self.desired: int | None = None
+        self.die_at = dict(die_at or {})
+        self.on_event = on_event
+        self.monitor = _Monitor(states={h: State.ROLLOUT for h in self.hybrid_ids})
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self.core: list[mp.process.BaseProcess] = []
+
+    # lifecycle --------------------------------------------------------------------------------
+    def start(self) -> ElasticPool:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.control = Control(self.store)
+        self.spec = WorkerSpec("127.0.0.1", self.store.port, self.task, self.core_ranks, self.hybrid_ids, self.steps,
+                               str(self.out_dir), time.time(), **self.settings)
+        ctx = mp.get_context("spawn")
+        for rank in range(self.core_ranks):
+            proc = ctx.Process(target=core_main, args=(rank, self.spec), name=f"libra-core-{rank}", daemon=True)
+            proc.start()
+            self.core.append(proc)
+        for hid in self.hybrid_ids:
+            self.provider.launch(hid, self.spec, self.die_at.get(hid, ""))
+        self._thread = threading.Thread(target=self._run, name="libra-pool-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait(self, timeout_s: float = 600.0) -> PoolResult:
+        """Wait for the core to finish every step; stop the hybrids; return the result."""
+        deadline = time.time() + timeout_s
+        for proc in self.core:
+            proc.join(max(0.0, deadline - time.time()))
+        failed = [p for p in self.core if p.exitcode != 0]
+        self._stop.set()
+        self._thread.join()
+        self._drain(Control(self.store))
+        for hid in self.hybrid_ids:
+            self.control.send(hid, {"op": "stop"})
+        self.provider.close(10.0)
+        if failed:
+            for proc in self.core:
+                if proc.is_alive():
+                    proc.kill()
+            detail = self.monitor.errors[-1].strip().splitlines()[-1] if self.monitor.errors else "no error reported"
+            raise LibraError(f"core training failed ({', '.join(f'{p.name}: exit {p.exitcode}' for p in failed)}): {detail}")
+        final = torch.load(self.out_dir / "final.pt", weights_only=True)
+        steps = json.loads((self.out_dir / "steps.json").read_text())
+        return PoolResult(final["model"], final["optimizer"], steps, list(self.monitor.events), str(self.out_dir))
+
+    # driving ------------------------------------------------------------------------------------
+    def set_desired(self, hybrids: int) -> None:
+        if not 0 <= hybrids <= len(self.hybrid_ids):
+            raise LibraError(f"desired hybrids must be 0..{len(self.hybrid_ids)}, got {hybrids}")
+        self.desired = hybrids
+
+    def request_join(self, hid: str) -> None:
+        self._request("join", self._known(hid))
+
+    def request_leave(self, hid: str) -> None:
+        self._request("leave", self._known(hid))
+
+    def kill(self, hid: str) -> None:
+        """SIGKILL a hybrid's process (failure tests and drills)."""
+        self.provider.kill(self._known(hid))
+
+    def state(self, hid: str) -> State:
+        with self.lock:
+            return self.monitor.states[self._known(hid)]
+
+    @property
+    def events(self) -> list[PoolEvent]:
+        with self.lock:
+            return list(self.monitor.events)
+
+    @property
+    def progress(self) -> int:
+        return self.monitor.progress
+
+    def wait_for(self, predicate: Callable[[list[PoolEvent]], bool], timeout_s: float = 60.0) -> list[PoolEvent]:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            events = self.events
+            if predicate(events):
+                return events
+            if all(not p.is_alive() for p in self.core):
+                break
+            time.sleep(self.poll_s)
+        raise TimeoutError(f"pool condition not met within {timeout_s} s; events so far: "
+                           f"{[(e.worker_id, e.event) for e in self.events]}")
+
+    def _known(self, hid: str) -> str:
+        if hid not in self.hybrid_ids:
+            raise LibraError(f"unknown hybrid {hid!r}; hybrids: {', '.join(self.hybrid_ids)}")
+        return hid
+
+    def _request(self, op: str, hid: str, control: Control | None = None) -> None:
+        (control or self.control).post("requests", {"type": op, "hid": hid})
+        with self.lock:
+            self.monitor.in_flight[hid] = (op, time.time())
+
+    # the monitor thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        control = Control.connect("127.0.0.1", self.store.port)  # its own client: stores are not shared across threads
+        while not self._stop.is_set():
+            self._drain(control)
+            for hid in self.hybrid_ids:
+                if hid not in self.monitor.dead and not self.provider.alive(hid):
+                    self.monitor.dead.add(hid)
+                    control.post("requests", {"type": "died", "hid": hid, "detail": self.provider.exit_detail(hid)})
+            desired = self._target()
+            if desired is not None:
+                with self.lock:
+                    now = time.time()
+                    self.monitor.in_flight = {h: v for h, v in self.monitor.in_flight.items() if now - v[1] < 5.0}
+                    actions = reconcile(desired, self.monitor.states, {h: op for h, (op, _) in self.monitor.in_flight.items()})
+                for action in actions:
+                    self._act(action, control)
+            time.sleep(self.poll_s)
+
+    def _target(self) -> int | None:
+        target = self.desired
+        for step, count in self.schedule.items():
+            if step <= self.monitor.progress:
+                target = count
+        return target
+
+    def _act(self, action: Action, control: Control) -> None:
+        if action.op == "restart":
+            self.provider.launch(action.worker_id, self.spec)
+            with self.lock:
+                self.monitor.dead.discard(action.worker_id)
+            self._request("restarted", action.worker_id, control)
+        else:
+            self._request(action.op, action.worker_id, control)
+
+    def _drain(self, control: Control) -> None:
+        events, self._events_offset = control.read("events", getattr(self, "_events_offset", 0))
+        errors, self._errors_offset = control.read("errors", getattr(self, "_errors_offset", 0))
+        progress = control.get("progress") if control.has("progress") else -1
+        with self.lock:
+            self.monitor.progress = progress
+            self.monitor.errors += [e["error"] for e in errors]
+            for raw in events:
+                event = PoolEvent(**raw)
+                self.monitor.events.append(event)
+                self.monitor.states[event.worker_id] = State(event.to_state)
+                self.monitor.in_flight.pop(event.worker_id, None)
+        for raw in events:
+            if self.on_event is not None:
+                self.on_event(PoolEvent(**raw))
+
+
+def events_table(events: list[PoolEvent]) -> pa.Table:
+    """Pool events as rows of the store's `pool_events` table (the writer adds the run)."""
+    return pa.Table.from_pylist([asdict(e) for e in events])

@@ -1,0 +1,56 @@
+"""Reference runs for checking the elastic pool's arithmetic: plain `DistributedDataParallel` over a
+fixed set of replicas, with the same task, the same global batches and the same shards. Used by the
+tests and the pool benchmark; not part of the training path."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from libra.pools.batching import shards
+from libra.pools.task import TrainTask
+
+
+def _replica(rank: int, world: int, port: int, task: TrainTask, steps: int, out: str) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    model, optimizer = task.build()
+    ddp = DistributedDataParallel(model)
+    ids = [str(r) for r in range(world)]
+    for step in range(steps):
+        shard = shards(task.batch_size, ids)[str(rank)]
+        inputs, targets = task.batch(step)
+        optimizer.zero_grad(set_to_none=True)
+        # DDP averages gradients over replicas; each replica's mean over its (equal) shard makes
+        # that the mean over the whole batch
+        loss = task.loss_sum(ddp, inputs[shard.start:shard.stop], targets[shard.start:shard.stop]) / len(shard)
+        loss.backward()
+        optimizer.step()
+    if rank == 0:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, Path(out) / "ddp.pt")
+    dist.destroy_process_group()
+
+
+def ddp_run(task: TrainTask, replicas: int, steps: int) -> dict:
+    """Final {"model", "optimizer"} state of plain DDP over `replicas` processes for `steps` steps;
+    the global batch must divide evenly among them."""
+    if task.batch_size % replicas:
+        raise ValueError(f"global batch {task.batch_size} does not divide among {replicas} replicas")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as out:
+        procs = [ctx.Process(target=_replica, args=(r, replicas, store.port, task, steps, out)) for r in range(replicas)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(300)
+        if any(p.exitcode != 0 for p in procs):
+            raise RuntimeError(f"DDP reference failed: exit codes {[p.exitcode for p in procs]}")
+        return torch.load(Path(out) / "ddp.pt", weights_only=True)
