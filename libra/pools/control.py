@@ -2,8 +2,8 @@
 
 The store is hosted by the coordinating process, so it outlives any worker. Three kinds of keys:
 
-- channels (append-only message logs): `requests` (to the leader: join, leave, loaded, exited,
-  died, restarted) and `events` (pool events from the leader to the coordinator); writers take the
+- channels (append-only message logs): `requests` (to the leader: join, leave, ready, loaded,
+  exited, died) and `events` (pool events from the leader to the coordinator); writers take the
   next index with an atomic `add`, readers keep their own offset;
 - inboxes, one per hybrid: `inbox/<id>/<k>` (snapshot to load, generation to enter, cancel, stop);
 - step boundaries: `step/<s>` names the replica generation that runs step s (-1: training is over),

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 import traceback
@@ -210,7 +211,7 @@ class Leader:
         elif kind == "died" and state is not State.FAILED:
             self._drop(hid)
             worker.move(State.FAILED, "died", self.step, message.get("detail", ""))
-        elif kind == "restarted" and state is State.FAILED:
+        elif kind == "ready" and state is State.FAILED:  # a replacement process is up
             worker.move(State.ROLLOUT, "restarted", self.step, message.get("detail", ""))
 
     def _drop(self, hid: str) -> None:
@@ -428,6 +429,7 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
             leader.finish(spec.steps)
             _save_atomic({"step": spec.steps, **state_of(model, optimizer)}, Path(spec.out_dir) / "final.pt")
             Path(spec.out_dir, "steps.json").write_text(json.dumps(log))
+        dist.barrier()  # every core rank is done before any tears its groups down
     except Exception:
         control.post("errors", {"worker": spec.core_id(rank), "error": traceback.format_exc()})
         raise
@@ -435,14 +437,22 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
         dist.destroy_process_group()
 
 
-def hybrid_main(hid: str, spec: WorkerSpec, die_at: str = "") -> None:
+FAULTS = ("", "die_fetching", "die_entering", "slow_fetch")
+
+
+def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
     """A hybrid worker: serves rollout (here: waits) until told to load a snapshot and enter a
-    generation; trains with it until left out, then returns to rollout. `die_at` kills the process
-    with SIGKILL at a named point of the join ("fetching", "entering"), for failure tests."""
+    generation; trains with it until left out, then returns to rollout. `fault` injects a failure
+    for tests and drills: SIGKILL itself on receiving the snapshot (`die_fetching`) or the order to
+    enter (`die_entering`), or take 2 s more to fetch (`slow_fetch`)."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; faults: {', '.join(f for f in FAULTS if f)}")
     torch.set_num_threads(spec.threads)
     control = Control.connect(spec.host, spec.port)
-    offset = control.inbox_offset(hid)
+    offset = control.inbox_offset(hid)  # a replacement process skips what was sent to its predecessor
     model, optimizer = spec.task.build()
+    control.put(f"ready/{hid}", os.getpid())
+    control.post("requests", {"type": "ready", "hid": hid, "detail": f"process {os.getpid()}"})
     loaded: int | None = None
     while True:
         message = control.receive(hid, offset, timeout_s=1.0)
@@ -455,9 +465,11 @@ def hybrid_main(hid: str, spec: WorkerSpec, die_at: str = "") -> None:
         if op == "cancel":
             loaded = None
         elif op == "snapshot":
-            if die_at == "fetching":
-                os.kill(os.getpid(), 9)
+            if fault == "die_fetching":
+                os.kill(os.getpid(), signal.SIGKILL)
             began = time.perf_counter()
+            if fault == "slow_fetch":
+                time.sleep(2.0)
             state = torch.load(message["path"], weights_only=True)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -465,8 +477,8 @@ def hybrid_main(hid: str, spec: WorkerSpec, die_at: str = "") -> None:
             control.post("requests", {"type": "loaded", "hid": hid, "step": loaded, "bytes": message["bytes"],
                                       "seconds": time.perf_counter() - began})
         elif op == "enter" and loaded is not None:
-            if die_at == "entering":
-                os.kill(os.getpid(), 9)
+            if fault == "die_entering":
+                os.kill(os.getpid(), signal.SIGKILL)
             last = _member(hid, spec, control, model, optimizer, message["gen"], message["step"])
             loaded = None
             control.post("requests", {"type": "exited", "hid": hid, "step": last})

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from libra.errors import LibraError
 from libra.pools.control import Control
-from libra.pools.elastic import WorkerSpec, core_main
+from libra.pools.elastic import FAULTS, WorkerSpec, core_main
 from libra.pools.providers import LocalProcesses, Provider
 from libra.pools.reconciler import Action, reconcile
 from libra.pools.states import PoolEvent, State
@@ -59,11 +59,11 @@ class ElasticPool:
                  out_dir: str | Path | None = None, provider: Provider | None = None,
                  gpus_per_worker: int = 1, group_timeout_s: float = 30.0, join_timeout_s: float = 180.0,
                  max_catchup_steps: int = 64, min_step_s: float = 0.0, poll_s: float = 0.05,
-                 schedule: Mapping[int, int] | None = None, die_at: Mapping[str, str] | None = None,
+                 schedule: Mapping[int, int] | None = None, faults: Mapping[str, str] | None = None,
                  on_event: Callable[[PoolEvent], None] | None = None) -> None:
         """`schedule`: desired hybrid count from a step on ({0: 0, 10: 2} = none, then two from step
         10); without one, `set_desired` or explicit `request_join`/`request_leave` drive the pool.
-        `die_at`: fault injection for tests (hybrid id -> "fetching" | "entering")."""
+        `faults`: fault injection for tests and drills (hybrid id -> one of `elastic.FAULTS`)."""
         if steps < 1 or core_ranks < 1 or hybrids < 0:
             raise LibraError(f"need steps >= 1, core_ranks >= 1, hybrids >= 0; got {steps}, {core_ranks}, {hybrids}")
         self.task = task
@@ -77,7 +77,10 @@ class ElasticPool:
         self.poll_s = poll_s
         self.schedule = dict(sorted((schedule or {}).items()))
         self.desired: int | None = None
-        self.die_at = dict(die_at or {})
+        self.faults = dict(faults or {})
+        unknown = {h: f for h, f in self.faults.items() if f not in FAULTS or h not in self.hybrid_ids}
+        if unknown:
+            raise LibraError(f"bad faults {unknown}; hybrids: {', '.join(self.hybrid_ids)}; faults: {', '.join(FAULTS[1:])}")
         self.on_event = on_event
         self.monitor = _Monitor(states={h: State.ROLLOUT for h in self.hybrid_ids})
         self.lock = threading.Lock()
@@ -85,19 +88,29 @@ class ElasticPool:
         self.core: list[mp.process.BaseProcess] = []
 
     # lifecycle --------------------------------------------------------------------------------
-    def start(self) -> ElasticPool:
+    def start(self, wait_for_hybrids_s: float = 0.0) -> ElasticPool:
+        """Launch the hybrids, then the core ranks; with `wait_for_hybrids_s` > 0, start training
+        only once every hybrid process reports ready (or raise after that long)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.control = Control(self.store)
         self.spec = WorkerSpec("127.0.0.1", self.store.port, self.task, self.core_ranks, self.hybrid_ids, self.steps,
                                str(self.out_dir), time.time(), **self.settings)
+        for hid in self.hybrid_ids:
+            self.provider.launch(hid, self.spec, self.faults.get(hid, ""))
+        if wait_for_hybrids_s > 0:
+            deadline = time.time() + wait_for_hybrids_s
+            while (missing := [h for h in self.hybrid_ids if not self.control.has(f"ready/{h}")]):
+                if time.time() > deadline:
+                    self.provider.close(1.0)
+                    raise LibraError(f"hybrids {', '.join(missing)} not ready after {wait_for_hybrids_s} s "
+                                     f"({self.provider.name} provider); raise the wait or check the workers' logs")
+                time.sleep(self.poll_s)
         ctx = mp.get_context("spawn")
         for rank in range(self.core_ranks):
             proc = ctx.Process(target=core_main, args=(rank, self.spec), name=f"libra-core-{rank}", daemon=True)
             proc.start()
             self.core.append(proc)
-        for hid in self.hybrid_ids:
-            self.provider.launch(hid, self.spec, self.die_at.get(hid, ""))
         self._thread = threading.Thread(target=self._run, name="libra-pool-monitor", daemon=True)
         self._thread.start()
         return self
@@ -160,7 +173,8 @@ class ElasticPool:
             if predicate(events):
                 return events
             if all(not p.is_alive() for p in self.core):
-                break
+                raise TimeoutError(f"training ended before the pool condition was met; events: "
+                                   f"{[(e.worker_id, e.event) for e in self.events]}")
             time.sleep(self.poll_s)
         raise TimeoutError(f"pool condition not met within {timeout_s} s; events so far: "
                            f"{[(e.worker_id, e.event) for e in self.events]}")
@@ -202,11 +216,11 @@ class ElasticPool:
         return target
 
     def _act(self, action: Action, control: Control) -> None:
-        if action.op == "restart":
+        if action.op == "restart":  # the new process reports itself ready; the leader then marks it restarted
             self.provider.launch(action.worker_id, self.spec)
             with self.lock:
                 self.monitor.dead.discard(action.worker_id)
-            self._request("restarted", action.worker_id, control)
+                self.monitor.in_flight[action.worker_id] = ("restart", time.time())
         else:
             self._request(action.op, action.worker_id, control)
 

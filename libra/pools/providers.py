@@ -14,7 +14,7 @@ from libra.pools.elastic import WorkerSpec, hybrid_main
 class Provider(Protocol):
     name: str
 
-    def launch(self, hid: str, spec: WorkerSpec, die_at: str = "") -> None: ...
+    def launch(self, hid: str, spec: WorkerSpec, fault: str = "") -> None: ...
 
     def alive(self, hid: str) -> bool: ...
 
@@ -34,8 +34,8 @@ class LocalProcesses:
         self.ctx = mp.get_context("spawn")
         self.procs: dict[str, mp.process.BaseProcess] = {}
 
-    def launch(self, hid: str, spec: WorkerSpec, die_at: str = "") -> None:
-        proc = self.ctx.Process(target=hybrid_main, args=(hid, spec, die_at), name=f"libra-{hid}", daemon=True)
+    def launch(self, hid: str, spec: WorkerSpec, fault: str = "") -> None:
+        proc = self.ctx.Process(target=hybrid_main, args=(hid, spec, fault), name=f"libra-{hid}", daemon=True)
         proc.start()
         self.procs[hid] = proc
 
@@ -76,10 +76,10 @@ class RayActors:
         self.ray = ray
         self.actors: dict[str, tuple[object, object, int]] = {}  # hid -> (actor, run ref, pid)
 
-    def launch(self, hid: str, spec: WorkerSpec, die_at: str = "") -> None:
+    def launch(self, hid: str, spec: WorkerSpec, fault: str = "") -> None:
         actor = _HybridActor().options(name=f"libra-{hid}-{os.getpid()}", num_cpus=0).remote()  # type: ignore[attr-defined]
         pid = self.ray.get(actor.pid.remote())
-        self.actors[hid] = (actor, actor.run.remote(hid, spec, die_at), pid)
+        self.actors[hid] = (actor, actor.run.remote(hid, spec, fault), pid)
 
     def alive(self, hid: str) -> bool:
         _, ref, _ = self.actors[hid]
@@ -116,7 +116,7 @@ def _HybridActor():  # noqa: N802 - builds the Ray actor class lazily, so import
         def pid(self) -> int:
             return os.getpid()
 
-        def run(self, hid: str, spec: WorkerSpec, die_at: str) -> None:
-            hybrid_main(hid, spec, die_at)
+        def run(self, hid: str, spec: WorkerSpec, fault: str) -> None:
+            hybrid_main(hid, spec, fault)
 
     return HybridActor
