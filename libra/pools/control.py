@@ -34,6 +34,10 @@ class Control:
     def put(self, key: str, value: Any) -> None:
         self.store.set(key, json.dumps(value))
 
+    def put_many(self, items: dict[str, Any]) -> None:
+        """Several keys in one round trip."""
+        self.store.multi_set(list(items), [json.dumps(v) for v in items.values()])
+
     def get(self, key: str) -> Any:
         """Blocks until the key exists (up to the store's timeout)."""
         return json.loads(self.store.get(key))

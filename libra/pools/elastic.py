@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from libra.pools import snapshot as snapshots
 from libra.pools.batching import shards
 from libra.pools.control import DONE, Control
 from libra.pools.states import PoolEvent, Role, State, Worker
@@ -71,6 +72,13 @@ class WorkerSpec:
     failure_grace_s: float = 2.0
     min_step_s: float = 0.0  # pace: a step takes at least this long (emulates a real trainer's step)
     threads: int = 1
+    # CPU pinning (Linux): worker id or "snapshot-writer" -> CPUs; unlisted threads are not pinned
+    affinity: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def pin(self, who: str) -> None:
+        cpus = dict(self.affinity).get(who)
+        if cpus and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)  # the calling thread only
 
     def core_id(self, rank: int) -> str:
         return f"core-{rank}"
@@ -97,7 +105,7 @@ def _apply(model: nn.Module, optimizer: torch.optim.Optimizer, update: torch.Ten
     offset = 0
     for p in model.parameters():
         n = p.numel()
-        p.grad = update[offset:offset + n].view_as(p).clone()
+        p.grad = update[offset:offset + n].view_as(p)  # a view: the optimizer only reads gradients
         offset += n
     optimizer.step()
 
@@ -107,28 +115,8 @@ def _mean(payload: torch.Tensor) -> torch.Tensor:
 
 
 def state_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """A detached copy of the weights and optimizer state."""
-    return {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "optimizer": _clone(optimizer.state_dict())}
-
-
-def _clone(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clone(v) for v in obj]
-    return obj
-
-
-def _save_atomic(obj: dict, path: Path) -> int:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path.stat().st_size
+    """References to the weights and optimizer state (copy them before the next optimizer step)."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
 
 def _group(control: Control, gen: int, rank: int, size: int, timeout_s: float) -> dist.ProcessGroup:
@@ -173,6 +161,9 @@ class Leader:
         self.lock = threading.Lock()
         self.step = 0
         self.published: tuple | None = None
+        self.packing: threading.Event | None = None
+        self.info: dict = {}
+        self.writer_control: Control | None = None
 
     def _now(self) -> float:
         return time.time() - self.spec.t0
@@ -235,12 +226,19 @@ class Leader:
                 else:
                     self.snapshot.waiting.append(hid)
                 return
-            path = Path(self.spec.out_dir) / f"snapshot-{self.step}.pt"
+            path = Path(self.spec.out_dir) / f"snapshot-{self.step}.snap"
             self.snapshot = snapshot = _Snapshot(self.step, path, waiting=[hid])
             self.updates = {s: u for s, u in self.updates.items() if s >= self.step}
-        state = state_of(self.model, self.optimizer)  # copied now: the state before this step
-        writer = threading.Thread(target=self._write, args=(snapshot, state), daemon=True)
+        # written while this step's forward and backward run (they do not modify the state); the
+        # optimizer step waits until every byte is copied out (`before_update`)
+        self.packing = threading.Event()
+        writer = threading.Thread(target=self._write, args=(snapshot, self.packing), daemon=True)
         writer.start()
+
+    def before_update(self) -> None:
+        if self.packing is not None:
+            self.packing.wait()
+            self.packing = None
 
     def _fresh(self) -> bool:
         """Whether the last snapshot can serve a new join: recent, and every update since is logged."""
@@ -248,9 +246,18 @@ class Leader:
         return (s is not None and self.step - s.step <= self.spec.max_catchup_steps // 2
                 and all(t in self.updates for t in range(s.step, self.step)))
 
-    def _write(self, snapshot: _Snapshot, state: dict) -> None:
-        control = Control.connect(self.spec.host, self.spec.port)  # a client of its own for this thread
-        size = _save_atomic({"step": snapshot.step, **state}, snapshot.path)
+    def _write(self, snapshot: _Snapshot, packing: threading.Event) -> None:
+        self.spec.pin("snapshot-writer")
+        with self.lock:
+            if self.writer_control is None:  # the writer threads' own store client (clients are not thread-safe)
+                self.writer_control = Control.connect(self.spec.host, self.spec.port)
+            control = self.writer_control
+        try:
+            size = snapshots.write(state_of(self.model, self.optimizer), snapshot.path, {"step": snapshot.step}, packing)
+        except Exception:  # e.g. a full disk: the waiting joins time out and are cancelled
+            with self.lock:
+                control.post("errors", {"worker": "snapshot-writer", "error": traceback.format_exc()})
+            return
         with self.lock:
             snapshot.bytes, snapshot.written = size, True
             for hid in snapshot.waiting:
@@ -267,15 +274,15 @@ class Leader:
     def record_update(self, step: int, update: torch.Tensor) -> None:
         """Keep the step's applied mean gradient while some join may need to replay it."""
         if any(j.entered is None for j in self.joins.values()):
-            self.updates[step] = update.clone()
+            self.updates[step] = update  # a fresh tensor every step, never written to after the update
             while len(self.updates) > self.spec.max_catchup_steps:  # too slow a join: it will get a newer snapshot
                 del self.updates[min(self.updates)]
         else:
             self.updates.clear()
 
     # boundaries -----------------------------------------------------------------------------
-    def boundary(self, step: int) -> dict:
-        """Apply requests and publish step `step`'s generation; returns it."""
+    def boundary(self, step: int) -> tuple[int, dict]:
+        """Apply requests and publish step `step`'s generation; returns its number and description."""
         self.step = step
         messages, self.offset = self.control.read("requests", self.offset)
         for message in messages:
@@ -306,14 +313,13 @@ class Leader:
         if key != self.published or entering:
             self.gen += 1
             self.published = key
-            info = {"members": [self.spec.core_id(r) for r in range(self.spec.core_ranks)] + self.members,
-                    "active": sorted(self.active), "entering": entering, "step": step}
-            self.control.put(f"gen/{self.gen}", info)
+            self.info = {"members": [self.spec.core_id(r) for r in range(self.spec.core_ranks)] + self.members,
+                         "active": sorted(self.active), "entering": entering, "step": step}
+            self.control.put(f"gen/{self.gen}", self.info)
             for hid in entering:
                 self.control.send(hid, {"op": "enter", "gen": self.gen, "step": step})
-        self.control.put(f"step/{step}", self.gen)
-        self.control.put("progress", step)
-        return self.control.get(f"gen/{self.gen}")
+        self.control.put_many({f"step/{step}": self.gen, "progress": step})
+        return self.gen, self.info
 
     def catch_up(self, group: dist.ProcessGroup, info: dict) -> None:
         """Send each entering hybrid the updates since its snapshot."""
@@ -373,6 +379,7 @@ class Leader:
 
 def core_main(rank: int, spec: WorkerSpec) -> None:
     """A core training rank: runs every step of the run."""
+    spec.pin(spec.core_id(rank))
     torch.set_num_threads(spec.threads)
     control = Control.connect(spec.host, spec.port)
     dist.init_process_group("gloo", store=dist.PrefixStore("core", control.store), rank=rank,
@@ -382,19 +389,19 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
     core = [spec.core_id(r) for r in range(spec.core_ranks)]
     gen, info, group = 0, None, None
     log = []
+    clock0 = time.perf_counter() - (time.time() - spec.t0)  # perf_counter reading at the pool's start
     try:
         for step in range(spec.steps):
             began = time.perf_counter()
-            if leader is not None:
-                leader.boundary(step)
-            g = control.get(f"step/{step}")
+            g, new = leader.boundary(step) if leader is not None else (control.get(f"step/{step}"), None)
             if g != gen:
-                new = control.get(f"gen/{g}")
+                new = new or control.get(f"gen/{g}")
                 if info is None or new["members"] != info["members"]:
                     group = None
                 gen, info = g, new
             assert info is not None
             failed = ""
+            marks = [time.perf_counter()]
             if len(info["members"]) == len(core):  # core-only: the core group, exactly as without hybrids
                 payload = _payload(spec.task, model, step, shards(spec.task.batch_size, core)[spec.core_id(rank)])
                 dist.all_reduce(payload)
@@ -418,16 +425,21 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
                     if leader is not None:
                         leader.on_failure(step, failed or "another core rank saw the failure")
             update = _mean(payload)
+            marks.append(time.perf_counter())
+            if leader is not None:
+                leader.before_update()
             _apply(model, optimizer, update)
             if leader is not None:
                 leader.record_update(step, update)
+            marks.append(time.perf_counter())
             if spec.min_step_s > 0:
                 time.sleep(max(0.0, spec.min_step_s - (time.perf_counter() - began)))
-            log.append({"step": step, "seconds": time.perf_counter() - began, "replicas": len(info["members"]),
-                        "active": len(core) + len(info["active"]), "retried": bool(failed)})
+            log.append({"step": step, "start_s": began - clock0, "seconds": time.perf_counter() - began,
+                        "boundary_s": marks[0] - began, "gradient_s": marks[1] - marks[0], "update_s": marks[2] - marks[1],
+                        "replicas": len(info["members"]), "active": len(core) + len(info["active"]), "retried": bool(failed)})
         if leader is not None:
             leader.finish(spec.steps)
-            _save_atomic({"step": spec.steps, **state_of(model, optimizer)}, Path(spec.out_dir) / "final.pt")
+            snapshots.write(state_of(model, optimizer), Path(spec.out_dir) / "final.snap", {"step": spec.steps})
             Path(spec.out_dir, "steps.json").write_text(json.dumps(log))
         dist.barrier()  # every core rank is done before any tears its groups down
     except Exception:
@@ -447,6 +459,7 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
     enter (`die_entering`), or take 2 s more to fetch (`slow_fetch`)."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; faults: {', '.join(f for f in FAULTS if f)}")
+    spec.pin(hid)
     torch.set_num_threads(spec.threads)
     control = Control.connect(spec.host, spec.port)
     offset = control.inbox_offset(hid)  # a replacement process skips what was sent to its predecessor
@@ -470,10 +483,10 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
             began = time.perf_counter()
             if fault == "slow_fetch":
                 time.sleep(2.0)
-            state = torch.load(message["path"], weights_only=True)
+            state, extra = snapshots.read(Path(message["path"]))
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            loaded = state["step"]
+            loaded = extra["step"]
             control.post("requests", {"type": "loaded", "hid": hid, "step": loaded, "bytes": message["bytes"],
                                       "seconds": time.perf_counter() - began})
         elif op == "enter" and loaded is not None:

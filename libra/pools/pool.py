@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from libra.errors import LibraError
+from libra.pools import snapshot as snapshots
 from libra.pools.control import Control
 from libra.pools.elastic import FAULTS, WorkerSpec, core_main
 from libra.pools.providers import LocalProcesses, Provider
@@ -60,10 +61,13 @@ class ElasticPool:
                  gpus_per_worker: int = 1, group_timeout_s: float = 30.0, join_timeout_s: float = 180.0,
                  max_catchup_steps: int = 64, min_step_s: float = 0.0, poll_s: float = 0.05,
                  schedule: Mapping[int, int] | None = None, faults: Mapping[str, str] | None = None,
-                 on_event: Callable[[PoolEvent], None] | None = None) -> None:
+                 on_event: Callable[[PoolEvent], None] | None = None,
+                 affinity: Mapping[str, tuple[int, ...]] | None = None) -> None:
         """`schedule`: desired hybrid count from a step on ({0: 0, 10: 2} = none, then two from step
         10); without one, `set_desired` or explicit `request_join`/`request_leave` drive the pool.
-        `faults`: fault injection for tests and drills (hybrid id -> one of `elastic.FAULTS`)."""
+        `faults`: fault injection for tests and drills (hybrid id -> one of `elastic.FAULTS`).
+        `affinity`: CPU pinning per worker id ("core-0", "hybrid-1") and for the leader's
+        "snapshot-writer" thread."""
         if steps < 1 or core_ranks < 1 or hybrids < 0:
             raise LibraError(f"need steps >= 1, core_ranks >= 1, hybrids >= 0; got {steps}, {core_ranks}, {hybrids}")
         self.task = task
@@ -73,7 +77,8 @@ class ElasticPool:
         self.out_dir = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="libra-pool-"))
         self.provider = provider or LocalProcesses()
         self.settings = dict(gpus_per_worker=gpus_per_worker, group_timeout_s=group_timeout_s,
-                             join_timeout_s=join_timeout_s, max_catchup_steps=max_catchup_steps, min_step_s=min_step_s)
+                             join_timeout_s=join_timeout_s, max_catchup_steps=max_catchup_steps, min_step_s=min_step_s,
+                             affinity=tuple((k, tuple(v)) for k, v in (affinity or {}).items()))
         self.poll_s = poll_s
         self.schedule = dict(sorted((schedule or {}).items()))
         self.desired: int | None = None
@@ -133,7 +138,7 @@ class ElasticPool:
                     proc.kill()
             detail = self.monitor.errors[-1].strip().splitlines()[-1] if self.monitor.errors else "no error reported"
             raise LibraError(f"core training failed ({', '.join(f'{p.name}: exit {p.exitcode}' for p in failed)}): {detail}")
-        final = torch.load(self.out_dir / "final.pt", weights_only=True)
+        final, _ = snapshots.read(self.out_dir / "final.snap")
         steps = json.loads((self.out_dir / "steps.json").read_text())
         return PoolResult(final["model"], final["optimizer"], steps, list(self.monitor.events), str(self.out_dir))
 

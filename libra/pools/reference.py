@@ -35,6 +35,7 @@ def _replica(rank: int, world: int, port: int, task: TrainTask, steps: int, out:
         optimizer.step()
     if rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, Path(out) / "ddp.pt")
+    dist.barrier()  # tearing groups down while a peer is still in a collective can abort the process
     dist.destroy_process_group()
 
 

@@ -1,0 +1,94 @@
+"""Elastic pool benchmark: join latency against snapshot size, and what a join costs the core.
+
+One core rank and one hybrid (one thread each), a `RegressionTask` MLP of growing size with AdamW
+(snapshot = weights + two optimizer moments). Each run alternates: the reconciler asks for the
+hybrid, keeps it for half a cycle, releases it, and so on. Measured in the same run (medians):
+
+- join latency: join requested -> activated (snapshot copied and written by the leader, loaded by
+  the hybrid, logged updates replayed, one zero-contribution step);
+- the core's step time while a join is in progress (from the request to the step the hybrid
+  enters) against its step time when it trains alone with no join pending: the slowdown (goal:
+  under 5%);
+- the entering step (catch-up transfer plus the first all-reduce with the new member) on its own.
+
+    python -m benchmarks.bench_pool [--sizes 256 1024 2048] [--no-save]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+from benchmarks.common import save
+from libra.pools.pool import ElasticPool
+from libra.pools.task import RegressionTask
+
+CYCLE = 16  # steps per join/leave cycle: the hybrid is wanted for the first half
+# the core rank and this coordinating process (which hosts the control-plane store) are on CPU 0, as
+# on the trainer's host; the hybrid and the leader's snapshot writer thread share CPU 1 (on a
+# cluster: the hybrid's own host and a spare core of the trainer's host)
+AFFINITY = {"core-0": (0,), "hybrid-0": (1,), "snapshot-writer": (1,)}
+
+
+def measure(hidden: int, cycles: int) -> dict:
+    task = RegressionTask(dim=256, hidden=hidden, layers=2, global_batch=64)
+    steps = CYCLE * (cycles + 1)
+    schedule = {CYCLE * (c + 1) + (0 if half == 0 else CYCLE // 2): 1 - half for c in range(cycles) for half in (0, 1)}
+    pool = ElasticPool(task, steps=steps, core_ranks=1, hybrids=1, schedule={0: 0, **schedule}, affinity=AFFINITY)
+    pool.start(wait_for_hybrids_s=120)
+    result = pool.wait(1800)
+    events = [e for e in result.events if e.worker_id == "hybrid-0"]
+    joins = []  # (requested event, loaded event, activated event)
+    for i, e in enumerate(events):
+        if e.event == "join_requested" and i + 2 < len(events) and events[i + 2].event == "activated":
+            joins.append((e, events[i + 1], events[i + 2]))
+    if not joins:
+        raise RuntimeError(f"no join completed: {[e.event for e in events]}")
+    window = {s for r, _, a in joins for s in range(r.step, a.step - 1)}
+    entering = {a.step - 1 for _, _, a in joins}
+    seconds = {s["step"]: s["seconds"] for s in result.steps}
+    baseline = [seconds[s["step"]] for s in result.steps
+                if s["active"] == 1 and s["replicas"] == 1 and s["step"] >= 2 and s["step"] not in window | entering]
+    during = [seconds[s] for s in sorted(window)]
+    base = statistics.median(baseline)
+    loads = [float(lo.detail.split(" in ")[1].split(" ")[0]) for _, lo, _ in joins]
+    return {
+        "parameters": task.parameters,
+        "snapshot_bytes": int(joins[0][1].detail.split(", ")[1].split(" ")[0]),
+        "joins": len(joins),
+        "join_latency_s": statistics.median(a.time_s - r.time_s for r, _, a in joins),
+        "join_steps": statistics.median(a.step - r.step for r, _, a in joins),
+        "load_s": statistics.median(loads),
+        "core_step_s": base,
+        "baseline_steps": len(baseline),
+        "during_join_step_s": statistics.median(during) if during else base,
+        "steps_during_join": len(during),
+        "slowdown": (statistics.median(during) / base - 1) if during else 0.0,
+        "entering_step_s": statistics.median(seconds[s] for s in entering),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(0, {0})
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="*", type=int, default=[256, 1024, 2048, 4096], help="MLP hidden widths")
+    parser.add_argument("--cycles", type=int, default=4, help="join/leave cycles per size")
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args(argv)
+    rows = []
+    for hidden in args.sizes:
+        row = {"hidden": hidden, **measure(hidden, args.cycles)}
+        rows.append(row)
+        print(f"hidden {hidden}: {row['parameters']:,} params, snapshot {row['snapshot_bytes'] / 2**20:.1f} MiB, "
+              f"{row['joins']} joins, median {row['join_latency_s']:.2f} s ({row['join_steps']:.0f} steps, load {row['load_s']:.3f} s), core step {row['core_step_s'] * 1000:.1f} ms, "
+              f"during join {row['during_join_step_s'] * 1000:.1f} ms ({row['slowdown']:+.1%}), "
+              f"entering step {row['entering_step_s'] * 1000:.1f} ms", flush=True)
+    if not args.no_save:
+        save("pool", {"core_ranks": 1, "hybrids": 1, "cycles": args.cycles, "cycle_steps": CYCLE, "runs": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
