@@ -9,7 +9,8 @@ hybrid, keeps it for half a cycle, releases it, and so on. Measured in the same 
 - the core's step time while a join is in progress (from the request to the step the hybrid
   enters) against its step time when it trains alone with no join pending: the slowdown (goal:
   under 5%);
-- the entering step (catch-up transfer plus the first all-reduce with the new member) on its own.
+- the entering step (catch-up transfer, the hybrid's replay, the first all-reduce with the new
+  member) on its own, and the slowdown over the whole join with it included.
 
     python -m benchmarks.bench_pool [--sizes 256 1024 2048] [--no-save]
 """
@@ -19,22 +20,39 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
+
+import torch
 
 from benchmarks.common import save
 from libra.pools.pool import ElasticPool
 from libra.pools.task import RegressionTask
 
-CYCLE = 16  # steps per join/leave cycle: the hybrid is wanted for the first half
+CYCLE_S = 1.2  # seconds per join/leave cycle (at least 16 steps): the hybrid is wanted for the first half
 # the core rank and this coordinating process (which hosts the control-plane store) are on CPU 0, as
 # on the trainer's host; the hybrid and the leader's snapshot writer thread share CPU 1 (on a
 # cluster: the hybrid's own host and a spare core of the trainer's host)
 AFFINITY = {"core-0": (0,), "hybrid-0": (1,), "snapshot-writer": (1,)}
 
 
+def step_estimate(task: RegressionTask) -> float:
+    """Seconds of one single-threaded forward, backward and optimizer step, timed here."""
+    torch.set_num_threads(1)
+    model, optimizer = task.build()
+    inputs, targets = task.batch(0)
+    began = time.perf_counter()
+    for _ in range(5):
+        model.zero_grad(set_to_none=True)
+        task.loss_sum(model, inputs, targets).backward()
+        optimizer.step()
+    return (time.perf_counter() - began) / 5
+
+
 def measure(hidden: int, cycles: int) -> dict:
     task = RegressionTask(dim=256, hidden=hidden, layers=2, global_batch=64)
-    steps = CYCLE * (cycles + 1)
-    schedule = {CYCLE * (c + 1) + (0 if half == 0 else CYCLE // 2): 1 - half for c in range(cycles) for half in (0, 1)}
+    cycle = max(16, 2 * round(CYCLE_S / step_estimate(task) / 2))  # the pool's monitor polls every 50 ms
+    steps = cycle * (cycles + 1)
+    schedule = {cycle * (c + 1) + (0 if half == 0 else cycle // 2): 1 - half for c in range(cycles) for half in (0, 1)}
     pool = ElasticPool(task, steps=steps, core_ranks=1, hybrids=1, schedule={0: 0, **schedule}, affinity=AFFINITY)
     pool.start(wait_for_hybrids_s=120)
     result = pool.wait(1800)
@@ -55,6 +73,7 @@ def measure(hidden: int, cycles: int) -> dict:
     loads = [float(lo.detail.split(" in ")[1].split(" ")[0]) for _, lo, _ in joins]
     return {
         "parameters": task.parameters,
+        "cycle_steps": cycle,
         "snapshot_bytes": int(joins[0][1].detail.split(", ")[1].split(" ")[0]),
         "joins": len(joins),
         "join_latency_s": statistics.median(a.time_s - r.time_s for r, _, a in joins),
@@ -66,6 +85,8 @@ def measure(hidden: int, cycles: int) -> dict:
         "steps_during_join": len(during),
         "slowdown": (statistics.median(during) / base - 1) if during else 0.0,
         "entering_step_s": statistics.median(seconds[s] for s in entering),
+        # the whole join, the entering step included: extra core time over what the same steps take alone
+        "slowdown_with_entering": sum(seconds[s] for s in window | entering) / (base * len(window | entering)) - 1,
     }
 
 
@@ -84,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hidden {hidden}: {row['parameters']:,} params, snapshot {row['snapshot_bytes'] / 2**20:.1f} MiB, "
               f"{row['joins']} joins, median {row['join_latency_s']:.2f} s ({row['join_steps']:.0f} steps, load {row['load_s']:.3f} s), core step {row['core_step_s'] * 1000:.1f} ms, "
               f"during join {row['during_join_step_s'] * 1000:.1f} ms ({row['slowdown']:+.1%}), "
-              f"entering step {row['entering_step_s'] * 1000:.1f} ms", flush=True)
+              f"entering step {row['entering_step_s'] * 1000:.1f} ms (whole join {row['slowdown_with_entering']:+.1%})",
+              flush=True)
     if not args.no_save:
-        save("pool", {"core_ranks": 1, "hybrids": 1, "cycles": args.cycles, "cycle_steps": CYCLE, "runs": rows})
+        save("pool", {"core_ranks": 1, "hybrids": 1, "cycles": args.cycles, "runs": rows})
     return 0
 
 

@@ -69,6 +69,7 @@ class WorkerSpec:
     group_timeout_s: float = 30.0
     join_timeout_s: float = 180.0
     max_catchup_steps: int = 64
+    enter_gap: int = 1  # a joining hybrid enters once at most this many updates behind (sent at entry)
     failure_grace_s: float = 2.0
     min_step_s: float = 0.0  # pace: a step takes at least this long (emulates a real trainer's step)
     threads: int = 1
@@ -128,7 +129,9 @@ def _group(control: Control, gen: int, rank: int, size: int, timeout_s: float) -
 @dataclass
 class _Join:
     started: float
-    snapshot_step: int | None = None  # the snapshot the hybrid loaded (None: still fetching)
+    synced: int | None = None  # the step the hybrid's state is at (before it), None while it fetches or replays
+    gap: int | None = None  # steps it was behind when last sent updates to replay
+    gap_from: int = 0  # the first of those steps
     entered: int | None = None  # the step it entered in zero mode
 
 
@@ -184,12 +187,15 @@ class Leader:
             self._send_snapshot(hid)
         elif kind == "loaded" and state is State.JOINING and hid in self.joins:
             join = self.joins[hid]
-            if not self._fresh() or message["step"] != self.snapshot.step:
+            if not all(t in self.updates for t in range(message["step"], self.step)):
                 self._send_snapshot(hid)  # the log no longer reaches back to it: fetch a newer one
                 return
-            join.snapshot_step = message["step"]
-            worker.note("snapshot_loaded", self.step, f"step {message['step']}, {message['bytes']} bytes in "
-                        f"{message['seconds']:.3f} s")
+            if message["what"] == "snapshot":
+                worker.note("snapshot_loaded", self.step, f"step {message['step']}, {message['bytes']} bytes in "
+                            f"{message['seconds']:.3f} s")
+            else:
+                worker.note("updates_replayed", self.step, f"steps {join.gap_from}..{message['step'] - 1}")
+            join.synced = message["step"]
         elif kind == "leave":
             if state is State.TRAINING:
                 self.leave_requested.add(hid)
@@ -253,11 +259,15 @@ class Leader:
                 self.writer_control = Control.connect(self.spec.host, self.spec.port)
             control = self.writer_control
         try:
-            size = snapshots.write(state_of(self.model, self.optimizer), snapshot.path, {"step": snapshot.step}, packing)
+            size = snapshots.write(state_of(self.model, self.optimizer), snapshot.path, {"step": snapshot.step}, packing,
+                                   durable=False)
         except Exception:  # e.g. a full disk: the waiting joins time out and are cancelled
             with self.lock:
                 control.post("errors", {"worker": "snapshot-writer", "error": traceback.format_exc()})
             return
+        for old in Path(self.spec.out_dir).glob("snapshot-*.snap"):
+            if old != snapshot.path:
+                old.unlink(missing_ok=True)
         with self.lock:
             snapshot.bytes, snapshot.written = size, True
             for hid in snapshot.waiting:
@@ -270,6 +280,20 @@ class Leader:
     @staticmethod
     def _tell_with(control: Control, hid: str, snapshot: _Snapshot) -> None:
         control.send(hid, {"op": "snapshot", "path": str(snapshot.path), "step": snapshot.step, "bytes": snapshot.bytes})
+
+    def _send_updates(self, hid: str, gap: int) -> None:
+        updates = [self.updates[t] for t in range(self.step - gap, self.step)]
+        path = Path(self.spec.out_dir) / f"updates-{hid}-{self.step}.snap"
+        writer = threading.Thread(target=self._write_updates, args=(hid, updates, self.step - gap, path), daemon=True)
+        writer.start()
+
+    def _write_updates(self, hid: str, updates: list[torch.Tensor], first: int, path: Path) -> None:
+        self.spec.pin("snapshot-writer")
+        snapshots.write({"updates": updates}, path, {"first": first}, durable=False)  # logged updates are never modified
+        with self.lock:
+            if self.writer_control is None:
+                self.writer_control = Control.connect(self.spec.host, self.spec.port)
+            self.writer_control.send(hid, {"op": "replay", "path": str(path)})
 
     def record_update(self, step: int, update: torch.Tensor) -> None:
         """Keep the step's applied mean gradient while some join may need to replay it."""
@@ -304,10 +328,17 @@ class Leader:
                 self.active.discard(hid)
                 self.leave_requested.discard(hid)
                 worker.move(State.LEAVING, "leave_requested", step)
-        entering = {hid: j.snapshot_step for hid, j in self.joins.items()
-                    if j.snapshot_step is not None and j.entered is None and self.workers[hid].state is State.JOINING}
-        for hid in entering:
-            self.joins[hid].entered = step
+        entering = {}
+        for hid, join in self.joins.items():
+            if join.synced is None or join.entered is not None or self.workers[hid].state is not State.JOINING:
+                continue
+            gap = step - join.synced
+            if gap <= self.spec.enter_gap or (join.gap is not None and gap >= join.gap):
+                entering[hid] = join.synced  # close enough (or not getting closer): the rest comes at entry
+                join.entered = step
+            else:  # replay the logged updates from a file while the core goes on, then ask again
+                join.gap, join.gap_from, join.synced = gap, join.synced, None
+                self._send_updates(hid, gap)
         self.members = sorted(set(self.members) | set(entering))
         key = (tuple(self.members), tuple(sorted(self.active)))
         if key != self.published or entering:
@@ -483,12 +514,27 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
             began = time.perf_counter()
             if fault == "slow_fetch":
                 time.sleep(2.0)
-            state, extra = snapshots.read(Path(message["path"]))
+            try:
+                state, extra = snapshots.read(Path(message["path"]))
+            except FileNotFoundError:  # replaced by a newer snapshot meanwhile; the leader sends that one
+                continue
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             loaded = extra["step"]
-            control.post("requests", {"type": "loaded", "hid": hid, "step": loaded, "bytes": message["bytes"],
-                                      "seconds": time.perf_counter() - began})
+            control.post("requests", {"type": "loaded", "what": "snapshot", "hid": hid, "step": loaded,
+                                      "bytes": message["bytes"], "seconds": time.perf_counter() - began})
+        elif op == "replay" and loaded is not None:
+            try:
+                state, extra = snapshots.read(Path(message["path"]))
+            except FileNotFoundError:
+                continue
+            Path(message["path"]).unlink(missing_ok=True)
+            if extra["first"] != loaded:
+                continue  # not the updates after this state (a cancelled attempt's): wait for the leader
+            for update in state["updates"]:
+                _apply(model, optimizer, update)
+            loaded += len(state["updates"])
+            control.post("requests", {"type": "loaded", "what": "updates", "hid": hid, "step": loaded})
         elif op == "enter" and loaded is not None:
             if fault == "die_entering":
                 os.kill(os.getpid(), signal.SIGKILL)

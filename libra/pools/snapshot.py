@@ -37,8 +37,11 @@ def _walk(obj: Any, found: list[torch.Tensor]) -> Any:
     raise TypeError(f"cannot snapshot a {type(obj).__name__}; states hold tensors, numbers, strings, lists and dicts")
 
 
-def write(state: Any, path: Path, extra: dict | None = None, copied: threading.Event | None = None) -> int:
-    """Atomically write `state` (and JSON-able `extra`) to `path`; returns the file size.
+def write(state: Any, path: Path, extra: dict | None = None, copied: threading.Event | None = None,
+          durable: bool = True) -> int:
+    """Atomically write `state` (and JSON-able `extra`) to `path`; returns the file size. With
+    `durable` the file is fsynced before it is renamed into place (a join snapshot needs not be:
+    it only has to outlive the join, not a power loss).
 
     The tensors' bytes are first copied into one staging buffer (a memory copy, without the GIL);
     `copied` is set then, so a trainer may modify its state again while the buffer goes to disk."""
@@ -65,7 +68,8 @@ def write(state: Any, path: Path, extra: dict | None = None, copied: threading.E
             f.write(b"\0" * (-(8 + len(header)) % ALIGN))
             f.write(memoryview(staged.numpy()))
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
     finally:
         if copied is not None:
             copied.set()

@@ -41,8 +41,9 @@ def assert_close(a, b, atol=1e-6):
         torch.testing.assert_close(x, y, rtol=0, atol=atol, msg=name)
 
 
-def kinds(result, worker="hybrid-0"):
-    return [e.event for e in result.events if e.worker_id == worker]
+def kinds(result, worker="hybrid-0", notes=("snapshot_loaded",)):
+    """The worker's transitions, with the progress notes named in `notes` (replays depend on timing)."""
+    return [e.event for e in result.events if e.worker_id == worker and (e.from_state != e.to_state or e.event in notes)]
 
 
 def test_a_hybrid_that_stays_in_rollout_leaves_the_core_bitwise_unchanged(core_only):
@@ -98,6 +99,17 @@ def test_a_join_that_takes_too_long_is_cancelled(core_only):
     assert_bitwise(result, core_only)
 
 
+def test_a_slow_join_catches_up_by_replaying_logged_updates():
+    steps = 70
+    _, result = run(steps=steps, hybrids=1, min_step_s=0.05, schedule={0: 1}, join_timeout_s=60,
+                    faults={"hybrid-0": "slow_fetch"})
+    assert kinds(result)[:3] == ["join_requested", "snapshot_loaded", "activated"]
+    replays = [e for e in result.events if e.event == "updates_replayed"]
+    assert replays  # the 2 s fetch left it far behind; it replayed logged updates before entering
+    reference = ddp_run(TASK, 3, steps)
+    assert_close(result, SimpleNamespace(**reference))
+
+
 def test_twenty_join_leave_cycles_keep_the_parameters_on_the_reference():
     task = RegressionTask(global_batch=48, dtype="float64")
     steps = 20 * 8 + 4
@@ -117,7 +129,8 @@ def test_pool_events_fit_the_store_schema(tmp_path):
     _, result = run(hybrids=1, min_step_s=0.05, schedule={0: 1}, steps=10)
     writer_for(StoreConfig(root=str(tmp_path))).write_run("pool_events", "pool", events_table(result.events))
     rows = Catalog(tmp_path, "pool").query(
-        "select worker_id, from_state, to_state, event from pool_events order by time_s").to_pylist()
+        "select worker_id, from_state, to_state, event from pool_events "
+        "where from_state <> to_state or event = 'snapshot_loaded' order by time_s").to_pylist()
     assert [r["event"] for r in rows] == ["join_requested", "snapshot_loaded", "activated", "leave_requested", "released"]
     assert rows[2] == {"worker_id": "hybrid-0", "from_state": "joining", "to_state": "training", "event": "activated"}
 
