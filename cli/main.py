@@ -10,7 +10,15 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from cli import plan_command, router_command, run_command, simulate_command, store_commands, tree_command
+from cli import (
+    plan_command,
+    pool_command,
+    router_command,
+    run_command,
+    simulate_command,
+    store_commands,
+    tree_command,
+)
 from libra import __version__
 from libra.config import LibraConfig, load_config
 from libra.errors import LibraError
@@ -41,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     router_command.register(sub, parent)
     simulate_command.register(sub, parent)
     tree_command.register(sub, parent)
+    pool_command.register(sub, parent)
     run_command.register(sub, parent)
     return parser
 

@@ -106,6 +106,20 @@ class SchedulerConfig(_Section):
         return bounds
 
 
+class PoolConfig(_Section):
+    """Elastic hybrid pool: core training ranks plus hybrids that join and leave training."""
+
+    core_ranks: int = Field(2, ge=1, le=4_096, description="core training replicas (never rebuilt)")
+    hybrids: int = Field(2, ge=0, le=4_096, description="hybrid workers that may join training")
+    provider: Literal["local", "ray"] = Field("local", description="where hybrids run: local processes or Ray actors")
+    group_timeout_s: float = Field(30.0, gt=0.0, le=3_600.0, description="a collective or rendezvous slower than this fails")
+    join_timeout_s: float = Field(180.0, gt=0.0, le=86_400.0, description="a join not done by then is cancelled")
+    max_catchup_steps: int = Field(64, ge=2, le=100_000, description="updates the leader keeps for joins in progress")
+    enter_gap: int = Field(1, ge=0, le=1_000, description="a joiner enters once at most this many updates behind")
+    poll_s: float = Field(0.05, gt=0.0, le=10.0, description="coordinator polling interval")
+    snapshot_dir: str = Field(".libra/pool", description="where join snapshots and run results are written")
+
+
 class LibraConfig(_Section):
     """Every subsystem's settings; each section validates itself."""
 
@@ -113,6 +127,7 @@ class LibraConfig(_Section):
     traces: TracesConfig = TracesConfig()
     planner: PlannerConfig = PlannerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
+    pool: PoolConfig = PoolConfig()
     tracking: TrackingConfig = TrackingConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()
 

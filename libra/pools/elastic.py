@@ -14,18 +14,22 @@ and counts are summed by one all-reduce, and every replica applies `sum / count`
 optimizer, so all replicas stay identical.
 
 Join (hybrid h, requested at step boundary s0): the leader snapshots weights and optimizer state
-(copied in memory at the boundary, written to disk by a background thread, so the core keeps
-training) and logs every later update. h loads the snapshot and reports it; at the next boundary s1
-it enters the generation in zero mode: the leader sends it the logged updates for steps s0..s1-1,
-h replays them (bitwise the core's state: same tensors, same optimizer), and takes part in step s1
-contributing zeros. At s1+1 it is activated and gets a shard. Leave: at a boundary the hybrid is
-left out of the next generation; it has finished its last step and returns to rollout.
+(staged by a memory copy that overlaps the step's forward and backward, written to disk by a
+background thread, so the core keeps training) and logs every later update (the mean gradient it
+applied). h loads the snapshot and reports the step its state is at. While it is more than
+`enter_gap` steps behind (and getting closer), the leader writes the updates it misses to a file
+and h replays them, again off the core's path. Then, at a boundary s1, h enters the generation in
+zero mode: the leader sends it the last few updates over the new group, h replays them (bitwise the
+core's state: same tensors, same optimizer) and takes part in step s1 contributing zeros. At s1+1
+it is activated and gets a shard. Leave: at a boundary the hybrid is left out of the next
+generation; it has finished its last step and returns to rollout.
 
 Failure: when a step's all-reduce over a generation with hybrids fails (a member died, or timed out),
 the core ranks agree on it over the core group (a one-element MAX all-reduce), drop the step's
 partial results, and redo the whole step core-only over the full batch. Every hybrid of that
-generation is rolled back to rollout (a dead one is marked failed); none of their gradients counts,
-and no sample is lost. A hybrid that dies while fetching the snapshot is not in any group yet: it is
+generation is rolled back to rollout (one whose death is reported within `failure_grace_s` is
+marked failed instead; a later report moves it from rollout to failed); none of their gradients
+counts, and no sample is lost. A hybrid that dies while fetching the snapshot is not in any group yet: it is
 marked failed and the core does not notice. A join that takes longer than `join_timeout_s` is
 cancelled.
 """
@@ -70,7 +74,7 @@ class WorkerSpec:
     join_timeout_s: float = 180.0
     max_catchup_steps: int = 64
     enter_gap: int = 1  # a joining hybrid enters once at most this many updates behind (sent at entry)
-    failure_grace_s: float = 2.0
+    failure_grace_s: float = 0.25  # how long a failed step waits for death notices (the core waits too)
     min_step_s: float = 0.0  # pace: a step takes at least this long (emulates a real trainer's step)
     threads: int = 1
     # CPU pinning (Linux): worker id or "snapshot-writer" -> CPUs; unlisted threads are not pinned
@@ -167,6 +171,7 @@ class Leader:
         self.packing: threading.Event | None = None
         self.info: dict = {}
         self.writer_control: Control | None = None
+        self.deferred: list[dict] = []  # requests read during a failure, handled at the next boundary
 
     def _now(self) -> float:
         return time.time() - self.spec.t0
@@ -309,6 +314,7 @@ class Leader:
         """Apply requests and publish step `step`'s generation; returns its number and description."""
         self.step = step
         messages, self.offset = self.control.read("requests", self.offset)
+        messages, self.deferred = self.deferred + messages, []
         for message in messages:
             self._handle(message)
         now = self._now()
@@ -366,15 +372,20 @@ class Leader:
                 group.send([block], rank, 1).wait()
 
     def on_failure(self, step: int, error: str) -> None:
-        """A generation with hybrids failed at `step`: wait briefly for death notices, then roll
-        back every hybrid of it; the next boundary publishes a core-only generation."""
+        """A generation with hybrids failed at `step`. Wait `failure_grace_s` for death notices
+        (only those: other requests wait for the next boundary), so a dead member is recorded as
+        failed from the state it died in; roll back every other hybrid of the generation. The next
+        boundary publishes a core-only generation."""
         failed = list(self.members)
         deadline = time.time() + self.spec.failure_grace_s
         while time.time() < deadline and any(self.workers[h].state is not State.FAILED for h in failed):
             messages, self.offset = self.control.read("requests", self.offset)
             for message in messages:
-                self._handle(message)
-            time.sleep(0.02)
+                if message["type"] == "died":
+                    self._handle(message)
+                else:
+                    self.deferred.append(message)
+            time.sleep(0.01)
         for hid in failed:
             worker = self.workers[hid]
             if worker.state in (State.JOINING, State.TRAINING):
@@ -397,7 +408,7 @@ class Leader:
                 self.workers[hid].move(State.ROLLOUT, "cancelled", steps, "training finished")
                 self.control.send(hid, {"op": "cancel"})
         self.control.put(f"step/{steps}", DONE)
-        deadline = time.time() + self.spec.failure_grace_s
+        deadline = time.time() + 5.0
         while time.time() < deadline and any(w.state is State.LEAVING for w in self.workers.values()):
             messages, self.offset = self.control.read("requests", self.offset)
             for message in messages:

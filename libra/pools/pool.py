@@ -59,7 +59,7 @@ class ElasticPool:
     def __init__(self, task: TrainTask, *, steps: int, core_ranks: int = 2, hybrids: int = 2,
                  out_dir: str | Path | None = None, provider: Provider | None = None,
                  gpus_per_worker: int = 1, group_timeout_s: float = 30.0, join_timeout_s: float = 180.0,
-                 max_catchup_steps: int = 64, min_step_s: float = 0.0, poll_s: float = 0.05,
+                 max_catchup_steps: int = 64, enter_gap: int = 1, min_step_s: float = 0.0, poll_s: float = 0.05,
                  schedule: Mapping[int, int] | None = None, faults: Mapping[str, str] | None = None,
                  on_event: Callable[[PoolEvent], None] | None = None,
                  affinity: Mapping[str, tuple[int, ...]] | None = None) -> None:
@@ -77,7 +77,8 @@ class ElasticPool:
         self.out_dir = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="libra-pool-"))
         self.provider = provider or LocalProcesses()
         self.settings = dict(gpus_per_worker=gpus_per_worker, group_timeout_s=group_timeout_s,
-                             join_timeout_s=join_timeout_s, max_catchup_steps=max_catchup_steps, min_step_s=min_step_s,
+                             join_timeout_s=join_timeout_s, max_catchup_steps=max_catchup_steps, enter_gap=enter_gap,
+                             min_step_s=min_step_s,
                              affinity=tuple((k, tuple(v)) for k, v in (affinity or {}).items()))
         self.poll_s = poll_s
         self.schedule = dict(sorted((schedule or {}).items()))
@@ -170,6 +171,11 @@ class ElasticPool:
     @property
     def progress(self) -> int:
         return self.monitor.progress
+
+    @property
+    def running(self) -> bool:
+        """Whether any core rank is still training."""
+        return any(p.is_alive() for p in self.core)
 
     def wait_for(self, predicate: Callable[[list[PoolEvent]], bool], timeout_s: float = 60.0) -> list[PoolEvent]:
         deadline = time.time() + timeout_s

@@ -82,8 +82,10 @@ def test_sigkill_of_a_training_hybrid_redoes_the_step_without_it(core_only):
     pool.wait_for(lambda events: pool.progress >= events[-1].step + 2)
     pool.kill("hybrid-0")
     result = pool.wait(300)
+    # died while training; or, if its death was reported after the failed step's grace period,
+    # rolled back first and then marked failed
     assert kinds(result)[-1] == "died"
-    assert [e.from_state for e in result.events if e.event == "died"] == ["training"]
+    assert kinds(result)[-2:] in (["activated", "died"], ["rolled_back", "died"])
     retried = [s["step"] for s in result.steps if s["retried"]]
     assert len(retried) <= 1  # the step in flight when it died (none if it died between steps)
     assert all(s["active"] == 2 for s in result.steps if s["step"] >= (retried or [STEPS])[0])

@@ -1,0 +1,51 @@
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from cli.main import main
+from storage.catalog import Catalog
+
+
+def config_file(tmp_path: Path) -> Path:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
+                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
+                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n"
+                      f"pool: {{core_ranks: 1, hybrids: 1, snapshot_dir: {tmp_path / 'pool'}, group_timeout_s: 5}}\n")
+    return config
+
+
+def test_pool_kill_verify_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    code = main(["pool", "--steps", "40", "--schedule", "3:1", "--kill", "hybrid-0@15", "--verify", "--run", "drill",
+                 "--config", str(config_file(tmp_path)), "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["run"], result["steps"], result["core_ranks"], result["hybrids"]) == ("drill", 40, 1, 1)
+    assert result["events"]["died"] >= 1 and result["events"]["activated"] >= 1
+    assert result["retried_steps"] <= 1
+    assert result["max_abs_diff_vs_core_only"] < 1e-6  # nothing lost or counted twice
+    with Catalog(tmp_path / "store", "drill") as catalog:
+        died = catalog.query("select worker_id, to_state, detail from pool_events where event = 'died'").to_pylist()
+    assert died[0]["worker_id"] == "hybrid-0" and died[0]["to_state"] == "failed" and "SIGKILL" in died[0]["detail"]
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.get_run(result["mlflow_run_id"])
+    assert run.data.params["hybrids"] == "1" and "pool_events.json" in {
+        a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    mlflow.set_tracking_uri(None)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--schedule", "ten:1"], "is not STEP:COUNT"),
+    (["--schedule", "5:3"], "0 <= COUNT <= 1"),
+    (["--kill", "hybrid-7@3"], "expected HYBRID@STEP with HYBRID one of hybrid-0"),
+    (["--batch", "1"], "--batch >= core + hybrids (2)"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path: Path, capsys, args, message) -> None:
+    code = main(["pool", "--config", str(config_file(tmp_path)), "--no-track", *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()
