@@ -28,7 +28,7 @@ from benchmarks.common import save
 from libra.pools.pool import ElasticPool
 from libra.pools.task import RegressionTask
 
-CYCLE_S = 1.2  # seconds per join/leave cycle (at least 16 steps): the hybrid is wanted for the first half
+CYCLE_S = 6.0  # seconds per join/leave cycle (at least 16 steps): the hybrid is wanted for the first half
 # the core rank and this coordinating process (which hosts the control-plane store) are on CPU 0, as
 # on the trainer's host; the hybrid and the leader's snapshot writer thread share CPU 1 (on a
 # cluster: the hybrid's own host and a spare core of the trainer's host)
@@ -57,10 +57,14 @@ def measure(hidden: int, cycles: int) -> dict:
     pool.start(wait_for_hybrids_s=120)
     result = pool.wait(1800)
     events = [e for e in result.events if e.worker_id == "hybrid-0"]
-    joins = []  # (requested event, loaded event, activated event)
+    joins = []  # (requested, snapshot loaded, activated) of each join that completed
     for i, e in enumerate(events):
-        if e.event == "join_requested" and i + 2 < len(events) and events[i + 2].event == "activated":
-            joins.append((e, events[i + 1], events[i + 2]))
+        if e.event != "join_requested":
+            continue
+        rest = [f for f in events[i + 1:] if f.from_state != f.to_state]  # transitions, not progress notes
+        if rest and rest[0].event == "activated":
+            loaded = next(f for f in events[i + 1:] if f.event == "snapshot_loaded")
+            joins.append((e, loaded, rest[0]))
     if not joins:
         raise RuntimeError(f"no join completed: {[e.event for e in events]}")
     window = {s for r, _, a in joins for s in range(r.step, a.step - 1)}

@@ -111,7 +111,28 @@ def sim_section(result: dict) -> list[str]:
     return lines
 
 
-SECTIONS = {"store": store_section, "planner": planner_section, "router": router_section, "sim": sim_section}
+def pool_section(result: dict) -> list[str]:
+    lines = [
+        f"**Elastic hybrid pool** (`python -m benchmarks.bench_pool`; {result['core_ranks']} core rank and "
+        f"{result['hybrids']} hybrid, one thread each, gloo, an MLP with AdamW, {result['cycles']} join/leave cycles per "
+        f"size; {result['machine']}). Slowdown: the core's median step time while a join is in progress against its "
+        "median step time alone with no join pending, in the same run.",
+        "",
+        "| parameters | snapshot | joins | join latency (median) | load | core step alone | during a join | "
+        "slowdown (goal < 5%) | entering step | slowdown over the whole join, entering step included |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:
+        lines.append(
+            f"| {r['parameters']:,} | {r['snapshot_bytes'] / 2**20:.1f} MiB | {r['joins']} | {r['join_latency_s']:.2f} s "
+            f"({r['join_steps']:.0f} steps) | {r['load_s'] * 1000:.0f} ms | {r['core_step_s'] * 1000:.1f} ms | "
+            f"{r['during_join_step_s'] * 1000:.1f} ms | {r['slowdown']:+.1%} | {r['entering_step_s'] * 1000:.0f} ms | "
+            f"{r['slowdown_with_entering']:+.0%} |")
+    return lines
+
+
+SECTIONS = {"store": store_section, "planner": planner_section, "router": router_section, "sim": sim_section,
+            "pool": pool_section}
 
 
 def render() -> str:
