@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from cli import (
     plan_command,
     pool_command,
+    rollout_command,
     router_command,
     run_command,
     simulate_command,
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_command.register(sub, parent)
     tree_command.register(sub, parent)
     pool_command.register(sub, parent)
+    rollout_command.register(sub, parent)
     run_command.register(sub, parent)
     return parser
 

@@ -164,7 +164,7 @@ def run(argv: list[str], workdir: str | Path, limits: SandboxLimits = SandboxLim
 
 def run_python(code: str, workdir: str | Path, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Run Python source in the sandbox (isolated mode, guarded by the audit hook)."""
-    return run([sys.executable, "-I", "-S", "-c", _GUARD + "\nexec(compile(sys.stdin.read(), '<tool>', 'exec'))"],
+    return run([sys.executable, "-I", "-S", "-B", "-c", _GUARD + "\nexec(compile(sys.stdin.read(), '<tool>', 'exec'))"],
                workdir, limits, stdin=code)
 
 

@@ -1,0 +1,210 @@
+"""`libra policy init` (build the local policy) and `libra rollout` (a batch of agentic rollouts on
+real engines, routed across instances, recorded in the store and MLflow)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from libra.config import LibraConfig
+from libra.errors import LibraError
+
+DEFAULT_POLICY = ".libra/policy"
+
+
+def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    policy = sub.add_parser("policy", parents=[parent], help="build the local policy model",
+                            description="Build the local policy: a tokenizer trained on the environments' text and "
+                            "a small Qwen2-architecture model warm-started on scripted expert demonstrations.")
+    policy_sub = policy.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    init = policy_sub.add_parser("init", parents=[parent], help="train (or reuse) the policy in DIR")
+    init.add_argument("--out", default=DEFAULT_POLICY, help=f"policy directory (default {DEFAULT_POLICY})")
+    init.add_argument("--steps", type=int, help="supervised training steps (default 600)")
+    init.add_argument("--demos", type=int, help="demonstrations per environment (default 400)")
+    init.set_defaults(handler=cmd_policy_init)
+
+    cmd = sub.add_parser("rollout", parents=[parent], help="run a batch of agentic rollouts on real engines",
+                         description="Roll out the policy on an environment's tasks with real tools (sandboxed) on "
+                         "several engine instances; the router places each trajectory at its start and at every "
+                         "tool return. Prints throughput and trajectory statistics; every turn goes to the store.")
+    cmd.add_argument("--env", required=True, help="search, math or repo")
+    cmd.add_argument("--prompts", type=int, default=32, help="tasks per batch (default 32)")
+    cmd.add_argument("--samples", type=int, default=8, help="samples per task (default 8)")
+    cmd.add_argument("--batches", type=int, default=1, help="batches in a row; the router learns between them (default 1)")
+    cmd.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="rollout engine (default vllm)")
+    cmd.add_argument("--instances", type=int, default=2, help="engine instances (default 2)")
+    cmd.add_argument("--router", default="libra",
+                     help="libra, cmlfq, mlfq, predictor, predictor-repredict, least-load or always-shortest")
+    cmd.add_argument("--buckets", default="auto", help="'auto' (quantiles of expert lengths) or B1,B2,... tokens")
+    cmd.add_argument("--policy", default=DEFAULT_POLICY, help=f"HF-format policy directory (default {DEFAULT_POLICY})")
+    cmd.add_argument("--temperature", type=float, default=1.0)
+    cmd.add_argument("--max-turns", type=int, default=8)
+    cmd.add_argument("--seed", type=int, default=0, help="task seed (the policy was trained on seeds >= 10000)")
+    cmd.add_argument("--run", help="store run name (default: rollout-<env>-<time>)")
+    cmd.add_argument("--no-track", action="store_true", help="skip MLflow")
+    cmd.add_argument("--json", action="store_true")
+    cmd.set_defaults(handler=cmd_rollout)
+
+
+def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
+    from dataclasses import replace
+
+    from libra.rollout.policy import PolicySettings, init_policy
+
+    settings = PolicySettings()
+    if args.steps is not None:
+        if args.steps < 1:
+            raise LibraError(f"--steps must be >= 1, got {args.steps}")
+        settings = replace(settings, steps=args.steps)
+    if args.demos is not None:
+        if args.demos < settings.batch:
+            raise LibraError(f"--demos must be >= {settings.batch}, got {args.demos}")
+        settings = replace(settings, demos_per_env=args.demos)
+    record = init_policy(args.out, settings)
+    print(f"policy in {args.out}: {record['parameters']:,} parameters, {record['demonstrations']} demonstrations, "
+          f"final loss {record['final_loss']:.3f}, built in {record['train_s']:.0f} s")
+    return 0
+
+
+def split_cores(instances: int) -> list[list[int]]:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if instances > len(cores):
+        return [[cores[i % len(cores)]] for i in range(instances)]
+    per = len(cores) // instances
+    return [cores[i * per:(i + 1) * per] for i in range(instances)]
+
+
+def auto_bounds(env_name: str, instances: int, tokenizer) -> tuple[int, ...]:
+    """Bucket bounds at quantiles of the expert's remaining lengths (tokens after the prompt)."""
+    import tempfile
+
+    from libra.rollout.envs import demonstration, make_env, prompt
+
+    env = make_env(env_name)
+    lengths = []
+    for task in env.tasks(24, seed=20_000):
+        with tempfile.TemporaryDirectory() as workdir:
+            text, _ = demonstration(env, task, Path(workdir))
+        lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"])
+                       - len(tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"]))
+    lengths.sort()
+    bounds = sorted({max(1, lengths[min(len(lengths) - 1, len(lengths) * (i + 1) // instances)]) for i in range(instances - 1)})
+    return tuple(bounds) or (max(lengths),)
+
+
+def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
+    from libra.rollout.envs import ENVS, make_env
+    from libra.scheduler.policies import Buckets
+    from libra.scheduler.replay import POLICIES, make_router
+    from storage.writer import check_run_name
+
+    if args.env not in ENVS:
+        raise LibraError(f"unknown environment {args.env!r}; environments: {', '.join(ENVS)}")
+    for flag, value in (("--prompts", args.prompts), ("--samples", args.samples), ("--batches", args.batches),
+                        ("--instances", args.instances), ("--max-turns", args.max_turns)):
+        if value < 1:
+            raise LibraError(f"{flag} must be >= 1, got {value}")
+    if args.router not in POLICIES or args.router == "oracle":
+        raise LibraError(f"unknown router {args.router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
+    if args.temperature < 0:
+        raise LibraError(f"--temperature must be >= 0, got {args.temperature}")
+    policy = Path(args.policy)
+    if not (policy / "config.json").exists():
+        raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` first (or pass --policy DIR "
+                         "with an HF-format checkpoint)")
+    run_name = check_run_name(args.run or time.strftime(f"rollout-{args.env}-%Y%m%d-%H%M%S"))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    if args.buckets == "auto":
+        bounds = auto_bounds(args.env, args.instances, tokenizer)
+    else:
+        try:
+            bounds = tuple(int(b) for b in args.buckets.split(","))
+            Buckets(bounds)
+        except ValueError as exc:
+            raise LibraError(f"--buckets {args.buckets!r}: expected 'auto' or increasing token counts B1,B2,...") from exc
+    buckets = Buckets(bounds)
+    engines = make_engines(args.engine, policy, args.instances)
+    try:
+        summary = run_batches(args, config, engines, tokenizer, make_env(args.env),
+                              make_router(args.router, buckets, {}, config.scheduler), run_name)
+    finally:
+        for engine in engines:
+            engine.close()
+    summary["buckets"] = list(bounds)
+    if not args.no_track:
+        summary["mlflow_run_id"] = track(summary, args, config)
+    print(json.dumps(summary) if args.json else render(summary))
+    return 0
+
+
+def make_engines(kind: str, policy: Path, instances: int) -> list:
+    from libra.rollout.engines import make_engine
+
+    return [make_engine(kind, policy, len(cores), cores) for cores in split_cores(instances)]
+
+
+def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, tokenizer, env, router,
+                run_name: str) -> dict[str, Any]:
+    from libra.rollout.agent import rollout
+    from storage.ingest import writer_for
+    from storage.records import rollout_tables
+
+    writer = writer_for(config.store)
+    results = []
+    for batch in range(args.batches):
+        result = rollout(env, env.tasks(args.prompts, seed=args.seed + batch), args.samples, engines, router, tokenizer,
+                         max_turns=args.max_turns, temperature=args.temperature, seed=args.seed * 1000 + batch)
+        trajectories, turns = rollout_tables(run_name, batch, result, model_version=0)
+        writer.write_step("trajectories", run_name, batch, trajectories)
+        writer.write_step("turns", run_name, batch, turns)
+        results.append(result)
+    generated = sum(r.generated_tokens for r in results)
+    wall = sum(r.wall_s for r in results)
+    trajectories = [t for r in results for t in r.trajectories]
+    lengths = sorted(len(t.ids) - t.prompt_tokens for t in trajectories)
+    return {
+        "run": run_name, "env": args.env, "engine": args.engine, "instances": len(engines), "router": args.router,
+        "batches": args.batches, "trajectories": len(trajectories), "generated_tokens": generated,
+        "tokens_per_s": generated / wall if wall > 0 else 0.0, "wall_s": wall,
+        "solved_fraction": sum(t.reward > 0 for t in trajectories) / len(trajectories),
+        "migrations": sum(r.migrations for r in results),
+        "migrated_tokens": sum(t.migrated_tokens for t in trajectories),
+        "turns_mean": sum(len(t.turns) for t in trajectories) / len(trajectories),
+        "length_p50": lengths[len(lengths) // 2], "length_p90": lengths[min(len(lengths) - 1, int(0.9 * len(lengths)))],
+        "makespan_s": [r.wall_s for r in results],
+    }
+
+
+def render(s: dict[str, Any]) -> str:
+    return "\n".join([
+        f"{s['env']}: {s['trajectories']} trajectories on {s['instances']} {s['engine']} instance(s), router {s['router']} "
+        f"(buckets {s['buckets']})",
+        f"generated {s['generated_tokens']:,} tokens in {s['wall_s']:.1f} s: {s['tokens_per_s']:.0f} tokens/s",
+        f"solved {s['solved_fraction']:.1%}; {s['turns_mean']:.1f} turns per trajectory; tokens after the prompt "
+        f"p50 {s['length_p50']}, p90 {s['length_p90']}; {s['migrations']} migrations ({s['migrated_tokens']:,} tokens "
+        "re-prefilled)",
+        f"store run {s['run']!r}: libra query --run {s['run']} --named tool_statistics",
+    ])
+
+
+def track(summary: dict[str, Any], args: argparse.Namespace, config: LibraConfig) -> str:
+    from cli.runtime import prepare_runtime
+
+    prepare_runtime(config)
+    import mlflow
+
+    from tasks.tracking_tasks import ensure_experiment
+
+    experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-rollout", config.tracking.artifact_root)
+    with mlflow.start_run(experiment_id=experiment, run_name=summary["run"]) as run:
+        mlflow.log_params({k: summary[k] for k in ("env", "engine", "instances", "router", "batches")}
+                          | {"prompts": args.prompts, "samples": args.samples, "buckets": summary["buckets"]})
+        mlflow.log_metrics({k: float(summary[k]) for k in ("tokens_per_s", "solved_fraction", "migrations",
+                                                              "migrated_tokens", "generated_tokens", "wall_s")})
+        return run.info.run_id

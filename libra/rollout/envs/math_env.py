@@ -1,0 +1,64 @@
+"""`math`: word problems solved with a python tool; the reward is the exact integer answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from libra.rollout.envs.base import Task, rng_for
+from libra.rollout.sandbox import SandboxLimits, run_python
+
+TEMPLATES = [
+    ("{n} has {a} marbles and buys {b} bags of {c} marbles. How many marbles does {n} have now?", "{a} + {b} * {c}"),
+    ("A tank holds {a} liters. {b} liters leak out every hour for {c} hours. How many liters are left?", "{a} - {b} * {c}"),
+    ("{a} students are split into teams of {b}. How many full teams are there?", "{a} // {b}"),
+    ("What is {a} times {b} plus {c}?", "{a} * {b} + {c}"),
+    ("{n} reads {b} pages a day for {c} days, then {a} more pages. How many pages did {n} read?", "{b} * {c} + {a}"),
+    ("A box has {a} pens. {n} gives away {b} pens to each of {c} friends. How many pens are left?", "{a} - {b} * {c}"),
+]
+NAMES = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jon"]
+
+
+class MathEnv:
+    name = "math"
+    tools = ("python",)
+    instructions = ("Solve the problem. Compute with <tool>python: CODE</tool> (print the result), then reply "
+                    "<answer>NUMBER</answer>.")
+
+    def __init__(self, limits: SandboxLimits | None = None) -> None:
+        self.limits = limits or SandboxLimits(timeout_s=3.0, cpu_s=2)
+
+    def tasks(self, count: int, seed: int) -> list[Task]:
+        out = []
+        for i in range(count):
+            r = rng_for(seed, i, "math")
+            template, expression = TEMPLATES[r.randrange(len(TEMPLATES))]
+            b, c = r.randint(2, 9), r.randint(2, 9)
+            a = r.randint(b * c + 1, b * c + 90)
+            values = {"a": a, "b": b, "c": c, "n": r.choice(NAMES)}
+            expr = expression.format(**values)
+            out.append(Task("math", f"math-{seed}-{i}", template.format(**values), str(eval(expr)),  # noqa: S307 - our own template
+                            {"expression": expr}))
+        return out
+
+    def open(self, task: Task, workdir: Path) -> _Episode:
+        return _Episode(task, workdir, self.limits)
+
+    def expert(self, task: Task) -> Callable[[str], str]:
+        def next_turn(transcript: str) -> str:
+            if "<obs>" not in transcript:
+                return f"<tool>python: print({task.data['expression']})</tool>"
+            return f"<answer>{transcript.rsplit('<obs>', 1)[1].split('</obs>')[0].strip()}</answer>"
+        return next_turn
+
+
+class _Episode:
+    def __init__(self, task: Task, workdir: Path, limits: SandboxLimits) -> None:
+        self.task, self.workdir, self.limits = task, workdir, limits
+
+    def call(self, name: str, argument: str) -> tuple[str, str]:
+        result = run_python(argument, self.workdir, self.limits)
+        return result.output or "(no output: print the result)", result.status
+
+    def reward(self, answer: str) -> float:
+        return 1.0 if answer.strip() == self.task.answer else 0.0

@@ -1,0 +1,132 @@
+"""`repo`: a tiny Python repository with one injected bug and a failing test. Tools read a file,
+replace one line, and run the tests in the sandbox; the reward is 1 when the tests pass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from libra.rollout.envs.base import Task, rng_for
+from libra.rollout.sandbox import SandboxLimits, run_python
+
+# name -> (correct body line, buggy body lines, (args, expected) cases)
+FUNCTIONS = {
+    "add": ("return a + b", ["return a - b", "return a + b + 1"], [((2, 3), 5), ((10, 4), 14)]),
+    "sub": ("return a - b", ["return a + b", "return b - a"], [((7, 3), 4), ((10, 4), 6)]),
+    "mul": ("return a * b", ["return a + b", "return a * a"], [((3, 4), 12), ((5, 6), 30)]),
+    "biggest": ("return max(a, b)", ["return min(a, b)"], [((3, 9), 9), ((8, 2), 8)]),
+    "half": ("return a // 2", ["return a // 3", "return a * 2"], [((10,), 5), ((7,), 3)]),
+    "square": ("return a * a", ["return a + a", "return a * 2"], [((3,), 9), ((5,), 25)]),
+}
+RUN_TESTS = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location('test_module', 'test_code.py')
+tests = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tests)
+names = sorted(n for n in dir(tests) if n.startswith('test_'))
+failed = []
+for n in names:
+    try:
+        getattr(tests, n)()
+    except Exception as e:
+        failed.append(f"FAIL {n}: {e}")
+print("\\n".join(failed) if failed else f"all {len(names)} tests passed")
+sys.exit(1 if failed else 0)
+"""
+
+
+def _source(functions: dict[str, str]) -> str:
+    lines = []
+    for name, body in functions.items():
+        args = "a" if len(FUNCTIONS[name][2][0][0]) == 1 else "a, b"
+        lines += [f"def {name}({args}):", f"    {body}", ""]
+    return "\n".join(lines)
+
+
+def _tests(names: list[str]) -> str:
+    lines = ["import importlib.util",
+             "spec = importlib.util.spec_from_file_location('code_module', 'code.py')",
+             "m = importlib.util.module_from_spec(spec)", "spec.loader.exec_module(m)", ""]
+    for name in names:
+        lines.append(f"def test_{name}():")
+        for args, want in FUNCTIONS[name][2]:
+            call = f"m.{name}({', '.join(map(str, args))})"
+            lines.append(f"    got = {call}")
+            lines.append(f"    assert got == {want}, f'{call} returned {{got}}, expected {want}'")
+        lines.append("")
+    return "\n".join(lines)
+
+
+class RepoEnv:
+    name = "repo"
+    tools = ("test", "read", "edit")
+    instructions = ("Fix the bug so the tests pass. Run the tests with <tool>test: all</tool>, read a file with "
+                    "<tool>read: FILE</tool>, replace line N with <tool>edit: FILE N: NEW LINE</tool>; when the "
+                    "tests pass reply <answer>done</answer>.")
+
+    def __init__(self, limits: SandboxLimits | None = None) -> None:
+        self.limits = limits or SandboxLimits(timeout_s=5.0, cpu_s=3)
+
+    def tasks(self, count: int, seed: int) -> list[Task]:
+        out = []
+        for i in range(count):
+            r = rng_for(seed, i, "repo")
+            names = r.sample(sorted(FUNCTIONS), 3)
+            buggy = r.choice(names)
+            bodies = {n: FUNCTIONS[n][0] for n in names}
+            bodies[buggy] = r.choice(FUNCTIONS[buggy][1])
+            line = 3 * names.index(buggy) + 2
+            out.append(Task("repo", f"repo-{seed}-{i}", f"The test for {buggy} fails in code.py.", "done",
+                            {"code": _source(bodies), "tests": _tests(names), "line": line,
+                             "fix": f"    {FUNCTIONS[buggy][0]}"}))
+        return out
+
+    def open(self, task: Task, workdir: Path) -> _Episode:
+        (workdir / "code.py").write_text(task.data["code"])
+        (workdir / "test_code.py").write_text(task.data["tests"])
+        return _Episode(workdir, self.limits)
+
+    def expert(self, task: Task) -> Callable[[str], str]:
+        steps = ["<tool>test: all</tool>", "<tool>read: code.py</tool>",
+                 f"<tool>edit: code.py {task.data['line']}: {task.data['fix']}</tool>", "<tool>test: all</tool>",
+                 "<answer>done</answer>"]
+
+        def next_turn(transcript: str) -> str:
+            return steps[min(transcript.count("<obs"), len(steps) - 1)]
+        return next_turn
+
+
+class _Episode:
+    FILES = ("code.py", "test_code.py")
+
+    def __init__(self, workdir: Path, limits: SandboxLimits) -> None:
+        self.workdir, self.limits = workdir, limits
+
+    def _tests(self) -> tuple[str, str]:
+        result = run_python(RUN_TESTS, self.workdir, self.limits)
+        return result.output, "ok" if result.status in ("ok", "error") and result.exit_code in (0, 1) else result.status
+
+    def call(self, name: str, argument: str) -> tuple[str, str]:
+        if name == "test":
+            return self._tests()
+        if name == "read":
+            file = argument.strip()
+            if file not in self.FILES:
+                return f"no such file {file!r}; files: {', '.join(self.FILES)}", "error"
+            lines = (self.workdir / file).read_text().splitlines()
+            return "\n".join(f"{i + 1}: {line}" for i, line in enumerate(lines)), "ok"
+        target, _, new = argument.partition(":")  # edit: FILE N: NEW LINE
+        parts = target.split()
+        if len(parts) != 2 or parts[0] != "code.py" or not parts[1].isdigit() or not _:
+            return "edit expects: code.py N: NEW LINE (only code.py may change)", "error"
+        lines = (self.workdir / "code.py").read_text().splitlines()
+        n = int(parts[1])
+        if not 1 <= n <= len(lines):
+            return f"line {n} is out of range 1..{len(lines)}", "error"
+        lines[n - 1] = new[1:] if new.startswith(" ") else new
+        (self.workdir / "code.py").write_text("\n".join(lines) + "\n")
+        return f"line {n} is now: {lines[n - 1]}", "ok"
+
+    def reward(self, answer: str) -> float:
+        output, _ = self._tests()
+        return 1.0 if output.startswith("all ") else 0.0

@@ -1,0 +1,151 @@
+"""A local policy that really generates: a small Qwen2-architecture causal LM in HF format, with a
+byte-level BPE tokenizer trained on the environments' text, warm-started by supervised training on
+the scripted experts' demonstrations (loss on the model's own turns only, not on prompts or tool
+outputs).
+
+    libra policy init --out DIR      # a few minutes on a 2-core CPU; reused when DIR already holds it
+
+The head size is 64 (vLLM's CPU attention supports it); any HF-format checkpoint can be used in its
+place on a real cluster. `DIR/libra_policy.json` records how the policy was built; a directory whose
+record matches the requested settings is reused as is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from libra.errors import LibraError
+from libra.rollout.envs import ENVS, demonstration, make_env
+from libra.rollout.protocol import SPECIAL
+
+PAD, EOS = "<|pad|>", "<|eos|>"
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    envs: tuple[str, ...] = ENVS
+    demos_per_env: int = 400
+    vocab_size: int = 1536
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 4  # head size = hidden / heads = 64
+    intermediate: int = 768
+    max_positions: int = 2048
+    steps: int = 600
+    batch: int = 16
+    lr: float = 2e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [e for e in self.envs if e not in ENVS]
+        if unknown or not self.envs:
+            raise LibraError(f"unknown environments {unknown or '(none)'}; environments: {', '.join(ENVS)}")
+        if self.hidden % self.heads or self.hidden // self.heads not in (32, 64, 80, 96, 112, 128):
+            raise LibraError(f"hidden {self.hidden} / heads {self.heads} must be a head size vLLM's CPU attention "
+                             "supports (32, 64, 80, 96, 112, 128)")
+
+
+def demonstrations(settings: PolicySettings) -> list[tuple[str, list[tuple[int, int]]]]:
+    demos = []
+    for name in settings.envs:
+        env = make_env(name)
+        for task in env.tasks(settings.demos_per_env, seed=10_000 + settings.seed):  # train seeds; evaluation uses others
+            with tempfile.TemporaryDirectory(prefix="libra-demo-") as workdir:
+                demos.append(demonstration(env, task, Path(workdir)))
+    random.Random(settings.seed).shuffle(demos)
+    return demos
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, *SPECIAL],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, bos_token=None)
+    fast.add_special_tokens({"additional_special_tokens": list(SPECIAL)})
+    return fast
+
+
+def build_model(settings: PolicySettings, vocab: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=vocab, hidden_size=settings.hidden, num_hidden_layers=settings.layers,
+                         num_attention_heads=settings.heads, num_key_value_heads=settings.heads,
+                         intermediate_size=settings.intermediate, max_position_embeddings=settings.max_positions,
+                         tie_word_embeddings=True, torch_dtype="float32", rope_theta=10000.0,
+                         bos_token_id=None, eos_token_id=1, pad_token_id=0)
+    torch.manual_seed(settings.seed)
+    return Qwen2ForCausalLM(config)
+
+
+def encode(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Token ids of the transcript (plus EOS) and labels (-100 outside the model's own turns)."""
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    labels = []
+    for token, (start, end) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
+        inside = any(s <= start and end <= e for s, e in spans)
+        labels.append(token if inside else -100)
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    return enc["input_ids"] + [eos], labels + [eos]
+
+
+def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), log=print) -> dict:
+    """Build (or reuse) the policy in `out`; returns its record."""
+    out = Path(out)
+    record_path = out / "libra_policy.json"
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+        if record.get("settings") == json.loads(json.dumps(asdict(settings))):
+            log(f"policy in {out} is up to date (built in {record['train_s']:.0f} s, final loss {record['final_loss']:.3f})")
+            return record
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    began = time.perf_counter()
+    demos = demonstrations(settings)
+    tokenizer = train_tokenizer([text for text, _ in demos], settings.vocab_size)
+    examples = [encode(tokenizer, text, spans) for text, spans in demos]
+    longest = max(len(ids) for ids, _ in examples)
+    if longest > settings.max_positions:
+        raise LibraError(f"a demonstration has {longest} tokens, more than max_positions {settings.max_positions}")
+    model = build_model(settings, len(tokenizer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
+    rng = random.Random(settings.seed)
+    losses = []
+    model.train()
+    for step in range(settings.steps):
+        lr = settings.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / settings.steps))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = rng.sample(examples, settings.batch)
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([i + [0] * (width - len(i)) for i, _ in batch])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+        mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if step % 100 == 0 or step == settings.steps - 1:
+            log(f"step {step:5d}  loss {sum(losses[-50:]) / len(losses[-50:]):.4f}  ({time.perf_counter() - began:.0f} s)")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    record = {"settings": json.loads(json.dumps(asdict(settings))), "parameters": sum(p.numel() for p in model.parameters()),
+              "demonstrations": len(demos), "longest_tokens": longest, "train_s": time.perf_counter() - began,
+              "final_loss": sum(losses[-50:]) / len(losses[-50:])}
+    record_path.write_text(json.dumps(record, indent=2))
+    return record

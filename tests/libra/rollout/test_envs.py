@@ -1,0 +1,54 @@
+"""Every environment: deterministic tasks, an expert that solves them with real tool outputs, and
+tools that answer bad calls with errors instead of failing."""
+
+import pytest
+
+from libra.rollout.envs import ENVS, demonstration, make_env
+from libra.rollout.envs.search_env import BM25
+
+
+@pytest.mark.parametrize("name", ENVS)
+def test_the_expert_solves_every_task_with_real_tools(name, tmp_path):
+    env = make_env(name)
+    tasks = env.tasks(6, seed=3)
+    assert [t.task_id for t in tasks] == [f"{name}-3-{i}" for i in range(6)]
+    assert env.tasks(6, seed=3) == tasks and env.tasks(6, seed=4) != tasks
+    for i, task in enumerate(tasks):
+        workdir = tmp_path / str(i)
+        workdir.mkdir()
+        text, spans = demonstration(env, task, workdir)
+        answer = text.rsplit("<answer>", 1)[1].split("</answer>")[0]
+        assert env.open(task, workdir).reward(answer) == 1.0 if name != "repo" else True
+        assert all(text[s:e].startswith(("<tool>", "<answer>")) for s, e in spans)
+    if name == "repo":  # the expert's repository passes its tests after the fix
+        assert "all 3 tests passed" in text
+
+
+def test_math_answers_are_checked_exactly(tmp_path):
+    env = make_env("math")
+    task = env.tasks(1, seed=0)[0]
+    episode = env.open(task, tmp_path)
+    assert episode.reward(task.answer) == 1.0 and episode.reward(task.answer + "0") == 0.0
+    assert episode.call("python", "print(6 * 7)") == ("42", "ok")
+    output, status = episode.call("python", "1/0")
+    assert status == "error" and "ZeroDivisionError" in output
+
+
+def test_repo_tools_refuse_bad_calls(tmp_path):
+    env = make_env("repo")
+    task = env.tasks(1, seed=0)[0]
+    episode = env.open(task, tmp_path)
+    assert episode.call("read", "../etc/passwd")[1] == "error"
+    assert episode.call("edit", "test_code.py 1: pass") == ("edit expects: code.py N: NEW LINE (only code.py may change)",
+                                                            "error")
+    assert episode.call("edit", "code.py 99: pass")[0].startswith("line 99 is out of range")
+    assert episode.reward("done") == 0.0  # the bug is still there
+    episode.call("edit", f"code.py {task.data['line']}: {task.data['fix']}")
+    assert episode.reward("done") == 1.0
+
+
+def test_bm25_ranks_the_matching_document_first():
+    index = BM25(["the cat sat", "a dog ran far", "cats and dogs"])
+    assert index.search("dog ran", 2) == [1]  # no stemming: "dogs" is another word
+    assert index.search("cats dog", 3) == [2, 1]  # equal matches: the shorter document first
+    assert index.search("zebra", 2) == []

@@ -1,0 +1,67 @@
+"""Each escape attempt is stopped and reported, and the next call works."""
+
+import pytest
+
+from libra.rollout.sandbox import SandboxLimits, run_python
+
+FAST = SandboxLimits(timeout_s=3.0, cpu_s=2, memory_bytes=256 * 2**20)
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    d = tmp_path / "work"
+    d.mkdir()
+    return d
+
+
+def test_plain_code_runs_and_returns_its_output(workdir):
+    result = run_python("print(sum(range(10)))", workdir, FAST)
+    assert (result.status, result.exit_code, result.output) == ("ok", 0, "45")
+
+
+def test_an_infinite_loop_is_killed(workdir):
+    result = run_python("while True:\n    pass", workdir, FAST)
+    assert result.status == "timeout" and result.seconds < 5
+    assert run_python("print('next')", workdir, FAST).output == "next"
+
+
+def test_a_fork_bomb_is_refused(workdir):
+    result = run_python("import os\nwhile True:\n    os.fork()", workdir, FAST)
+    assert result.status == "error" and "starting processes is not allowed" in result.stderr
+
+
+def test_a_subprocess_is_refused(workdir):
+    result = run_python("import subprocess\nsubprocess.run(['ls', '/'])", workdir, FAST)
+    assert result.status == "error" and "starting processes is not allowed" in result.stderr
+
+
+def test_a_10_gb_allocation_fails(workdir):
+    result = run_python("x = bytearray(10 * 2**30)\nprint('allocated')", workdir, FAST)
+    assert result.status == "error" and "MemoryError" in result.stderr and "allocated" not in result.stdout
+
+
+def test_the_network_is_unreachable(workdir):
+    code = "import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))\nprint('connected')"
+    result = run_python(code, workdir, FAST)
+    assert result.status == "error" and "connected" not in result.stdout
+    assert "network access is not allowed" in result.stderr
+    assert result.isolation in ("netns", "userns+netns", "audit-hook")
+
+
+def test_writes_outside_the_directory_are_refused(workdir, tmp_path):
+    outside = tmp_path / "outside.txt"
+    result = run_python(f"open({str(outside)!r}, 'w').write('x')", workdir, FAST)
+    assert result.status == "error" and "outside the working directory" in result.stderr
+    assert not outside.exists()
+    inside = run_python("open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())", workdir, FAST)
+    assert inside.output == "ok" and (workdir / "inside.txt").read_text() == "ok"
+
+
+def test_output_is_capped(workdir):
+    result = run_python("print('x' * 100000)", workdir, SandboxLimits(max_output_bytes=1000))
+    assert result.truncated and len(result.stdout) == 1000
+
+
+def test_native_escapes_are_refused(workdir):
+    result = run_python("import ctypes\nctypes.CDLL(None).system(b'echo hi')", workdir, FAST)
+    assert result.status == "error" and "native libraries" in result.stderr
