@@ -43,6 +43,7 @@ class PolicySettings:
     batch: int = 16
     lr: float = 2e-3
     seed: int = 0
+    tokenizer: str = "bpe-digits"  # recorded so a policy built with another tokenizer is rebuilt
 
     def __post_init__(self) -> None:
         unknown = [e for e in self.envs if e not in ENVS]
@@ -69,7 +70,10 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # digits are single tokens wherever they stand, so copying a number from the question or a tool
+    # output into a call or an answer is copying the same tokens
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                  pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, *SPECIAL],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -75,8 +75,9 @@ def test_vllm_weights_update_in_place_and_match_transformers(vllm_engine, policy
     shutil.copytree(policy_dir, changed)
     weights = changed / "model.safetensors"
     state = load_file(weights)
-    torch.manual_seed(0)
-    state = {k: v + 0.05 * torch.randn_like(v) if v.dim() == 2 else v for k, v in state.items()}
+    # silence every block's output projections: the model becomes embedding -> norm -> head, whose
+    # greedy choices have wide margins (no near-ties for two kernels to break differently)
+    state = {k: torch.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v for k, v in state.items()}
     save_file(state, weights, metadata={"format": "pt"})
     tokenizer = HFEngine(changed).tokenizer
     ids = tokenizer("Fix the bug so the tests pass.", add_special_tokens=False)["input_ids"]
