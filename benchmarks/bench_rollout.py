@@ -40,7 +40,7 @@ def efficiency(policy: Path, env_name: str, prompts: int, samples: int) -> dict:
     loop_tps = loop.generated_tokens / loop.wall_s
     raw_tps = raw_tokens / raw[0].seconds
     return {"env": env_name, "trajectories": len(loop.trajectories), "loop_tokens": loop.generated_tokens,
-            "loop_s": loop.wall_s, "loop_generate_s": loop.generate_s, "rounds": loop.rounds,
+            "loop_s": loop.wall_s, "loop_generate_s": loop.generate_s, "engine_steps": loop.engine_steps,
             "loop_tokens_per_s": loop_tps, "raw_tokens": raw_tokens, "raw_s": raw[0].seconds,
             "raw_tokens_per_s": raw_tps, "efficiency": loop_tps / raw_tps, "solved_fraction": loop.solved_fraction}
 
@@ -58,7 +58,7 @@ def routing(policy: Path, prompts: int, samples: int) -> dict:
         if name == "libra":  # one earlier step of the same prompts: the tree has seen them
             rollout(env, tasks, samples, engines, router, tokenizer, temperature=1.0, seed=11)
         result = rollout(env, tasks, samples, engines, router, tokenizer, temperature=1.0, seed=12)
-        out[name] = {"makespan_s": result.wall_s, "rounds": result.rounds, "generated_tokens": result.generated_tokens,
+        out[name] = {"makespan_s": result.wall_s, "engine_steps": result.engine_steps, "generated_tokens": result.generated_tokens,
                      "migrations": result.migrations, "solved_fraction": result.solved_fraction}
     for engine in engines:
         engine.close()
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [efficiency(policy, name, args.prompts, args.samples) for name in ("search", "math")]
     for r in rows:
         print(f"{r['env']}: agent loop {r['loop_tokens_per_s']:.0f} tokens/s ({r['trajectories']} trajectories, "
-              f"{r['rounds']} rounds), raw generate {r['raw_tokens_per_s']:.0f} tokens/s: efficiency {r['efficiency']:.2f}",
+              f"{r['engine_steps']} engine steps), raw generate {r['raw_tokens_per_s']:.0f} tokens/s: efficiency {r['efficiency']:.2f}",
               flush=True)
     route = routing(policy, args.prompts, args.samples)
     print(f"repo, 2 instances: makespan least-load {route['least-load']['makespan_s']:.1f} s, libra "

@@ -138,11 +138,11 @@ def rollout_section(result: dict) -> list[str]:
         "agent loop's generated tokens/s over raw `generate` tokens/s of the same engine, prompts and tokens per "
         "sequence, in the same run (goal >= 0.7).",
         "",
-        "| environment | agent loop tokens/s | rounds | raw generate tokens/s | efficiency | solved |",
+        "| environment | agent loop tokens/s | engine steps | raw generate tokens/s | efficiency | solved |",
         "|---|---|---|---|---|---|",
     ]
     for r in result["efficiency"]:
-        lines.append(f"| {r['env']} | {r['loop_tokens_per_s']:.0f} | {r['rounds']} | {r['raw_tokens_per_s']:.0f} | "
+        lines.append(f"| {r['env']} | {r['loop_tokens_per_s']:.0f} | {r['engine_steps']} | {r['raw_tokens_per_s']:.0f} | "
                      f"{r['efficiency']:.2f} | {r['solved_fraction']:.0%} |")
     route = result["routing"]
     lines += ["", f"Routing a repo batch on two vLLM instances (one core each): makespan least-load "

@@ -1,10 +1,11 @@
 """The agent loop: generate until a tool call or the answer, run the tool, append the observation,
 and before the next turn ask the router which instance bucket continues the trajectory.
 
-One `rollout` call runs a batch (tasks x samples) over several engine instances. Each round, every
-instance generates one turn for all the trajectories routed to it (one batched call; instances run
-side by side in threads), the tools run in a thread pool (sandboxed where they execute code), and
-the router places each trajectory for its next turn. Bucket b runs on instance min(b, instances-1);
+One `rollout` call runs a batch (tasks x samples) over several engine instances. Each instance is
+stepped by its own driver thread with continuous batching: a trajectory's turn joins the instance's
+batch as soon as it is submitted and leaves it when it stops; its tool then runs in a thread pool
+(sandboxed where it executes code), the router places the trajectory for its next turn, and that
+turn is submitted at once, without waiting for other trajectories. Bucket b runs on instance min(b, instances-1);
 a trajectory whose instance changes is re-prefilled there (a migration: its whole context counts
 as migrated tokens). Every turn is recorded with its tokens, tool, payload, status, instance,
 bucket, latencies and model version; at the end the router learns from the finished trajectories
@@ -13,7 +14,9 @@ bucket, latencies and model version; at the end the router learns from the finis
 
 from __future__ import annotations
 
+import queue
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -73,8 +76,8 @@ class TrajectoryRun:
 class RolloutResult:
     trajectories: list[TrajectoryRun]
     wall_s: float
-    generate_s: float  # summed over instances' batched calls
-    rounds: int
+    generate_s: float  # time the instances spent stepping, summed over instances
+    engine_steps: int  # engine steps (vLLM) or batched generate calls (HF), summed over instances
 
     @property
     def generated_tokens(self) -> int:
@@ -92,9 +95,13 @@ class RolloutResult:
 def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Engine], router: Router, tokenizer, *,
             max_turns: int = 8, max_tokens_per_turn: int = 96, max_context: int = 1536, temperature: float = 1.0,
             seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 4) -> RolloutResult:
+    """Continuous: each engine instance has a driver thread that keeps stepping it while requests
+    are queued (requests join and leave its batch between steps); a trajectory's next turn is
+    submitted as soon as its tool returns. All state changes (tools' results, routing, records)
+    happen on the calling thread, in the order events arrive. `seed` seeds the HF engine's sampling."""
     began = time.perf_counter()
     root = Path(workroot or tempfile.mkdtemp(prefix="libra-rollout-"))
-    runs: list[TrajectoryRun] = []
+    runs: dict[str, TrajectoryRun] = {}
     for task in tasks:
         ids = tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"]
         for s in range(samples):
@@ -102,49 +109,87 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             workdir = root / tid.replace("/", "_")
             workdir.mkdir(parents=True, exist_ok=True)
             decision = router.start(tid, task.task_id, len(ids))
-            instance = min(decision.bucket, len(engines) - 1)
-            run = TrajectoryRun(tid, task.task_id, str(s), task, len(ids), list(ids), instance, decision.bucket,
-                                workdir, env.open(task, workdir), started=time.perf_counter())
-            runs.append(run)
-    generate_s, rounds = 0.0, 0
-    with ThreadPoolExecutor(max_workers=max(len(engines), tool_threads)) as pool:
-        while active := [r for r in runs if not r.done]:
-            rounds += 1
-            groups = {i: [r for r in active if r.instance == i] for i in range(len(engines))}
-            futures = {i: pool.submit(engines[i].generate, [r.ids for r in group], max_tokens_per_turn, STOPS,
-                                      temperature, seed + 7919 * rounds)
-                       for i, group in groups.items() if group}
-            outputs = {i: f.result() for i, f in futures.items()}
-            generate_s += sum(gens[0].seconds for gens in outputs.values())
-            steps = []
-            for i, gens in outputs.items():
-                for run, gen in zip(groups[i], gens, strict=True):
-                    steps.append((run, gen))
-            results = list(pool.map(lambda rg: _act(env, rg[0], rg[1]), steps))
-            for (run, gen), (action_kind, tool, obs_text, status, tool_s) in zip(steps, results, strict=True):
+            runs[tid] = TrajectoryRun(tid, task.task_id, str(s), task, len(ids), list(ids),
+                                      min(decision.bucket, len(engines) - 1), decision.bucket, workdir,
+                                      env.open(task, workdir), started=time.perf_counter())
+    events: queue.Queue = queue.Queue()  # ("gen", tid, Generation) | ("tool", tid, result) | ("error", exc)
+    inboxes = [queue.Queue() for _ in engines]
+    stop = threading.Event()
+    busy = [0.0] * len(engines)
+    steps = [0] * len(engines)
+
+    def drive(i: int) -> None:
+        engine = engines[i]
+        try:
+            while not stop.is_set():
+                try:
+                    while True:
+                        engine.submit(*inboxes[i].get(block=not engine.has_work(), timeout=0.05))
+                except queue.Empty:
+                    pass
+                if engine.has_work():
+                    t0 = time.perf_counter()
+                    finished = engine.poll()
+                    busy[i] += time.perf_counter() - t0
+                    steps[i] += 1
+                    for tid, gen in finished:
+                        events.put(("gen", tid, gen))
+        except Exception as exc:  # surface engine failures on the calling thread
+            events.put(("error", "", exc))
+
+    def submit(run: TrajectoryRun) -> None:
+        inboxes[run.instance].put((run.trajectory_id, list(run.ids), max_tokens_per_turn, STOPS, temperature))
+
+    drivers = [threading.Thread(target=drive, args=(i,), daemon=True, name=f"libra-engine-{i}") for i in range(len(engines))]
+    for d in drivers:
+        d.start()
+    for run in runs.values():
+        submit(run)
+    pending_gen: dict[str, object] = {}
+    active = len(runs)
+    try:
+        with ThreadPoolExecutor(max_workers=tool_threads) as tools:
+            while active:
+                kind, tid, payload = events.get()
+                if kind == "error":
+                    raise payload
+                run = runs[tid]
+                if kind == "gen":
+                    pending_gen[tid] = payload
+                    future = tools.submit(_act, env, run, payload)
+                    future.add_done_callback(lambda f, tid=tid: events.put(("tool", tid, f)))
+                    continue
+                gen = pending_gen.pop(tid)
+                action_kind, tool, obs_text, status, tool_s = payload.result()
                 context = len(run.ids)
                 run.ids += gen.token_ids
                 final = action_kind == "answer"
-                payload = [] if final else tokenizer(obs_text, add_special_tokens=False)["input_ids"]
-                run.ids += payload
-                record = TurnRecord(len(run.turns), context, len(gen.token_ids), "none" if final else tool,
-                                    len(payload), "none" if final else status, run.instance, run.bucket,
-                                    bool(run.turns) and run.turns[-1].instance != run.instance,
-                                    gen.seconds, tool_s, gen.finish)
-                run.turns.append(record)
+                obs_ids = [] if final else tokenizer(obs_text, add_special_tokens=False)["input_ids"]
+                run.ids += obs_ids
+                run.turns.append(TurnRecord(len(run.turns), context, len(gen.token_ids), "none" if final else tool,
+                                            len(obs_ids), "none" if final else status, run.instance, run.bucket,
+                                            bool(run.turns) and run.turns[-1].instance != run.instance,
+                                            gen.seconds, tool_s, gen.finish))
                 if final or len(run.turns) >= max_turns or len(run.ids) + max_tokens_per_turn > max_context:
                     run.reward = run.episode.reward(run.answer or "") if final else 0.0
                     run.done, run.finished = True, time.perf_counter()
-                    router.finish(run.trajectory_id)
+                    router.finish(tid)
+                    active -= 1
                     continue
-                decision = router.on_return(run.trajectory_id, ToolReturn(tool, len(payload), status), len(run.ids))
+                decision = router.on_return(tid, ToolReturn(tool, len(obs_ids), status), len(run.ids))
                 run.bucket = decision.bucket
                 instance = min(decision.bucket, len(engines) - 1)
                 if instance != run.instance:
                     run.migrated_tokens += len(run.ids)
                     run.instance = instance
-        router.observe_step([path_of(r) for r in runs], {r.prompt_id: r.prompt_tokens for r in runs})
-    return RolloutResult(runs, time.perf_counter() - began, generate_s, rounds)
+                submit(run)
+    finally:
+        stop.set()
+        for d in drivers:
+            d.join()
+    trajectories = list(runs.values())
+    router.observe_step([path_of(r) for r in trajectories], {r.prompt_id: r.prompt_tokens for r in trajectories})
+    return RolloutResult(trajectories, time.perf_counter() - began, sum(busy), sum(steps))
 
 
 def _act(env: Env, run: TrajectoryRun, gen) -> tuple[str, str, str, str, float]:

