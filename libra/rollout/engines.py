@@ -144,6 +144,7 @@ class VLLMEngine:
                  max_context: int = 2048, kv_cache_gib: int = 1) -> None:
         """`cores`: the CPU cores this instance pins its worker to (on CPU machines); `size` of them."""
         os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(".libra/vllm-cache").resolve()))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # set it to INFO to see the engine's start-up
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         if cores is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
