@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,34 @@ def record_store(runs: dict, run: str, store: StoreConfig) -> None:
                               "train_tp": c.tp, "train_pp": c.pp, "train_dp": c.dp, "train_ep": c.ep,
                               "micro_batch": c.micro_batch, "switch_cost_s": s.switch_cost_s,
                               "rollout_instances": json.dumps([{"tp": tp, "count": n} for tp, n in s.instances])})
-            for i, (at, event, gpus) in enumerate(s.hybrid_events):
-                before, after = ("rollout", "leaving") if event == "leave_rollout" else ("joining", "training")
-                events.append({"step": s.step, "time_s": clock + at, "worker_id": f"{name}/hybrid-{i}", "gpus": gpus,
-                               "from_state": before, "to_state": after, "event": event, "detail": name})
+            events += [asdict(e) for e in hybrid_lifecycle(name, s, clock)]
             clock += s.step_s
     writer = writer_for(store)
     for table, rows in (("steps", steps), ("plans", plans), ("pool_events", events)):
         if rows:
             writer.write_run(table, run, pa.Table.from_pylist(rows))
+
+
+def hybrid_lifecycle(policy: str, step, start_s: float) -> list:
+    """A simulated step's hybrids through the pool's lifecycle table (`libra.pools.states`): each
+    leaves the rollout for its tail (join requested), is activated when its snapshot fetch is done,
+    and is released at the end of the step; one whose fetch outlasts the training is cancelled."""
+    from libra.pools.states import PoolEvent, Role, State, Worker
+
+    released = sorted((at, gpus) for at, event, gpus in step.hybrid_events if event == "leave_rollout")
+    joined = sorted(at for at, event, _ in step.hybrid_events if event == "join_training")
+    out: list[PoolEvent] = []
+    for i, (left, gpus) in enumerate(released):
+        times = iter([left] + ([joined[i]] if i < len(joined) else []) + [step.step_s, step.step_s])
+        worker = Worker(f"{policy}/hybrid-{i}", Role.HYBRID, gpus, out.append, lambda times=times: start_s + next(times))
+        worker.move(State.JOINING, "join_requested", step.step, "left the rollout's tail")
+        if i < len(joined):
+            worker.move(State.TRAINING, "activated", step.step, "snapshot fetched")
+            worker.move(State.LEAVING, "leave_requested", step.step, "step done")
+            worker.move(State.ROLLOUT, "released", step.step)
+        else:
+            worker.move(State.ROLLOUT, "cancelled", step.step, "training finished before the fetch")
+    return out
 
 
 def plot_runs(runs: dict, out_dir: Path) -> list[Path]:
