@@ -52,7 +52,20 @@ class Engine(Protocol):
         """Load the weights saved in `checkpoint` (HF format) in place; returns seconds taken."""
         ...
 
+    def update_state_dict(self, state: dict) -> float:
+        """Take new weights from a trainer's state dict (HF parameter names) in place."""
+        ...
+
     def close(self) -> None: ...
+
+
+def _state_dict_checkpoint(state: dict, directory: Path) -> Path:
+    """Write a state dict as a safetensors checkpoint (the form vLLM reloads from)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, directory / "model.safetensors",
+              metadata={"format": "pt"})
+    return directory
 
 
 class HFEngine:
@@ -130,6 +143,14 @@ class HFEngine:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if "lm_head" not in m]:
             raise ValueError(f"checkpoint {checkpoint} does not fit the model: missing {missing}, unexpected {unexpected}")
+        self.model.tie_weights()
+        return time.perf_counter() - began
+
+    def update_state_dict(self, state: dict) -> float:
+        began = time.perf_counter()
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected or [m for m in missing if "lm_head" not in m]:
+            raise ValueError(f"state dict does not fit the model: missing {missing}, unexpected {unexpected}")
         self.model.tie_weights()
         return time.perf_counter() - began
 
@@ -212,6 +233,14 @@ class VLLMEngine:
                 if attempt:
                     raise
         self.llm.reset_prefix_cache()
+        return time.perf_counter() - began
+
+    def update_state_dict(self, state: dict) -> float:
+        import tempfile
+
+        began = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="libra-weights-") as directory:
+            self.update_weights(_state_dict_checkpoint(state, Path(directory)))
         return time.perf_counter() - began
 
     def close(self) -> None:

@@ -98,4 +98,9 @@ def test_vllm_weights_update_in_place_and_match_transformers(vllm_engine, policy
     reference = HFEngine(changed).generate([ids], 24, ["</tool>"], temperature=0.0)[0]
     assert after.token_ids == reference.token_ids
     assert after.token_ids != before.token_ids
+    # the same from a trainer's state dict (no checkpoint directory of our own)
+    vllm_engine.update_weights(policy_dir)
+    assert vllm_engine.generate([ids], 24, ["</tool>"], temperature=0.0)[0].token_ids == before.token_ids
+    vllm_engine.update_state_dict(state)
+    assert vllm_engine.generate([ids], 24, ["</tool>"], temperature=0.0)[0].token_ids == reference.token_ids
     vllm_engine.update_weights(policy_dir)  # back, for the other tests
