@@ -162,8 +162,11 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, model_dir: str | Path, size: int = 1, cores: Sequence[int] | None = None,
-                 max_context: int = 2048, kv_cache_gib: int = 1) -> None:
-        """`cores`: the CPU cores this instance pins its worker to (on CPU machines); `size` of them."""
+                 max_context: int = 2048, kv_cache_gib: int = 1, block_size: int = 32) -> None:
+        """`cores`: the CPU cores this instance pins its worker to (on CPU machines); `size` of them.
+        `block_size`: KV-cache block in tokens; prefix caching reuses whole blocks only, so small
+        blocks let each turn of a multi-turn trajectory reuse its earlier context (vLLM-CPU's
+        attention needs a multiple of 32; its default, 128, leaves short contexts uncached)."""
         os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(".libra/vllm-cache").resolve()))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # set it to INFO to see the engine's start-up
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
@@ -174,7 +177,7 @@ class VLLMEngine:
         self.size = size
         self.max_context = max_context
         self.llm = LLM(model=str(model_dir), dtype="float32", max_model_len=max_context, enforce_eager=True,
-                       seed=0, enable_prefix_caching=True)
+                       seed=0, enable_prefix_caching=True, block_size=block_size)
         self.submitted: dict[str, float] = {}
 
     def _params(self, prompt: Sequence[int], max_tokens: int, stop: Sequence[str], temperature: float):
