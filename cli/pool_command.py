@@ -57,9 +57,9 @@ def parse_schedule(text: str, hybrids: int) -> dict[int, int]:
 
 def parse_kills(items: list[str], hybrids: int) -> list[tuple[str, int]]:
     kills = []
+    names = {f"hybrid-{i}" for i in range(hybrids)}
     for item in items:
         worker, _, step = item.partition("@")
-        names = {f"hybrid-{i}" for i in range(hybrids)}
         if worker not in names or not step.isdigit():
             raise LibraError(f"--kill {item!r}: expected HYBRID@STEP with HYBRID one of {', '.join(sorted(names))}")
         kills.append((worker, int(step)))

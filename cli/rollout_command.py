@@ -121,14 +121,12 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(policy)
     if args.buckets == "auto":
-        bounds = auto_bounds(args.env, args.instances, tokenizer)
+        buckets = Buckets(auto_bounds(args.env, args.instances, tokenizer))
     else:
         try:
-            bounds = tuple(int(b) for b in args.buckets.split(","))
-            Buckets(bounds)
+            buckets = Buckets(tuple(int(b) for b in args.buckets.split(",")))
         except ValueError as exc:
             raise LibraError(f"--buckets {args.buckets!r}: expected 'auto' or increasing token counts B1,B2,...") from exc
-    buckets = Buckets(bounds)
     engines = make_engines(args.engine, policy, args.instances)
     try:
         summary = run_batches(args, config, engines, tokenizer, make_env(args.env),
@@ -136,7 +134,7 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
     finally:
         for engine in engines:
             engine.close()
-    summary["buckets"] = list(bounds)
+    summary["buckets"] = list(buckets.bounds)
     if not args.no_track:
         summary["mlflow_run_id"] = track(summary, args, config)
     print(json.dumps(summary) if args.json else render(summary))
@@ -152,6 +150,7 @@ def make_engines(kind: str, policy: Path, instances: int) -> list:
 def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, tokenizer, env, router,
                 run_name: str) -> dict[str, Any]:
     from libra.rollout.agent import rollout
+    from libra.scheduler.metrics import quantile
     from storage.ingest import writer_for
     from storage.records import rollout_tables
 
@@ -176,7 +175,7 @@ def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, to
         "migrations": sum(r.migrations for r in results),
         "migrated_tokens": sum(t.migrated_tokens for t in trajectories),
         "turns_mean": sum(len(t.turns) for t in trajectories) / len(trajectories),
-        "length_p50": lengths[len(lengths) // 2], "length_p90": lengths[min(len(lengths) - 1, int(0.9 * len(lengths)))],
+        "length_p50": quantile(lengths, 0.5), "length_p90": quantile(lengths, 0.9),
         "makespan_s": [r.wall_s for r in results],
     }
 

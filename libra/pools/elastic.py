@@ -105,6 +105,12 @@ def _payload(task: TrainTask, model: nn.Module, step: int, shard: range | None) 
     return torch.cat(grads + [torch.tensor([float(len(shard))], dtype=dtype)])
 
 
+def _step_payload(task: TrainTask, model: nn.Module, step: int, active: list[str], me: str) -> torch.Tensor:
+    """`me`'s payload for `step` when `active` replicas (rank order) share the batch; zeros if `me`
+    is not among them."""
+    return _payload(task, model, step, shards(task.batch_size, active).get(me))
+
+
 def _apply(model: nn.Module, optimizer: torch.optim.Optimizer, update: torch.Tensor) -> None:
     """Load the mean gradient `update` into the parameters' grads and take one optimizer step."""
     offset = 0
@@ -192,7 +198,7 @@ class Leader:
             self._send_snapshot(hid)
         elif kind == "loaded" and state is State.JOINING and hid in self.joins:
             join = self.joins[hid]
-            if not all(t in self.updates for t in range(message["step"], self.step)):
+            if not self._logged_since(message["step"]):
                 self._send_snapshot(hid)  # the log no longer reaches back to it: fetch a newer one
                 return
             if message["what"] == "snapshot":
@@ -233,7 +239,7 @@ class Leader:
             if self._fresh():
                 assert self.snapshot is not None
                 if self.snapshot.written:
-                    self._tell(hid, self.snapshot)
+                    Leader._tell_with(self.control, hid, self.snapshot)
                 else:
                     self.snapshot.waiting.append(hid)
                 return
@@ -254,15 +260,22 @@ class Leader:
     def _fresh(self) -> bool:
         """Whether the last snapshot can serve a new join: recent, and every update since is logged."""
         s = self.snapshot
-        return (s is not None and self.step - s.step <= self.spec.max_catchup_steps // 2
-                and all(t in self.updates for t in range(s.step, self.step)))
+        return s is not None and self.step - s.step <= self.spec.max_catchup_steps // 2 and self._logged_since(s.step)
+
+    def _logged_since(self, step: int) -> bool:
+        """Whether the update of every step from `step` up to now is in the log."""
+        return all(t in self.updates for t in range(step, self.step))
+
+    def _writer_control(self) -> Control:
+        """The writer threads' own store client (clients are not thread-safe); call holding the lock."""
+        if self.writer_control is None:
+            self.writer_control = Control.connect(self.spec.host, self.spec.port)
+        return self.writer_control
 
     def _write(self, snapshot: _Snapshot, packing: threading.Event) -> None:
         self.spec.pin("snapshot-writer")
         with self.lock:
-            if self.writer_control is None:  # the writer threads' own store client (clients are not thread-safe)
-                self.writer_control = Control.connect(self.spec.host, self.spec.port)
-            control = self.writer_control
+            control = self._writer_control()
         try:
             size = snapshots.write(state_of(self.model, self.optimizer), snapshot.path, {"step": snapshot.step}, packing,
                                    durable=False)
@@ -279,9 +292,6 @@ class Leader:
                 Leader._tell_with(control, hid, snapshot)
             snapshot.waiting.clear()
 
-    def _tell(self, hid: str, snapshot: _Snapshot) -> None:
-        Leader._tell_with(self.control, hid, snapshot)
-
     @staticmethod
     def _tell_with(control: Control, hid: str, snapshot: _Snapshot) -> None:
         control.send(hid, {"op": "snapshot", "path": str(snapshot.path), "step": snapshot.step, "bytes": snapshot.bytes})
@@ -296,9 +306,7 @@ class Leader:
         self.spec.pin("snapshot-writer")
         snapshots.write({"updates": updates}, path, {"first": first}, durable=False)  # logged updates are never modified
         with self.lock:
-            if self.writer_control is None:
-                self.writer_control = Control.connect(self.spec.host, self.spec.port)
-            self.writer_control.send(hid, {"op": "replay", "path": str(path)})
+            self._writer_control().send(hid, {"op": "replay", "path": str(path)})
 
     def record_update(self, step: int, update: torch.Tensor) -> None:
         """Keep the step's applied mean gradient while some join may need to replay it."""
@@ -429,6 +437,14 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
     model, optimizer = spec.task.build()
     leader = Leader(control, spec, model, optimizer) if rank == 0 else None
     core = [spec.core_id(r) for r in range(spec.core_ranks)]
+    me = spec.core_id(rank)
+
+    def core_only(step: int) -> torch.Tensor:
+        """The step over the core alone: the full batch shared by the core ranks, summed in the core group."""
+        payload = _step_payload(spec.task, model, step, core, me)
+        dist.all_reduce(payload)
+        return payload
+
     gen, info, group = 0, None, None
     log = []
     clock0 = time.perf_counter() - (time.time() - spec.t0)  # perf_counter reading at the pool's start
@@ -445,8 +461,7 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
             failed = ""
             marks = [time.perf_counter()]
             if len(info["members"]) == len(core):  # core-only: the core group, exactly as without hybrids
-                payload = _payload(spec.task, model, step, shards(spec.task.batch_size, core)[spec.core_id(rank)])
-                dist.all_reduce(payload)
+                payload = core_only(step)
             else:
                 active = core + info["active"]
                 try:
@@ -454,7 +469,7 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
                         group = _group(control, gen, rank, len(info["members"]), spec.group_timeout_s)
                         if leader is not None:
                             leader.catch_up(group, info)
-                    payload = _payload(spec.task, model, step, shards(spec.task.batch_size, active)[spec.core_id(rank)])
+                    payload = _step_payload(spec.task, model, step, active, me)
                     group.allreduce([payload]).wait()
                 except Exception as exc:  # a member died or timed out
                     failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -462,8 +477,7 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 if flag.item() > 0:  # redo the whole step core-only; nothing from the failed attempt counts
                     group, info = None, {"members": core, "active": []}
-                    payload = _payload(spec.task, model, step, shards(spec.task.batch_size, core)[spec.core_id(rank)])
-                    dist.all_reduce(payload)
+                    payload = core_only(step)
                     if leader is not None:
                         leader.on_failure(step, failed or "another core rank saw the failure")
             update = _mean(payload)
@@ -485,7 +499,7 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
             Path(spec.out_dir, "steps.json").write_text(json.dumps(log))
         dist.barrier()  # every core rank is done before any tears its groups down
     except Exception:
-        control.post("errors", {"worker": spec.core_id(rank), "error": traceback.format_exc()})
+        control.post("errors", {"worker": me, "error": traceback.format_exc()})
         raise
     finally:
         dist.destroy_process_group()
@@ -582,8 +596,7 @@ def _member(hid: str, spec: WorkerSpec, control: Control, model: nn.Module, opti
                 if new["members"] != info["members"]:
                     group = _group(control, g, new["members"].index(hid), len(new["members"]), spec.group_timeout_s)
                 gen, info = g, new
-            shard = shards(spec.task.batch_size, core + info["active"]).get(hid)
-            payload = _payload(spec.task, model, step, shard)
+            payload = _step_payload(spec.task, model, step, core + info["active"], hid)
             group.allreduce([payload]).wait()
             _apply(model, optimizer, _mean(payload))
             last, step = step, step + 1

@@ -91,6 +91,7 @@ class ElasticPool:
         self.monitor = _Monitor(states={h: State.ROLLOUT for h in self.hybrid_ids})
         self.lock = threading.Lock()
         self._stop = threading.Event()
+        self._events_offset = self._errors_offset = 0  # read positions in the leader's channels
         self.core: list[mp.process.BaseProcess] = []
 
     # lifecycle --------------------------------------------------------------------------------
@@ -236,8 +237,8 @@ class ElasticPool:
             self._request(action.op, action.worker_id, control)
 
     def _drain(self, control: Control) -> None:
-        events, self._events_offset = control.read("events", getattr(self, "_events_offset", 0))
-        errors, self._errors_offset = control.read("errors", getattr(self, "_errors_offset", 0))
+        events, self._events_offset = control.read("events", self._events_offset)
+        errors, self._errors_offset = control.read("errors", self._errors_offset)
         progress = control.get("progress") if control.has("progress") else -1
         with self.lock:
             self.monitor.progress = progress

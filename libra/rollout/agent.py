@@ -112,7 +112,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             runs[tid] = TrajectoryRun(tid, task.task_id, str(s), task, len(ids), list(ids),
                                       min(decision.bucket, len(engines) - 1), decision.bucket, workdir,
                                       env.open(task, workdir), started=time.perf_counter())
-    events: queue.Queue = queue.Queue()  # ("gen", tid, Generation) | ("tool", tid, result) | ("error", exc)
+    events: queue.Queue = queue.Queue()  # ("gen", tid, Generation) | ("tool", tid, (Generation, future)) | ("error", "", exc)
     inboxes = [queue.Queue() for _ in engines]
     stop = threading.Event()
     busy = [0.0] * len(engines)
@@ -145,7 +145,6 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
         d.start()
     for run in runs.values():
         submit(run)
-    pending_gen: dict[str, object] = {}
     active = len(runs)
     try:
         with ThreadPoolExecutor(max_workers=tool_threads) as tools:
@@ -155,16 +154,17 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
                     raise payload
                 run = runs[tid]
                 if kind == "gen":
-                    pending_gen[tid] = payload
-                    future = tools.submit(_act, env, run, payload)
-                    future.add_done_callback(lambda f, tid=tid: events.put(("tool", tid, f)))
+                    future = tools.submit(_act, env, run.episode, payload)
+                    future.add_done_callback(lambda f, tid=tid, gen=payload: events.put(("tool", tid, (gen, f))))
                     continue
-                gen = pending_gen.pop(tid)
-                action_kind, tool, obs_text, status, tool_s = payload.result()
+                gen, future = payload
+                action_kind, tool, text, status, tool_s = future.result()
                 context = len(run.ids)
                 run.ids += gen.token_ids
                 final = action_kind == "answer"
-                obs_ids = [] if final else tokenizer(obs_text, add_special_tokens=False)["input_ids"]
+                if final:
+                    run.answer = text
+                obs_ids = [] if final else tokenizer(text, add_special_tokens=False)["input_ids"]
                 run.ids += obs_ids
                 run.turns.append(TurnRecord(len(run.turns), context, len(gen.token_ids), "none" if final else tool,
                                             len(obs_ids), "none" if final else status, run.instance, run.bucket,
@@ -192,17 +192,17 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     return RolloutResult(trajectories, time.perf_counter() - began, sum(busy), sum(steps))
 
 
-def _act(env: Env, run: TrajectoryRun, gen) -> tuple[str, str, str, str, float]:
-    """Parse a generated turn and run its tool: (kind, tool, observation text, status, tool seconds)."""
+def _act(env: Env, episode, gen) -> tuple[str, str, str, str, float]:
+    """Parse a generated turn and run its tool (on a pool thread; it changes no trajectory state):
+    (kind, tool, observation text or the answer, status, tool seconds)."""
     action = parse(gen.text, env.tools)
     if action.kind == "answer":
-        run.answer = action.argument
-        return "answer", "none", "", "none", 0.0
+        return "answer", "none", action.argument, "none", 0.0
     if action.kind == "malformed":
         return "malformed", action.name or "malformed", observation(action.error, "error"), "error", 0.0
     began = time.perf_counter()
     try:
-        output, status = run.episode.call(action.name, action.argument)
+        output, status = episode.call(action.name, action.argument)
     except Exception as exc:  # a tool bug must not stop the batch
         output, status = f"tool failed: {type(exc).__name__}: {exc}", "error"
     return "tool", action.name, observation(output, status), status, time.perf_counter() - began

@@ -140,17 +140,14 @@ class HFEngine:
         state = {}
         for file in sorted(Path(checkpoint).glob("*.safetensors")):
             state.update(load_file(file))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if unexpected or [m for m in missing if "lm_head" not in m]:
-            raise ValueError(f"checkpoint {checkpoint} does not fit the model: missing {missing}, unexpected {unexpected}")
-        self.model.tie_weights()
+        self.update_state_dict(state, f"checkpoint {checkpoint}")
         return time.perf_counter() - began
 
-    def update_state_dict(self, state: dict) -> float:
+    def update_state_dict(self, state: dict, source: str = "state dict") -> float:
         began = time.perf_counter()
         missing, unexpected = self.model.load_state_dict(state, strict=False)
-        if unexpected or [m for m in missing if "lm_head" not in m]:
-            raise ValueError(f"state dict does not fit the model: missing {missing}, unexpected {unexpected}")
+        if unexpected or [m for m in missing if "lm_head" not in m]:  # the head is tied to the embeddings
+            raise ValueError(f"{source} does not fit the model: missing {missing}, unexpected {unexpected}")
         self.model.tie_weights()
         return time.perf_counter() - began
 
