@@ -2,7 +2,8 @@
 
 For each trace and order (`group`: each prompt once; `epochs:3`: prompts revisited three times) the
 routers are replayed in RL order (8 prompts per step, 30% warm-up, buckets at the warm-up p50/p90)
-and scored against the oracle's perfect 1.0. Latency: Libra's router and C-MLFQ with trees grown to
+and scored against the oracle's perfect 1.0 and against the clairvoyant bound within the migration
+budget (no router that re-prefills at most that share of tokens can have a higher balanced accuracy). Latency: Libra's router and C-MLFQ with trees grown to
 100,000 nodes from random paths, timed over about 20,000 decisions (goal: p99 under 50 us).
 
     python -m benchmarks.bench_router
@@ -85,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         for order in args.orders:
             result = replay(trajectories, prompts_per_step=8, order=order, timer=time.perf_counter_ns)
             tables.append({"trace": path.stem, "order": order, "buckets": list(result.buckets), "steps": result.steps,
-                           "policies": {k: asdict(v) for k, v in result.policies.items()}})
+                           "policies": {k: asdict(v) for k, v in result.policies.items()},
+                           "bound": asdict(result.bound)})
             print(f"{path.stem} ({order}, buckets {list(result.buckets)}):")
             for name, m in result.policies.items():
                 rank = "   -  " if m.rank_correlation is None else f"{m.rank_correlation:6.3f}"
                 print(f"  {name:<20} acc {m.accuracy:.3f}  balanced {m.balanced_accuracy:.3f}  rank {rank}  "
                       f"migrated {m.migrated_token_ratio:6.1%}  p99 {m.p99_us:5.1f} us")
+            print(f"  clairvoyant within {result.bound.budget:.0%} migrated: balanced <= {result.bound.balanced_accuracy:.3f}")
     lat = latency(args.nodes, args.decisions)
     for name, m in lat.items():
         print(f"latency {name}: {m['tree_nodes']:,}-node trees, {m['decisions']:,} decisions: p50 {m['p50_us']:.1f} us, "

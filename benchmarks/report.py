@@ -63,9 +63,11 @@ def router_section(result: dict) -> list[str]:
         f"three buckets at the warm-up p50/p90 of lengths; {result['machine']}). The oracle scores 1.0 by "
         "construction; `migrated` is re-prefilled tokens over all tokens. The original paper reports, on its own "
         "Search-R1 runs, 91.1% accuracy for C-MLFQ, 65.2% for embedding-based length prediction and 44.8% for "
-        "MLFQ, with 8.2% of tokens migrated.",
+        "MLFQ, with 8.2% of tokens migrated. `NAME@budget` is a baseline held to Libra's migration budget; the "
+        "bound is the best balanced accuracy any router within that budget could reach, knowing every length.",
         "",
     ]
+    baselines = ("cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest")
     for table in result["tables"]:
         lines += [
             f"*{table['trace']}*, order `{table['order']}`, bucket bounds {table['buckets']} tokens:",
@@ -77,6 +79,14 @@ def router_section(result: dict) -> list[str]:
             rank = "-" if m["rank_correlation"] is None else f"{m['rank_correlation']:.3f}"
             lines.append(f"| {name} | {m['accuracy']:.3f} | {m['balanced_accuracy']:.3f} | {rank} | "
                          f"{m['migrated_token_ratio']:.1%} | {m['decisions']:,} | {m['p99_us']:.1f} us |")
+        policies, bound = table["policies"], table["bound"]
+        libra = policies["libra"]
+        best = max(baselines, key=lambda n: policies[n]["balanced_accuracy"])
+        budgeted = max((n for n in policies if n.endswith("@budget")), key=lambda n: policies[n]["balanced_accuracy"])
+        lines += ["", f"Bound within a {bound['budget']:.0%} budget: balanced accuracy <= {bound['balanced_accuracy']:.3f}. "
+                  f"Libra {libra['balanced_accuracy']:.3f}; best baseline {best} {policies[best]['balanced_accuracy']:.3f} "
+                  f"(migrating {policies[best]['migrated_token_ratio']:.1%}); best within the budget {budgeted} "
+                  f"{policies[budgeted]['balanced_accuracy']:.3f}."]
         lines.append("")
     for name, m in result["latency"].items():
         lines.append(f"Decision latency, {name}, {m['tree_nodes']:,}-node trees: p50 {m['p50_us']:.1f} us, "

@@ -66,6 +66,7 @@ def evaluate_trace(path: str, config: LibraConfig, buckets: str = "auto", order:
         "steps": result.steps,
         "warmup_steps": result.warmup_steps,
         "policies": {name: {k: clean(v) for k, v in asdict(r).items()} for name, r in result.policies.items()},
+        "bound": None if result.bound is None else {k: clean(v) for k, v in asdict(result.bound).items()},
     }
 
 
@@ -77,9 +78,14 @@ def cmd_eval_router(args: argparse.Namespace, config: LibraConfig) -> int:
         return 0
     print(f"{report['trace']}: {report['steps']} steps ({report['warmup_steps']} warm-up), order {report['order']}, "
           f"bucket bounds {report['buckets']} tokens")
-    print(f"{'router':<20} {'accuracy':>8} {'balanced':>8} {'rank':>6} {'migrated':>8} {'decisions':>9} {'p50 us':>7} {'p99 us':>7}")
+    print(f"{'router':<27} {'accuracy':>8} {'balanced':>8} {'rank':>6} {'migrated':>8} {'decisions':>9} {'p50 us':>7} {'p99 us':>7}")
     for name, m in report["policies"].items():
         rank = "-" if m["rank_correlation"] is None else f"{m['rank_correlation']:.3f}"
-        print(f"{name:<20} {m['accuracy']:>8.3f} {m['balanced_accuracy']:>8.3f} {rank:>6} "
+        print(f"{name:<27} {m['accuracy']:>8.3f} {m['balanced_accuracy']:>8.3f} {rank:>6} "
               f"{m['migrated_token_ratio']:>8.1%} {m['decisions']:>9} {m['p50_us']:>7.1f} {m['p99_us']:>7.1f}")
+    bound = report["bound"]
+    if bound is not None:
+        print(f"clairvoyant bound within a {bound['budget']:.1%} migration budget: balanced accuracy <= "
+              f"{bound['balanced_accuracy']:.3f} (a schedule reaching {bound['achieved']:.3f} migrates "
+              f"{bound['migrated_token_ratio']:.1%})")
     return 0

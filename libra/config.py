@@ -95,7 +95,7 @@ class SchedulerConfig(_Section):
     window: int = Field(64, ge=1, le=4_096, description="remaining-length samples kept per tree node")
     max_nodes: int = Field(100_000, ge=100, le=10_000_000, description="tree size bound; rare leaves are pruned")
     min_support: int = Field(2, ge=1, le=1_000, description="samples a shared node needs before it is trusted")
-    payoff: float = Field(2.0, ge=0.0, le=100.0, description="migrate only if remaining >= payoff x context to re-prefill")
+    migration_budget: float = Field(0.07, ge=0.0, le=1.0, description="re-prefilled tokens at most this share of tokens seen")
     warmup_fraction: float = Field(0.3, ge=0.0, lt=1.0, description="share of replayed steps used only for learning")
 
     @field_validator("payload_bounds")

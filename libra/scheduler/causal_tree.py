@@ -1,8 +1,8 @@
 """The causal prefix tree: what past trajectories did after the same sequence of tool returns.
 
 Roots: one per prompt (samples of a prompt seen in earlier steps), optionally one per prompt-size
-class (prompts of 2^k to 2^(k+1) tokens; the prompt's size is known before its first token), and one
-global root pooling every prompt. An edge is a reduced tool return (`keys`); a node stands for "after these returns" and keeps
+class (prompts of 2^(k/c) to 2^((k+1)/c) tokens for `size_classes` c; the prompt's size is known
+before its first token), and one global root pooling every prompt. An edge is a reduced tool return (`keys`); a node stands for "after these returns" and keeps
 the remaining length that trajectories had from there (tokens generated or received after the
 return): visit count, and the last `window` samples, sorted on demand, from which the mean, P90 and
 their survival-conditioned versions ("given that it has already gone `elapsed` tokens past this
@@ -20,7 +20,9 @@ the dict overhead (about 1 KB per node at window 64; 100,000 nodes ~ 100 MB wors
 from __future__ import annotations
 
 import bisect
+import gc
 import json
+import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -71,6 +73,25 @@ class Node:
         mean = (prefix[-1] - prefix[start]) / n - elapsed
         q = ordered[start + min(n - 1, int(quantile * n))] - elapsed
         return mean, float(q), n
+
+    def distribution(self, elapsed: int, bounds: Sequence[float]) -> tuple[list[float], float, int] | None:
+        """(share of each bucket, mean, support) of the remaining length of trajectories that went
+        more than `elapsed` tokens past this node, minus `elapsed`; bucket i holds lengths <=
+        bounds[i], one more bucket above. None if none went that far."""
+        if not self.samples:
+            return None
+        ordered, prefix = self._ready()
+        start = bisect.bisect_right(ordered, elapsed) if elapsed > 0 else 0
+        n = len(ordered) - start
+        if n == 0:
+            return None
+        shares, below = [], start
+        for bound in bounds:
+            upto = max(below, bisect.bisect_right(ordered, elapsed + bound))
+            shares.append((upto - below) / n)
+            below = upto
+        shares.append((len(ordered) - below) / n)
+        return shares, (prefix[-1] - prefix[start]) / n - elapsed, n
 
 
 @dataclass(frozen=True)
@@ -147,18 +168,22 @@ class Cursor:
 
 class CausalTree:
     def __init__(self, scheme: KeyScheme | None = None, window: int = 64, max_nodes: int = 100_000,
-                 per_prompt: bool = True, size_roots: bool = False) -> None:
+                 per_prompt: bool = True, size_roots: bool = False, size_classes: int = 1) -> None:
         self.scheme = scheme or KeyScheme()
         self.window = window
         self.max_nodes = max_nodes
         self.per_prompt = per_prompt
         self.size_roots = size_roots
+        if size_classes < 1:
+            raise ValueError(f"size_classes must be at least 1 per doubling of the prompt size, got {size_classes}")
+        self.size_classes = size_classes
         self.roots: dict[str, Node] = {GLOBAL: Node(window=window)}
         self.nodes = 1
+        self._touched: list[Node] = []  # nodes whose samples changed since the last `refresh`
 
-    @staticmethod
-    def size_root(prompt_tokens: int) -> str:
-        return f"__size_{max(prompt_tokens, 1).bit_length()}__"
+    def size_root(self, prompt_tokens: int) -> str:
+        """The prompt-size class: `size_classes` classes per doubling of the prompt's tokens."""
+        return f"__size_{math.floor(math.log2(max(prompt_tokens, 1)) * self.size_classes)}__"
 
     def cursor(self, prompt_id: str, prompt_tokens: int = 0) -> Cursor:
         """Matches from the most specific root (the prompt's) to the global one."""
@@ -184,12 +209,14 @@ class CausalTree:
         for root in roots:
             node = root
             node.add(start_remaining)
+            self._touched.append(node)
             for key, (_, remaining) in zip(keys, returns, strict=True):
                 child = node.children.get(key)
                 if child is None:
                     child = node.children[key] = Node(node, key, self.window)
                     self.nodes += 1
                 child.add(remaining)
+                self._touched.append(child)
                 node = child
         if self.nodes > self.max_nodes:
             self.prune(int(self.max_nodes * 0.9))
@@ -229,7 +256,7 @@ class CausalTree:
                     "children": [[list(k), dump(c)] for k, c in node.children.items()]}
 
         return {"version": 1, "window": self.window, "max_nodes": self.max_nodes, "per_prompt": self.per_prompt,
-                "size_roots": self.size_roots,
+                "size_roots": self.size_roots, "size_classes": self.size_classes,
                 "scheme": {"granularity": self.scheme.granularity, "payload_bounds": list(self.scheme.payload_bounds)},
                 "roots": {name: dump(root) for name, root in self.roots.items()}}
 
@@ -238,7 +265,8 @@ class CausalTree:
         if data.get("version") != 1:
             raise ValueError(f"unsupported causal tree version {data.get('version')!r}")
         scheme = KeyScheme(data["scheme"]["granularity"], tuple(data["scheme"]["payload_bounds"]))
-        tree = cls(scheme, data["window"], data["max_nodes"], data["per_prompt"], data.get("size_roots", False))
+        tree = cls(scheme, data["window"], data["max_nodes"], data["per_prompt"], data.get("size_roots", False),
+                   data.get("size_classes", 1))
         tree.roots, tree.nodes = {}, 0
 
         def load(raw: dict, parent: Node | None, key: Key | None) -> Node:
@@ -256,9 +284,21 @@ class CausalTree:
         return tree
 
     def rebuild(self, paths: Iterable[TrajectoryPath]) -> None:
-        """Insert every path (e.g. the last few thousand trajectories read from the store)."""
+        """Insert every path (e.g. the last few thousand trajectories read from the store), then
+        `refresh`, so the decisions that follow find every node's statistics ready."""
         for path in paths:
             self.insert(path.prompt_id, path.start_remaining, path.returns, path.prompt_tokens)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Prepare for the decisions that follow, off their path: sort the samples of every node
+        changed since the last refresh (else the first decision reading one sorts its window), and
+        run a young-generation garbage collection, which moves the new nodes to the old generation
+        (else the collector traverses thousands of them inside some later decision: p99 x4)."""
+        for node in self._touched:
+            node._ready()
+        self._touched = []
+        gc.collect(1)
 
     def save(self, path: str | Path) -> None:
         """Write atomically (temporary file, then rename)."""

@@ -4,14 +4,16 @@ tool return. All share one interface so they can be replayed, simulated and depl
 - `CMLFQ`: the original rule. Start in the shortest bucket; at a return, look up the deepest
   matching node of the causal tree (the prompt's root when the prompt was seen, else the global
   root) and migrate only if bucket(mean) == bucket(P90) != current bucket.
-- `LibraRouter`: the same gate and no extra model inference, with a better estimator: estimates
-  conditioned on the tokens already spent past the deepest match (survival statistics), back-off
-  along the matched path when nothing outlived them, a start decision from the root's statistics,
-  and a key granularity (fine or coarse tool names) chosen online by how well each would have routed
-  the last finished steps.
+- `LibraRouter`: no extra model inference either, with a better estimator and decision: bucket
+  shares conditioned on the tokens already spent past the deepest match (survival statistics), back-off
+  along the matched path and from the prompt's root to its size class and the global root, a
+  balanced decision rule (rare buckets weighted by their rarity), migrations priced by the context
+  they re-prefill against a budget (a dual price adjusted every step), and a key granularity (fine or
+  coarse tool names) chosen online by how well each would have routed the last finished steps.
 - Baselines: `LeastLoad` (spread starts over buckets, never migrate), `AlwaysShortest`, `MLFQ`
   (demote when tokens so far pass the bucket bound), `LengthPredictor` (per-prompt history mean,
   else a log-log regression on prompt size; optionally re-predicts at each return) and `Oracle`.
+  `Budgeted` puts any of them under the same migration budget as Libra's router.
 """
 
 from __future__ import annotations
@@ -238,13 +240,9 @@ class CMLFQ(Router):
         mean, p90, _ = stats
         offset = self.offset.get(trajectory_id, 0)
         target = self.buckets.of(offset + mean)
-        if target == self.buckets.of(offset + p90) and target != current and self._pays(trajectory_id, mean):
+        if target == self.buckets.of(offset + p90) and target != current:
             self.current[trajectory_id] = current = target
         return RouteDecision(current, mean)
-
-    def _pays(self, trajectory_id: str, remaining: float) -> bool:
-        """Whether moving is worth re-prefilling the context (the original rule always moves)."""
-        return True
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         self.current[trajectory_id] = 0
@@ -266,33 +264,142 @@ class CMLFQ(Router):
         self.tree.rebuild(paths)
 
 
+def final_turn_tokens(path: TrajectoryPath) -> int:
+    """Tokens after a trajectory's last decision (its final turn), learnt only when it ends."""
+    return path.returns[-1][1] if path.returns else path.start_remaining
+
+
+class MigrationBudget:
+    """Re-prefilled tokens may be at most `share` of the tokens seen (prompts, generated tokens and
+    tool results, counted as they arrive): every token seen earns `share` tokens of credit and a
+    migration spends its context. At the end of a step unspent credit is capped at `bank` steps'
+    earnings, so quiet stretches cannot save up a burst for later (and over any run of steps the
+    spending exceeds `share` of its tokens by at most that bank)."""
+
+    def __init__(self, share: float, bank: float = 1.0) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"migration budget must be a share between 0 and 1, got {share}")
+        self.share = share
+        self.bank = bank
+        self.credit = 0.0
+        self.earned = 0.0  # this step's earnings
+
+    def see(self, tokens: int) -> None:
+        self.credit += self.share * tokens
+        self.earned += self.share * tokens
+
+    def allows(self, tokens: int) -> bool:
+        return tokens <= self.credit
+
+    def spend(self, tokens: int) -> None:
+        self.credit -= tokens
+
+    def end_step(self) -> None:
+        self.credit = min(self.credit, self.bank * self.earned)
+        self.earned = 0.0
+
+
+class Budgeted(Router):
+    """Any router under a migration budget: a move the budget does not allow is not made (the
+    trajectory stays where it is). Used to compare baselines with Libra at equal migration cost."""
+
+    def __init__(self, inner: Router, share: float) -> None:
+        super().__init__(inner.buckets, inner.measure)
+        self.inner = inner
+        self.name = f"{inner.name}@budget"
+        self.budget = MigrationBudget(share)
+        self.position: dict[str, int] = {}
+
+    def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
+        decision = self.inner.start(trajectory_id, prompt_id, prompt_tokens)
+        self.budget.see(prompt_tokens)
+        self.position[trajectory_id] = prompt_tokens
+        self.current[trajectory_id] = decision.bucket
+        return decision
+
+    def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
+        self.budget.see(position - self.position[trajectory_id])
+        self.position[trajectory_id] = position
+        before = self.current[trajectory_id]
+        decision = self.inner.on_return(trajectory_id, ret, position)
+        if decision.bucket != before:
+            if self.budget.allows(position):
+                self.budget.spend(position)
+            else:
+                self.inner.current[trajectory_id] = before
+                decision = RouteDecision(before, decision.estimate)
+        self.current[trajectory_id] = decision.bucket
+        return decision
+
+    def finish(self, trajectory_id: str) -> None:
+        super().finish(trajectory_id)
+        self.inner.finish(trajectory_id)
+        self.position.pop(trajectory_id, None)
+
+    def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
+        for path in paths:
+            self.budget.see(final_turn_tokens(path))
+        self.budget.end_step()
+        self.inner.observe_step(paths, prompt_tokens)
+
+
+# the trees Libra's router keeps: tool-name granularity x prompt-size classes per doubling
+GRANULARITIES = {"fine": (1, 4), "coarse": (1, 4)}
+
+
 @dataclass
 class _Track:
-    cursors: dict[str, Cursor]  # per key granularity
-    paths: dict[str, list[list[tuple[Node, int]]]]  # per granularity, per root (prompt's, global): matched nodes and positions
+    granularity: str  # the tree chosen when the trajectory started (it keeps to it)
+    cursor: Cursor
+    paths: list[list[tuple[Node, int]]]  # per root (prompt's, size class, global): matched nodes and positions
 
 
 class LibraRouter(CMLFQ):
-    """C-MLFQ's gate with a survival-conditioned, backed-off estimator and learned key granularity."""
+    """Bucket shares from the causal tree, a balanced decision rule and migrations priced against a
+    budget.
+
+    Estimator: at each decision the deepest matched node of the most specific root that has support
+    (the prompt's own history from one sample, its prompt-size class and the global root from
+    `min_support`), its samples conditioned on the tokens already spent past that node (survival
+    statistics: only trajectories that went that far count, minus what was spent); the shares of
+    the buckets among them, and their mean as the remaining-length estimate.
+
+    Decision: bucket b scores w_b * share_b, where w_b is inversely proportional to how often b was
+    the true bucket of past decisions (so a rare long bucket is not starved by the common short one:
+    balanced accuracy). The start costs nothing to place. At a tool return, moving costs
+    price * context / (mean trajectory tokens); the trajectory moves to the best-scoring bucket net
+    of that cost, and only while re-prefilled tokens stay within `migration_budget` of the tokens
+    seen. The price is a dual variable: after every step it is multiplied by exp(step x (the step's
+    migrated share / budget - 1)), so cheap early moves are made and expensive late ones are not,
+    with spending near the budget.
+
+    The key granularity (`bash:cat` or `bash`) is chosen online by how each tree would have routed
+    the last finished steps. No model inference, no predictor to retrain."""
 
     name = "libra"
 
-    def __init__(self, buckets: Buckets, min_support: int = 2, decay: float = 0.5, payoff: float = 2.0,
+    def __init__(self, buckets: Buckets, min_support: int = 2, decay: float = 0.95, migration_budget: float = 0.08,
                  size_roots: bool = True, payload_bounds: tuple[int, ...] = (500, 5_000), window: int = 64,
                  max_nodes: int = 100_000, measure: str = "remaining",
-                 prior_shares: Sequence[float] | None = None) -> None:
+                 prior_shares: Sequence[float] | None = None, price_step: float = 0.5) -> None:
         """`prior_shares`: the share of trajectories expected in each bucket (e.g. the planner's); a
         trajectory the tree knows nothing about is placed by smooth weighted round-robin over them
         instead of all going to the shortest bucket."""
         Router.__init__(self, buckets, measure)
         self.prior = list(prior_shares) if prior_shares else None
         self._credit = [0.0] * buckets.count
-        self.payoff = payoff  # migrate only if the estimated remaining tokens >= payoff x the context to re-prefill
+        self.budget = MigrationBudget(migration_budget)
+        self.price = 1.0
+        self.price_step = price_step
+        self.step_migrated = 0
+        self.truth_counts = [1] * buckets.count  # decisions per true bucket (plus one each)
+        self.tokens = [0, 0]  # trajectory tokens seen at the end of steps: sum, trajectories
         self.position: dict[str, int] = {}
         self.size_roots = size_roots
-        self.trees = {g: CausalTree(KeyScheme(g, payload_bounds), window, max_nodes, size_roots=size_roots)
-                      for g in ("fine", "coarse")}
-        self.tree = self.trees["coarse"]
+        self.trees = {f"{g}/{c}": CausalTree(KeyScheme(g, payload_bounds), window, max_nodes, size_roots=size_roots,
+                                             size_classes=c)
+                      for g in ("fine", "coarse") for c in GRANULARITIES[g]}
+        self.tree = self.trees["coarse/1"]
         self.min_support = min_support
         self.decay = decay
         self.score = {g: 0.0 for g in self.trees}  # decayed balanced accuracy of each granularity
@@ -307,28 +414,31 @@ class LibraRouter(CMLFQ):
         self._credit[bucket] -= sum(self.prior)
         return bucket
 
-    def _pays(self, trajectory_id: str, remaining: float) -> bool:
-        """A move must leave at least `payoff` times the context it re-prefills still to generate."""
-        position = self.position.get(trajectory_id, 0)
-        return position == 0 or remaining >= self.payoff * position
-
     @property
     def granularity(self) -> str:
-        return max(self.score, key=lambda g: (self.score[g], g == "coarse"))
+        return max(self.score, key=lambda g: (self.score[g], g == "coarse/1"))
 
-    def _estimate(self, paths: list[list[tuple[Node, int]]], position: int) -> tuple[float, float, int] | None:
-        """The most specific root's path first (the prompt's own history, then its size class, then
-        every prompt), deepest node first; each node's statistics are conditioned on the tokens spent
-        since the trajectory reached it. A prompt's own history counts from one sample; shared roots
-        need `min_support`."""
+    def _distribution(self, paths: list[list[tuple[Node, int]]], position: int,
+                      offset: int = 0) -> tuple[list[float], float, int] | None:
+        """Bucket shares, mean and support from the most specific root with support, deepest node
+        first (see the class docstring); `offset` shifts the bounds (the `total` measure)."""
+        bounds = [b - offset for b in self.buckets.bounds]
         for level, nodes in enumerate(paths):
             own = level == 0 and len(paths) == (3 if self.size_roots else 2)
             needed = 1 if own else self.min_support
             for node, reached in reversed(nodes):
-                stats = node.estimate(position - reached)
-                if stats is not None and stats[2] >= needed:
-                    return stats
+                found = node.distribution(position - reached, bounds)
+                if found is not None and found[2] >= needed:
+                    return found
         return None
+
+    def _choose(self, shares: Sequence[float], current: int | None = None, move_cost: float = 0.0) -> int:
+        """The bucket with the best weighted share, net of `move_cost` for leaving `current`."""
+        total = sum(self.truth_counts)
+        scores = [total * share / (len(shares) * count) - (move_cost if b != current else 0.0)
+                  for b, (share, count) in enumerate(zip(shares, self.truth_counts, strict=True))]
+        best = max(scores)
+        return current if current is not None and scores[current] == best else scores.index(best)
 
     @staticmethod
     def _follow(cursor: Cursor, paths: list[list[tuple[Node, int]]], key: tuple, position: int) -> None:
@@ -340,29 +450,36 @@ class LibraRouter(CMLFQ):
                 nodes.append((match.node, position))
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
-        self.current[trajectory_id] = 0
-        cursors = {g: tree.cursor(prompt_id, prompt_tokens) for g, tree in self.trees.items()}
-        paths = {g: [[(m.node, prompt_tokens)] for m in c.matches] for g, c in cursors.items()}
-        self.tracks[trajectory_id] = _Track(cursors, paths)
-        self.position[trajectory_id] = 0
+        granularity = self.granularity
+        cursor = self.trees[granularity].cursor(prompt_id, prompt_tokens)
+        track = self.tracks[trajectory_id] = _Track(granularity, cursor, [[(m.node, prompt_tokens)] for m in cursor.matches])
+        self.position[trajectory_id] = prompt_tokens
+        self.budget.see(prompt_tokens)
         self._at(trajectory_id, prompt_tokens)
-        stats = self._estimate(paths[self.granularity], prompt_tokens)
-        if stats is None:
-            bucket = self._prior_bucket()
-            self.current[trajectory_id] = bucket
+        found = self._distribution(track.paths, prompt_tokens, self.offset.get(trajectory_id, 0))
+        if found is None:
+            self.current[trajectory_id] = bucket = self._prior_bucket()
             return RouteDecision(bucket, None)
-        # placing a new trajectory costs no migration, so the best point estimate decides (no gate)
-        bucket = self.buckets.of(self.offset.get(trajectory_id, 0) + stats[0])
-        self.current[trajectory_id] = bucket
-        return RouteDecision(bucket, stats[0])
+        self.current[trajectory_id] = bucket = self._choose(found[0])  # placing costs no migration
+        return RouteDecision(bucket, found[1])
 
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
         track = self.tracks[trajectory_id]
-        for g, tree in self.trees.items():
-            self._follow(track.cursors[g], track.paths[g], tree.scheme.key(ret), position)
+        self._follow(track.cursor, track.paths, self.trees[track.granularity].scheme.key(ret), position)
+        self.budget.see(position - self.position[trajectory_id])
         self.position[trajectory_id] = position
         self._at(trajectory_id, position)
-        return self._gate(trajectory_id, self._estimate(track.paths[self.granularity], position))
+        current = self.current[trajectory_id]
+        found = self._distribution(track.paths, position, self.offset.get(trajectory_id, 0))
+        if found is None:
+            return RouteDecision(current, None)
+        mean_tokens = self.tokens[0] / self.tokens[1] if self.tokens[1] else position
+        target = self._choose(found[0], current, self.price * position / max(mean_tokens, 1))
+        if target != current and self.budget.allows(position):
+            self.budget.spend(position)
+            self.step_migrated += position
+            self.current[trajectory_id] = current = target
+        return RouteDecision(current, found[1])
 
     def finish(self, trajectory_id: str) -> None:
         Router.finish(self, trajectory_id)
@@ -370,26 +487,41 @@ class LibraRouter(CMLFQ):
         self.position.pop(trajectory_id, None)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
+        step_tokens = sum(prompt_tokens[p.prompt_id] + p.start_remaining for p in paths)
+        if step_tokens and self.budget.share > 0:
+            ratio = self.step_migrated / step_tokens
+            self.price *= math.exp(max(-2.0, min(2.0, self.price_step * (ratio / self.budget.share - 1))))
+        self.step_migrated = 0
         for g, tree in self.trees.items():  # score each granularity on the step before learning from it
             self.score[g] = self.decay * self.score[g] + (1 - self.decay) * self._balanced_accuracy(tree, paths, prompt_tokens)
+        for path in paths:
+            self.budget.see(final_turn_tokens(path))
+            total = prompt_tokens[path.prompt_id] + path.start_remaining
+            for remaining in path.remaining_at_decisions:
+                self.truth_counts[self.buckets.of(total if self.measure == "total" else remaining)] += 1
+            self.tokens[0] += total
+            self.tokens[1] += 1
+        self.budget.end_step()
         for tree in self.trees.values():
             tree.rebuild(paths)
 
     def _balanced_accuracy(self, tree: CausalTree, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> float:
-        """How `tree` would have routed `paths` (no estimate counts as a miss); 0 for no decisions."""
+        """How `tree` would have placed `paths`' decisions, free of migration cost (no estimate
+        counts as a miss); 0 for no decisions."""
         records = []
         for path in paths:
             start = prompt_tokens[path.prompt_id]
+            offset = start if self.measure == "total" else 0
+            total = start + path.start_remaining
             cursor = tree.cursor(path.prompt_id, start)
             nodes = [[(m.node, start)] for m in cursor.matches]
-            decisions = [(self._estimate(nodes, start), path.start_remaining)]
+            decisions = [(self._distribution(nodes, start, offset), path.start_remaining, offset)]
             for ret, remaining in path.returns:
-                position = start + path.start_remaining - remaining
+                position = total - remaining
                 self._follow(cursor, nodes, tree.scheme.key(ret), position)
-                decisions.append((self._estimate(nodes, position), remaining))
-            records += [DecisionRecord(-1 if stats is None else self.buckets.of(stats[0]), self.buckets.of(truth),
-                                       None, truth, 0, 0) for stats, truth in decisions]
+                offset = position if self.measure == "total" else 0
+                decisions.append((self._distribution(nodes, position, offset), remaining, offset))
+            records += [DecisionRecord(-1 if found is None else self._choose(found[0]), self.buckets.of(offset + truth),
+                                       None, truth, 0, 0) for found, truth, offset in decisions]
         score = balanced_accuracy(records, self.buckets.count)
         return 0.0 if math.isnan(score) else score
-
-

@@ -6,7 +6,13 @@ recorded trajectories). A step's finished trajectories become visible to the rou
 step ends. The first `warmup_fraction` of steps only teaches the routers; decisions are scored from
 then on. A decision happens at a trajectory's start and at each tool return that is followed by
 another turn; its truth is the remaining length from there (tokens generated or received after it).
+Within a step the trajectories run concurrently: their returns and ends are replayed in token time
+(tokens since the trajectory's start), interleaved across trajectories.
 A migration (bucket change at a return) re-prefills the whole context so far.
+
+Libra's router keeps its migrations within a budget (`scheduler.migration_budget`, 8% of tokens by
+default); `NAME@budget` runs a baseline under the same budget, and `clairvoyant_bound` is the best
+balanced accuracy that any router within that budget could reach (it knows every length).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass
 from libra.config import SchedulerConfig
 from libra.errors import LibraError
 from libra.scheduler.causal_tree import CausalTree, TrajectoryPath, path_from_turns
-from libra.scheduler.keys import KeyScheme
+from libra.scheduler.keys import KeyScheme, ToolReturn
 from libra.scheduler.metrics import (
     DecisionRecord,
     accuracy,
@@ -30,6 +36,7 @@ from libra.scheduler.policies import (
     CMLFQ,
     MLFQ,
     AlwaysShortest,
+    Budgeted,
     Buckets,
     LeastLoad,
     LengthPredictor,
@@ -40,7 +47,8 @@ from libra.scheduler.policies import (
 from libra.traces import group_by_step
 from libra.types import Trajectory
 
-POLICIES = ("libra", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest", "oracle")
+POLICIES = ("libra", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest", "oracle",
+            "cmlfq@budget", "mlfq@budget", "predictor-repredict@budget")
 
 
 def path_of(trajectory: Trajectory) -> TrajectoryPath:
@@ -81,7 +89,7 @@ def make_router(name: str, buckets: Buckets, truth: dict[str, list[int]], settin
     s = settings or SchedulerConfig()
     scheme = KeyScheme("fine", tuple(s.payload_bounds))
     factories: dict[str, Callable[[], Router]] = {
-        "libra": lambda: LibraRouter(buckets, min_support=s.min_support, payoff=s.payoff,
+        "libra": lambda: LibraRouter(buckets, min_support=s.min_support, migration_budget=s.migration_budget,
                                      payload_bounds=tuple(s.payload_bounds), window=s.window, max_nodes=s.max_nodes),
         "cmlfq": lambda: CMLFQ(buckets, CausalTree(scheme, s.window, s.max_nodes)),
         "mlfq": lambda: MLFQ(buckets),
@@ -91,6 +99,9 @@ def make_router(name: str, buckets: Buckets, truth: dict[str, list[int]], settin
         "always-shortest": lambda: AlwaysShortest(buckets),
         "oracle": lambda: Oracle(buckets, truth),
     }
+    base = name.removesuffix("@budget")
+    if name.endswith("@budget") and base in factories and base != "libra":
+        return Budgeted(factories[base](), s.migration_budget)
     if name not in factories:
         raise LibraError(f"unknown router {name!r}; routers: {', '.join(factories)}")
     return factories[name]()
@@ -108,11 +119,22 @@ class PolicyResult:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """What a clairvoyant router within the migration budget can do on the scored decisions."""
+
+    budget: float  # re-prefilled tokens / all tokens allowed
+    balanced_accuracy: float  # no router within the budget scores higher (Lagrangian dual bound)
+    achieved: float  # a clairvoyant schedule within the budget reaches this
+    migrated_token_ratio: float  # what that schedule re-prefills
+
+
+@dataclass(frozen=True)
 class ReplayResult:
     buckets: tuple[int, ...]
     steps: int
     warmup_steps: int
     policies: dict[str, PolicyResult]
+    bound: Bound | None = None
 
 
 def replay(
@@ -149,7 +171,71 @@ def replay(
             p50_us=quantile(latencies, 0.5) if timer else math.nan,
             p99_us=quantile(latencies, 0.99) if timer else math.nan,
         )
-    return ReplayResult(buckets.bounds, len(steps), warmup, results)
+    bound = clairvoyant_bound([t for s in steps[warmup:] for t in s], buckets, settings.migration_budget)
+    return ReplayResult(buckets.bounds, len(steps), warmup, results, bound)
+
+
+def clairvoyant_bound(trajectories: Sequence[Trajectory], buckets: Buckets, budget: float) -> Bound:
+    """The best balanced accuracy over `trajectories`' decisions of any routing that re-prefills at
+    most `budget` of their tokens, knowing every remaining length.
+
+    A decision's weight is 1 / (buckets that occur x decisions of its true bucket), so the weights of
+    the right decisions sum to the balanced accuracy. For a price p on migrated tokens, a dynamic
+    program over (decision, bucket) finds each trajectory's best schedule (the start is free, a move
+    costs the context); S(p) - p (M(p) - budget) bounds every schedule within the budget from above
+    (weak duality), and bisection on p finds a schedule within the budget that is nearly as good."""
+    items, counts, total = [], [0] * buckets.count, 0
+    for t in trajectories:
+        path = path_of(t)
+        truths = [buckets.of(r) for r in path.remaining_at_decisions]
+        positions, position = [0], t.prompt_tokens
+        for turn in t.turns[: len(truths) - 1]:
+            position += turn.gen_tokens + turn.tool_payload_tokens
+            positions.append(position)
+        items.append((truths, positions))
+        total += t.total_tokens
+        for b in truths:
+            counts[b] += 1
+    present = sum(1 for c in counts if c)
+    if not present or total == 0:
+        return Bound(budget, math.nan, math.nan, 0.0)
+    weight = [1 / (present * c) if c else 0.0 for c in counts]
+
+    def solve(price: float) -> tuple[float, float]:
+        score = migrated = 0.0
+        for truths, positions in items:
+            # per bucket: (objective, score, migrated share) of the best schedule ending there
+            best = [(g, g, 0.0) for g in (weight[truths[0]] if b == truths[0] else 0.0 for b in range(buckets.count))]
+            for truth, position in zip(truths[1:], positions[1:], strict=True):
+                move = position / total
+                stay_or_move = max(range(buckets.count), key=lambda a: best[a][0])
+                nxt = []
+                for b in range(buckets.count):
+                    gain = weight[truth] if b == truth else 0.0
+                    stay = best[b]
+                    moved = best[stay_or_move]
+                    if stay_or_move != b and moved[0] - price * move > stay[0]:
+                        nxt.append((moved[0] - price * move + gain, moved[1] + gain, moved[2] + move))
+                    else:
+                        nxt.append((stay[0] + gain, stay[1] + gain, stay[2]))
+                best = nxt
+            _, s, m = max(best)
+            score += s
+            migrated += m
+        return score, migrated
+
+    low, high = 0.0, 1.0
+    while solve(high)[1] > budget:
+        low, high = high, high * 4
+    for _ in range(30):
+        middle = (low + high) / 2
+        if solve(middle)[1] > budget:
+            low = middle
+        else:
+            high = middle
+    achieved, migrated = solve(high)
+    upper = min(s - p * (m - budget) for p in (low, high) for s, m in [solve(p)])
+    return Bound(budget, min(1.0, upper), achieved, migrated)
 
 
 def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets, settings: SchedulerConfig,
@@ -166,9 +252,11 @@ def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets
         if router is None:
             router = make_router(name, buckets, truth, settings)
         scored = index >= warmup
-        # every trajectory of a step starts before any finishes (they run concurrently)
+        # the step's trajectories run concurrently: all start, then their tool returns and ends
+        # happen in token time (tokens generated or received since the start), interleaved
         buckets_now: dict[str, int] = {}
-        for tid, trajectory, path in zip(ids, step, paths, strict=True):
+        events: list[tuple[int, int, int, str, ToolReturn | None, int, int]] = []
+        for order, (tid, trajectory, path) in enumerate(zip(ids, step, paths, strict=True)):
             before = clock()
             decision = router.start(tid, trajectory.prompt_id, trajectory.prompt_tokens)
             elapsed = clock() - before
@@ -176,19 +264,21 @@ def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets
             if scored:
                 records.append(DecisionRecord(decision.bucket, buckets.of(path.start_remaining), decision.estimate,
                                               path.start_remaining, 0, elapsed))
-        for tid, trajectory, path in zip(ids, step, paths, strict=True):
-            position = trajectory.prompt_tokens
-            for (ret, remaining), turn in zip(path.returns, trajectory.turns, strict=False):
-                position += turn.gen_tokens + turn.tool_payload_tokens
-                before = clock()
-                decision = router.on_return(tid, ret, position)
-                elapsed = clock() - before
-                migrated = position if decision.bucket != buckets_now[tid] else 0
-                buckets_now[tid] = decision.bucket
-                if scored:
-                    records.append(DecisionRecord(decision.bucket, buckets.of(remaining), decision.estimate,
-                                                  remaining, migrated, elapsed))
-        for tid in ids:
-            router.finish(tid)
+            for ret, remaining in path.returns:
+                spent = path.start_remaining - remaining
+                events.append((spent, 0, order, tid, ret, trajectory.prompt_tokens + spent, remaining))
+            events.append((path.start_remaining, 1, order, tid, None, 0, 0))  # its end
+        for _, _, _, tid, ret, position, remaining in sorted(events, key=lambda e: e[:3]):
+            if ret is None:
+                router.finish(tid)
+                continue
+            before = clock()
+            decision = router.on_return(tid, ret, position)
+            elapsed = clock() - before
+            migrated = position if decision.bucket != buckets_now[tid] else 0
+            buckets_now[tid] = decision.bucket
+            if scored:
+                records.append(DecisionRecord(decision.bucket, buckets.of(remaining), decision.estimate,
+                                              remaining, migrated, elapsed))
         router.observe_step(paths, {t.prompt_id: t.prompt_tokens for t in step})
     return records

@@ -87,8 +87,13 @@ def test_eval_router_json(capsys) -> None:
     assert report["policies"]["oracle"]["accuracy"] == 1.0
     assert report["policies"]["always-shortest"]["migrated_token_ratio"] == 0.0
     assert report["policies"]["always-shortest"]["rank_correlation"] is None
+    assert report["policies"]["libra"]["migrated_token_ratio"] <= 0.082
+    bound = report["bound"]
+    assert bound["budget"] == 0.07 and bound["migrated_token_ratio"] <= 0.07
+    assert bound["achieved"] <= bound["balanced_accuracy"] <= 1.0
     code, out, _ = run_cli(capsys, "eval-router", "--trace", str(trace))
-    assert code == 0 and "router" in out.splitlines()[1] and "libra" in out
+    assert code == 0 and "router" in out.splitlines()[1] and "libra" in out and "cmlfq@budget" in out
+    assert "clairvoyant bound within a 7.0% migration budget" in out
     code, _, err = run_cli(capsys, "eval-router", "--trace", str(trace), "--buckets", "x")
     assert code == 2 and "--buckets 'x'" in err
 

@@ -41,6 +41,11 @@ def test_estimates_and_survival_conditioning() -> None:
     # already 250 tokens past this node: only 300, 400 and 1000 outlived that
     assert node.estimate(250) == pytest.approx(((300 + 400 + 1000) / 3 - 250, 750.0, 3))
     assert node.estimate(1000) is None
+    # bucket shares among the survivors: <= 100, <= 500, above
+    assert node.distribution(0, [100, 500]) == ([0.2, 0.6, 0.2], 400.0, 5)
+    assert node.distribution(250, [100, 500]) == ([1 / 3, 1 / 3, 1 / 3], pytest.approx(1700 / 3 - 250), 3)
+    assert node.distribution(0, [-10, 150]) == ([0.0, 0.2, 0.8], 400.0, 5)  # bounds below zero hold nothing
+    assert node.distribution(1000, [100]) is None
 
 
 def test_cursor_is_one_lookup_per_return_and_stays_when_lost() -> None:
@@ -73,7 +78,7 @@ def test_save_load_roundtrip(tmp_path: Path) -> None:
     loaded = CausalTree.load(tmp_path / "tree.json")
     assert loaded.to_dict() == tree.to_dict()
     assert loaded.nodes == tree.nodes
-    assert loaded.cursor("p", 300).matches[1].node is loaded.roots[CausalTree.size_root(300)]
+    assert loaded.cursor("p", 300).matches[1].node is loaded.roots[loaded.size_root(300)]
 
 
 def test_rebuild_from_store_rows_equals_paths_from_trajectories(tmp_path: Path) -> None:

@@ -3,7 +3,17 @@ import pytest
 from libra.scheduler.causal_tree import CausalTree, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
 from libra.scheduler.metrics import DecisionRecord, accuracy, balanced_accuracy, rank_correlation, spearman
-from libra.scheduler.policies import CMLFQ, MLFQ, Buckets, LeastLoad, LengthPredictor, LibraRouter
+from libra.scheduler.policies import (
+    CMLFQ,
+    MLFQ,
+    Budgeted,
+    Buckets,
+    LeastLoad,
+    LengthPredictor,
+    LibraRouter,
+    MigrationBudget,
+    RouteDecision,
+)
 
 BUCKETS = Buckets((100, 1000))  # short <= 100 < medium <= 1000 < long
 SEARCH = ToolReturn("search", 50, "ok")
@@ -40,28 +50,61 @@ def test_cmlfq_migrates_only_when_mean_and_p90_agree() -> None:
     assert unseen.bucket == 1  # unseen return: stay
 
 
-def test_libra_router_conditions_on_tokens_spent() -> None:
-    router = LibraRouter(BUCKETS, min_support=2, payoff=0.0, size_roots=False)
+def _libra(budget: float) -> LibraRouter:
+    """Trained on one step: starts 120, 150 (medium), 2050, 2100 (long); after a search 90 (short),
+    120 (medium), 2000, 2040 (long)."""
+    router = LibraRouter(BUCKETS, migration_budget=budget, size_roots=False)
     paths = [TrajectoryPath("p", s, ((SEARCH, r),), 10) for s, r in ((120, 90), (150, 120), (2050, 2000), (2100, 2040))]
     router.observe_step(paths, {"p": 10})
-    start = router.start("x", "q", 10)  # unseen prompt: global root, starts 120..2100 -> mean 1105, P90 2100: agree long
-    assert (start.bucket, start.estimate) == (2, 1105.0)
-    # right after the search (position 40): remaining 90, 120, 2000, 2040 -> mean 1062.5 (long), P90 2040 (long): stay
-    assert router.on_return("x", SEARCH, 40).bucket == 2
-    router.finish("x")
+    return router
+
+
+def test_libra_router_balanced_rule_priced_moves_and_survival() -> None:
+    router = _libra(0.08)
+    # decisions per true bucket, plus one each: weights 11/6, 11/12, 11/15 for short, medium, long
+    assert router.truth_counts == [2, 4, 5] and router.tokens == [4460, 4]
+    assert router.budget.credit == pytest.approx(0.08 * 4250)  # credit earned on the tokens seen (prompts + final turns)
+    start = router.start("x", "q", 10)  # unseen prompt, global root: half medium, half long -> medium
+    assert (start.bucket, start.estimate) == (1, 1105.0)
+    # after the search: a quarter short, a quarter medium, half long -> short wins once weighted and
+    # the move (40 tokens of context, price 0.61 x 40 / 1115) is cheap
+    assert router.on_return("x", SEARCH, 40) == RouteDecision(0, 1062.5)
+    assert router.budget.credit == pytest.approx(0.08 * 4290 - 40)
     router.start("y", "q", 10)
-    # 500 tokens after the search only the two long ones are still running: 1500 and 1540 remain -> long
-    y = router.on_return("y", SEARCH, 40)
-    assert y.bucket == 2
+    assert router.on_return("y", SEARCH, 40).bucket == 0
+    # 500 tokens past the search only the two long ones were still running (1500 and 1540 left):
+    # long, but re-prefilling 540 tokens is over the remaining credit (306) -> stay
+    late = router.on_return("y", ToolReturn("browser", 10, "ok"), 540)
+    assert late == RouteDecision(0, 1520.0) and router.budget.credit == pytest.approx(0.08 * 4830 - 80)
+    free = _libra(1.0)
+    free.start("y", "q", 10)
+    free.on_return("y", SEARCH, 40)
+    assert free.on_return("y", ToolReturn("browser", 10, "ok"), 540) == RouteDecision(2, 1520.0)
+    # a first move at 540 tokens costs 0.61 x 540 / 1115 = 0.29 of a decision, more than the 0.23 it gains
+    free.start("z", "q", 10)
+    assert free.on_return("z", SEARCH, 540).bucket == 1
 
 
-def test_libra_router_payoff_blocks_costly_moves() -> None:
-    router = LibraRouter(BUCKETS, payoff=2.0, size_roots=False)
-    paths = [TrajectoryPath("p", 5000 + i, ((SEARCH, 60 + i),), 10) for i in range(4)]
-    router.observe_step(paths, {"p": 10})
-    assert router.start("x", "new", 10).bucket == 2  # long at the start (no context to re-prefill)
-    late = router.on_return("x", SEARCH, 4000)  # ~62 tokens left: short, but re-prefilling 4000 does not pay
-    assert late.bucket == 2 and late.estimate == pytest.approx(61.5)
+def test_migration_budget_and_budgeted_baselines() -> None:
+    budget = MigrationBudget(0.1)
+    budget.see(1000)
+    assert budget.allows(100) and not budget.allows(101)
+    budget.spend(60)
+    assert budget.credit == 40.0
+    budget.see(9000)
+    budget.end_step()  # 940 left: within the step's earnings (1000 over both see() calls), kept
+    assert budget.credit == 940.0
+    budget.end_step()  # a step that earned nothing keeps nothing
+    assert budget.credit == 0.0 and not budget.allows(1)
+    router = Budgeted(MLFQ(BUCKETS), 0.1)
+    assert router.name == "mlfq@budget"
+    router.start("a", "p", 50)
+    assert router.on_return("a", SEARCH, 170).bucket == 0  # 120 spent: MLFQ would demote, credit is 17
+    router.start("b", "p", 2000)  # +200 credit
+    assert router.on_return("a", SEARCH, 180).bucket == 1  # now the 180 can be paid
+    assert router.budget.credit == pytest.approx(218 - 180)
+    with pytest.raises(ValueError):
+        MigrationBudget(1.5)
 
 
 def test_mlfq_demotes_on_tokens_spent() -> None:

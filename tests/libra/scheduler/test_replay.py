@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libra.errors import LibraError
-from libra.scheduler.replay import auto_buckets, parse_order, path_of, replay, rl_steps
+from libra.scheduler.policies import Buckets
+from libra.scheduler.replay import Bound, auto_buckets, clairvoyant_bound, parse_order, path_of, replay, rl_steps
 from tests.libra.scheduler.builders import make_trajectory
 
 
@@ -39,6 +40,21 @@ def test_replay_exact_metrics_on_a_tiny_trace() -> None:
     assert mlfq.accuracy == pytest.approx(2 / 3)
     assert mlfq.migrated_token_ratio == pytest.approx(1410 / 2050)
     assert math.isnan(mlfq.p99_us)
+    # within 7% of 2050 tokens (143) no move can be paid: the bound starts each in its true bucket
+    # and leaves c in long at its return (right anyway)
+    assert result.bound == Bound(0.07, 1.0, 1.0, 0.0)
+
+
+def test_clairvoyant_bound_prices_moves() -> None:
+    # one trajectory: start 2000 left (long), then after 1410 tokens 600 left (long), then 10 (short)
+    trace = [make_trajectory("c", "0", 10, [(500, "search", 900, "error"), (580, "search", 10, "ok"), (10, "none", 0, "")])]
+    buckets = Buckets((100,))
+    # weights: long decisions 1/(2x2) each, the short one 1/2; moving to short at the last return costs 2000 tokens
+    cheap = clairvoyant_bound(trace, buckets, 1.0)
+    assert (cheap.balanced_accuracy, cheap.achieved, cheap.migrated_token_ratio) == (1.0, 1.0, pytest.approx(2000 / 2010))
+    tight = clairvoyant_bound(trace, buckets, 0.5)
+    assert tight.achieved == 0.5 and tight.migrated_token_ratio == 0.0  # stay long: both long decisions right
+    assert 0.5 <= tight.balanced_accuracy < 1.0  # the dual bound is above what any schedule within 50% reaches
 
 
 def test_latency_is_measured_with_a_timer() -> None:
@@ -84,3 +100,7 @@ def test_oracle_is_perfect_and_always_shortest_never_migrates(trace, order) -> N
     for metrics in result.policies.values():
         assert metrics.decisions == oracle.decisions
         assert 0.0 <= metrics.migrated_token_ratio
+    bound = result.bound
+    assert bound.migrated_token_ratio <= bound.budget and bound.achieved <= bound.balanced_accuracy + 1e-12
+    for name in ("always-shortest", "least-load", "predictor"):  # they never migrate: within any budget
+        assert result.policies[name].balanced_accuracy <= bound.balanced_accuracy + 1e-9
