@@ -4,12 +4,17 @@
 times. It asks the trigger whether to re-plan; if so it plans for the current workload, re-costs the
 plan in force on the same workload, and applies the candidate only when the trigger's rule says the
 move pays. The simulator and the real planning flow drive the same object.
+
+An optional probe measures a plan's iteration time on recent trajectories (e.g. by replaying the
+last steps through the rollout simulator, which sees routing, stragglers and the step-to-step spread
+that the analytic cost model does not); the best-costed candidates and the plan in force are then
+compared on it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from libra.clock import Clock
@@ -33,9 +38,14 @@ class PlanEvent:
 class PlanController:
     def __init__(self, cost: CostModel, planner: PlannerSettings | None = None,
                  trigger: TriggerSettings | None = None, clock: Clock | None = None,
-                 variants: Sequence[PlannerSettings] = ()) -> None:
+                 variants: Sequence[PlannerSettings] = (), probe: Callable[[Plan], float] | None = None,
+                 probe_candidates: int = 2) -> None:
         """`variants`: alternative planner settings searched side by side (the best plan wins), e.g.
-        one per uniform instance size."""
+        one per uniform instance size. `probe`: measures a plan's iteration seconds on recent
+        trajectories; the `probe_candidates` plans ranked best (the cost model's T_iter times
+        their variant's probe correction) and the plan in force are compared on it instead, and
+        each probed variant's correction learns probed / predicted, so variants whose plans
+        disappoint make way for the others."""
         self.cost = cost
         self.planner_settings = planner or PlannerSettings()
         self.variants = tuple(variants) or (self.planner_settings,)
@@ -47,6 +57,9 @@ class PlanController:
         self.current: Plan | None = None
         self.last_plan_step: int | None = None
         self.events: list[PlanEvent] = []
+        self.probe = probe
+        self.probe_candidates = probe_candidates
+        self.probe_correction = [1.0] * len(self.variants)
 
     def observe(self, step: int, workload: Workload, times: StepTimes | None = None,
                 force: bool = False) -> PlanEvent | None:
@@ -69,13 +82,24 @@ class PlanController:
             plans.append((corrected(raw, self.rollout_correction[index]), raw, p, index))
         if not plans:
             raise LibraError("no planner variant found a feasible plan for this workload")
+        if self.probe is not None:
+            ranked = sorted(plans, key=lambda item: item[1].t_iter_s * self.probe_correction[item[3]])
+            plans = []
+            for _, raw, p, index in ranked[: self.probe_candidates]:
+                measured = self.probe(raw)
+                if raw.t_iter_s > 0 and math.isfinite(raw.t_iter_s):
+                    self.probe_correction[index] = 0.5 * self.probe_correction[index] + 0.5 * measured / raw.t_iter_s
+                plans.append((replace(raw, t_iter_s=measured), raw, p, index))
         candidate, raw, planner, variant = min(plans, key=lambda item: item[0].t_iter_s)
         self.last_plan_step = step
         if self.current is None:
             event = PlanEvent(step, reason, candidate, float("inf"), None, True)
         else:
             assert self.current_variant is not None
-            current_t = evaluate(planner, corrected(self.current, self.rollout_correction[self.current_variant]))
+            if self.probe is not None:
+                current_t = self.probe(self.current)
+            else:
+                current_t = evaluate(planner, corrected(self.current, self.rollout_correction[self.current_variant]))
             decision = decide(current_t, candidate, self.current, self.cost, self.trigger)
             event = PlanEvent(step, reason, candidate, current_t, decision, decision.apply)
         if event.applied:

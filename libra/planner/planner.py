@@ -171,6 +171,13 @@ class Planner:
             )
         return self._build(best, clock, start, splits)
 
+    def plan_at(self, train: int, hybrid: int = 0, share: float = 0.0) -> Plan:
+        """The plan for a given split (training GPUs, hybrid GPUs and their rollout share)."""
+        if not 0 < train < self.cost.cluster.gpus - hybrid:
+            raise LibraError(f"a split needs 1 to {self.cost.cluster.gpus - hybrid - 1} training GPUs, got {train}")
+        t_iter, t_train, t_rollout = self.iteration_time(train, self.cost.cluster.gpus - train - hybrid, hybrid, share)
+        return self._build((t_iter, t_train + t_rollout, train, hybrid, share), None, 0.0, 1)
+
     def _train_candidates(self, core: int, hybrid: int, share: float) -> list[int]:
         """Train-pool sizes to evaluate: every multiple of the granularity (sync), or the two around
         the point where training stops being slower than rollout (one_step_off, found by bisection)."""

@@ -10,23 +10,31 @@ how instances, tools or training behave (that is `rollout` and the cost model).
     +elastic = libra      + hybrid GPUs that roll out, then join training as extra replicas for the tail
     greedy-heuristic      uniform TP; every 10 steps moves a node from the faster stage to the slower one
     areal-static-optimal  the best static plan for the first step's workload, then frozen (asynchronous)
-    oracle                knows each step's trajectories: plans every step on them, switches for free,
-                          routes on true remaining lengths (the limit)
+    oracle                knows every step's trajectories: plans each step on them with Libra's planner
+                          variants, runs the best candidates in the physics and picks the sequence of
+                          plans that finishes the run soonest, switches for free, routes on true
+                          remaining lengths (the limit)
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from libra.errors import LibraError
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import Plan, Planner, PlannerSettings, fixed_layout_time
 from libra.planner.trigger import StepTimes, TriggerSettings
-from libra.planner.workload import TrajectoryLength, Workload, build_workload
+from libra.planner.workload import Workload
 from libra.scheduler.policies import MLFQ, Buckets, LeastLoad, LibraRouter, Oracle, Router
-from libra.sim.rollout import InstanceSpec, path_of
+from libra.sim.rollout import InstanceSpec, RolloutSim, path_of
+from libra.sim.training import join_seconds, train_seconds, with_hybrids, workload_of
 from libra.sim.workloads import SimTrajectory
+
+PROBE_STEPS = 2  # steps of recent trajectories a plan's rollout is probed on
 
 POLICIES = ("verl-colocated", "static-uniform", "+planner", "+hetero-tp", "+cmlfq", "libra",
             "greedy-heuristic", "areal-static-optimal", "oracle")
@@ -50,12 +58,6 @@ class StepConfig:
     @property
     def hybrid_gpus(self) -> int:
         return sum(i.tp for i in self.layout if i.hybrid)
-
-
-def workload_of(trajectories: list[SimTrajectory]) -> Workload:
-    lengths = [TrajectoryLength(t.prompt_tokens, t.gen_tokens, sum(u.payload_tokens for u in t.turns), len(t.turns),
-                                sum(u.tool_latency_s for u in t.turns)) for t in trajectories]
-    return build_workload(lengths)
 
 
 def smallest_fitting_tp(cost: CostModel, max_tokens: int) -> int:
@@ -89,6 +91,19 @@ def plan_layout(plan: Plan) -> tuple[tuple[InstanceSpec, ...], tuple[int, ...]]:
     return tuple(layout), bounds
 
 
+def planner_variants(cost: CostModel, settings: PlannerSettings, *, uniform: bool, hybrids: bool) -> list[PlannerSettings]:
+    """The planner settings a policy searches side by side: one per uniform instance size, or
+    heterogeneous instances with those as fallbacks (when buckets do not pay off), each also without
+    hybrids when hybrids are allowed (when leaving the rollout tail costs more than it gives)."""
+    tps = [tp for tp in (1, 2, 4, 8) if tp <= cost.cluster.gpus_per_node]
+    variants = [replace(settings, rollout_tps=(tp,)) for tp in tps]
+    if not uniform:
+        variants = [settings] + variants
+    if hybrids:
+        variants += [replace(v, max_hybrid_fraction=0.0) for v in variants]
+    return variants
+
+
 class SystemPolicy:
     """Base: a fixed configuration and a least-load router."""
 
@@ -110,6 +125,9 @@ class SystemPolicy:
         if self._router is None or self._router.buckets.bounds != config.bounds:
             self._router = LeastLoad(Buckets(config.bounds), measure="total")
         return self._router
+
+    def plan_ahead(self, batches: list[list[SimTrajectory]]) -> None:
+        """Called once before the run with every step's batch; only a clairvoyant policy looks."""
 
     def observe(self, trajectories: list[SimTrajectory]) -> None:
         if self._router is not None:
@@ -186,13 +204,30 @@ class Planned(SystemPolicy):
         self.router_kind = router
         self.frozen = frozen
         self.hybrid_leave_fraction = 0.2 if hybrids else 0.0
-        tps = [tp for tp in (1, 2, 4, 8) if tp <= cost.cluster.gpus_per_node]
-        variants = [replace(self.planner_settings, rollout_tps=(tp,)) for tp in tps] if uniform else [self.planner_settings]
-        if not uniform:  # Libra's stages may also fall back to uniform instances when buckets do not pay off
-            variants += [replace(self.planner_settings, rollout_tps=(tp,)) for tp in tps]
-        if hybrids:  # ... and to plans without hybrids when leaving the rollout tail costs more than it gives
-            variants += [replace(v, max_hybrid_fraction=0.0) for v in variants]
-        self.controller = PlanController(cost, self.planner_settings, trigger, variants=variants)
+        variants = planner_variants(cost, self.planner_settings, uniform=uniform, hybrids=hybrids)
+        self.recent: deque[list[SimTrajectory]] = deque(maxlen=PROBE_STEPS)
+        self.controller = PlanController(cost, self.planner_settings, trigger, variants=variants,
+                                         probe=None if frozen else self.probe)
+
+    def probe(self, plan: Plan) -> float:
+        """A plan's mean iteration time over the last `PROBE_STEPS` steps' trajectories: each batch's
+        rollout replayed through the rollout simulator with a router that needs no history
+        (least-load on uniform instances, tokens spent (MLFQ) across length buckets; the same for
+        every stage, so the ablation adds the causal router on top of the same plan choices), and
+        its training from the cost model, sped up by the hybrids that rollout releases."""
+        layout, bounds = plan_layout(plan)
+        assert plan.train is not None
+        seconds = []
+        for batch in self.recent:
+            buckets = Buckets(bounds)
+            router = MLFQ(buckets, measure="total") if bounds else LeastLoad(buckets, measure="total")
+            rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(batch)
+            train_s, train_config = train_seconds(self.cost, plan.train.config, plan.train_gpus, batch,
+                                                  self.planner_settings)
+            train_s, _ = with_hybrids(train_s, train_config, rollout.hybrid_released_s,
+                                      join_seconds(self.cost, train_config))
+            seconds.append(max(rollout.makespan_s, train_s) + self.cost.weight_sync_s())
+        return sum(seconds) / len(seconds)
 
     def configure(self, step, previous, upcoming, times):
         if self.frozen and self.config is not None:
@@ -203,6 +238,7 @@ class Planned(SystemPolicy):
                          * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
         workload = workload_of(previous)
+        self.recent.append(previous)
         event = self.controller.observe(step, workload, times, force=True)
         if self.config is not None and (event is None or not event.applied):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
@@ -229,15 +265,89 @@ class Planned(SystemPolicy):
 
 
 class OraclePolicy(SystemPolicy):
-    """Plans every step on the trajectories it is about to run, switches for free, routes on truth."""
+    """Knows every step's trajectories before the run. For each step it plans on that step's batch
+    with every planner variant Libra searches, keeps the `candidates` distinct plans the cost model
+    ranks best, and runs each through the rollout physics (routing on true lengths, hybrids leaving
+    for the tail). Then a dynamic program over the steps picks one plan per step minimising the
+    whole run's time as the runner counts it (step k = max(rollout k, training of batch k-1 sped up
+    by the hybrids step k releases), plus the last batch's training); switching is free."""
 
     name = "oracle"
     hybrid_leave_fraction = 0.2
+    candidates = 3
+
+    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings) -> None:
+        super().__init__(cost, replace(planner, mode="one_step_off"), trigger)
+        self.variants = planner_variants(cost, self.planner_settings, uniform=False, hybrids=True)
+        self.schedule: list[StepConfig] = []
+
+    def _candidates(self, batch: list[SimTrajectory]) -> list[StepConfig]:
+        """The `candidates` best distinct plans of the variants (by the cost model), and the best one
+        with one and two nodes' GPUs moved between training and rollout (for steps where a straggler
+        decides the rollout and more rollout GPUs would not help)."""
+        workload = workload_of(batch)
+        plans = []
+        for settings in self.variants:
+            try:
+                plans.append((Planner(self.cost, workload, settings).plan(), settings))
+            except LibraError:  # no feasible split for this variant
+                continue
+        if not plans:
+            raise LibraError("no planner variant found a feasible plan for this step's trajectories")
+        plans.sort(key=lambda item: item[0].t_iter_s)
+        configs: dict[tuple, StepConfig] = {}
+        for plan, _ in plans:
+            if len(configs) < self.candidates:
+                self._add(configs, plan)
+        best, settings = plans[0]
+        planner = Planner(self.cost, workload, settings)
+        node = self.cost.cluster.gpus_per_node
+        for moved in (-2 * node, -node, node, 2 * node):
+            try:
+                self._add(configs, planner.plan_at(best.train_gpus + moved, best.hybrid_gpus, best.hybrid_rollout_share))
+            except LibraError:  # off the ends
+                continue
+        return list(configs.values())
+
+    @staticmethod
+    def _add(configs: dict[tuple, StepConfig], plan: Plan) -> None:
+        if plan.train is None or math.isinf(plan.t_iter_s):
+            return
+        layout, bounds = plan_layout(plan)
+        config = StepConfig("one_step_off", plan.train_gpus, plan.train.config, layout, bounds, 0.0, "oracle")
+        configs.setdefault((config.train_gpus, config.train_config, layout, bounds), config)
+
+    def plan_ahead(self, batches: list[list[SimTrajectory]]) -> None:
+        # per step, per candidate: (config, rollout makespan, hybrid releases, training of this batch)
+        steps = []
+        for batch in batches:
+            options = []
+            for config in self._candidates(batch):
+                rollout = RolloutSim(self.cost, config.layout, self.router(config, batch), self.hybrid_leave_fraction).run(batch)
+                train_s, train_config = train_seconds(self.cost, config.train_config, config.train_gpus, batch,
+                                                      self.planner_settings)
+                options.append((config, rollout.makespan_s, rollout.hybrid_released_s, train_s, train_config))
+            steps.append(options)
+        # best[c]: (time of the run so far ending with candidate c, the choices)
+        best = [(o[1], [i]) for i, o in enumerate(steps[0])]
+        for before, options in zip(steps, steps[1:], strict=False):
+            nxt = []
+            for c, (_, rollout_s, released, _, _) in enumerate(options):
+                times = []
+                for p, (_, _, _, train_s, train_config) in enumerate(before):
+                    trained_s, _ = with_hybrids(train_s, train_config, released, join_seconds(self.cost, train_config))
+                    times.append(best[p][0] + max(rollout_s, trained_s))
+                p = min(range(len(times)), key=times.__getitem__)
+                nxt.append((times[p], best[p][1] + [c]))
+            best = nxt
+        final = min(range(len(best)), key=lambda c: best[c][0] + steps[-1][c][3])
+        self.schedule = [steps[k][c][0] for k, c in enumerate(best[final][1])]
 
     def configure(self, step, previous, upcoming, times):
-        plan = Planner(self.cost, workload_of(upcoming), replace(self.planner_settings, mode="one_step_off")).plan()
-        layout, bounds = plan_layout(plan)
-        self.config = StepConfig("one_step_off", plan.train_gpus, plan.train.config, layout, bounds, 0.0, "oracle")
+        if step >= len(self.schedule):  # not planned ahead: the cost model's best plan for this batch
+            self.config = self._candidates(upcoming)[0]
+        else:
+            self.config = self.schedule[step]
         return self.config
 
     def router(self, config, upcoming):

@@ -18,12 +18,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from libra.errors import LibraError
 from libra.planner.cost_model import CostModel, TrainConfig
-from libra.planner.planner import Planner, PlannerSettings
+from libra.planner.planner import PlannerSettings
 from libra.planner.trigger import StepTimes, TriggerSettings
-from libra.sim.policies import POLICIES, StepConfig, SystemPolicy, make_policy, workload_of
+from libra.sim.policies import POLICIES, StepConfig, SystemPolicy, make_policy
 from libra.sim.rollout import RolloutSim
+from libra.sim.training import join_seconds, train_seconds, with_hybrids
 from libra.sim.workloads import SimTrajectory, WorkloadGenerator, WorkloadSpec
 
 OFFLOAD_S = 20.0  # colocated: offloading and reloading training state around each rollout
@@ -82,45 +82,6 @@ class PolicyRun:
                 "train": sum(s.idle_train_gpu_s for s in self.steps)}
 
 
-def train_seconds(cost: CostModel, config: TrainConfig, gpus: int, batch: list[SimTrajectory],
-                  settings: PlannerSettings) -> tuple[float, TrainConfig]:
-    """Training time of `batch`; a configuration that no longer fits memory is replaced by the best
-    one on the same GPUs (the trainer re-shards), falling back to ZeRO-3 sharding when nothing else fits."""
-    workload = workload_of(batch)
-    if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
-        for fallback in (cost, replace(cost, training=replace(cost.training, zero_stage=3))):
-            best = Planner(fallback, workload, settings).training.best(gpus)
-            if best is not None:
-                return fallback.train_time(best.config, workload).seconds, best.config
-        raise LibraError(f"no training configuration of {cost.model.name} fits {gpus} GPUs for sequences of "
-                         f"{workload.max_tokens:,} tokens, even with ZeRO-3; simulate with more GPUs or a smaller model")
-    return cost.train_time(config, workload).seconds, config
-
-
-def join_seconds(cost: CostModel, config: TrainConfig) -> float:
-    """A hybrid replica fetching the latest weights and optimizer state (its shard) from a snapshot."""
-    shard_bytes = 14 * cost.model.total_params / (config.tp * config.pp)  # bf16 weights + fp32 Adam state
-    return 2.0 + shard_bytes / cost.hw.inter_node_bandwidth
-
-
-def with_hybrids(train_s: float, config: TrainConfig, released: list[tuple[int, float]], join_s: float) -> tuple[float, list]:
-    """Training time when hybrid GPUs join as extra replicas at their release time + join time."""
-    replica = config.tp * config.pp
-    arrivals = sorted(t + join_s for _, t in released)
-    gpus_joined = 0
-    now, done, rate = 0.0, 0.0, 1.0  # rate: replicas relative to the core's
-    events = []
-    for (gpus, _), at in zip(sorted(released, key=lambda r: r[1]), arrivals, strict=True):
-        if at >= now + (1 - done) * train_s / rate:
-            break
-        done += (at - now) * rate / train_s
-        now = at
-        gpus_joined += gpus
-        rate = (config.dp + gpus_joined // replica) / config.dp
-        events.append((at, "join_training", gpus))
-    return now + (1 - done) * train_s / rate, events
-
-
 def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, policies: list[str], seed: int = 0,
              planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
              progress: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
@@ -136,7 +97,9 @@ def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, policies: list[str
     warmup = generator.step(-1)
     runs = {}
     for name in policies:
-        runs[name] = run_policy(make_policy(name, cost, planner, trigger), cost, batches, warmup, planner, progress)
+        policy = make_policy(name, cost, planner, trigger)
+        policy.plan_ahead(batches)
+        runs[name] = run_policy(policy, cost, batches, warmup, planner, progress)
     return runs
 
 

@@ -71,3 +71,27 @@ def test_doubling_lengths_move_gpus_toward_rollout() -> None:
     assert len(applied) >= 2
     assert rollout_share == sorted(rollout_share)  # every move goes toward rollout
     assert rollout_share[-1] > rollout_share[0]
+
+
+def test_probe_replaces_the_cost_model_and_learns_per_variant() -> None:
+    """Two variants (uniform TP2, uniform TP4 instances); the probe says TP4 plans run 3x slower
+    than costed and TP2 plans as costed: the probed TP2 plan wins, and TP4's correction learns 3x."""
+    from dataclasses import replace
+
+    from libra.planner.planner import PlannerSettings
+
+    cost = a800_14b()
+    variants = [replace(PlannerSettings(max_hybrid_fraction=0.0), rollout_tps=(tp,)) for tp in (4, 2)]
+    probed = []
+
+    def probe(plan):
+        probed.append(plan)
+        tps = set(plan.rollout.instance_counts)
+        return plan.t_iter_s * (3.0 if tps == {4} else 1.0)
+
+    controller = PlanController(cost, variants[0], TriggerSettings(warmup_steps=0), variants=variants, probe=probe)
+    event = controller.observe(0, trace_workload("swe_gemini3_mini_A", scale=0.25))
+    assert len(probed) == 2  # both variants' best plans (probe_candidates = 2)
+    assert set(event.candidate.rollout.instance_counts) == {2}
+    assert event.candidate.t_iter_s == probed[[set(p.rollout.instance_counts) for p in probed].index({2})].t_iter_s
+    assert controller.probe_correction == [pytest.approx(2.0), pytest.approx(1.0)]  # 0.5 x 1 + 0.5 x 3

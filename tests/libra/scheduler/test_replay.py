@@ -7,7 +7,15 @@ from hypothesis import strategies as st
 
 from libra.errors import LibraError
 from libra.scheduler.policies import Buckets
-from libra.scheduler.replay import Bound, auto_buckets, clairvoyant_bound, parse_order, path_of, replay, rl_steps
+from libra.scheduler.replay import (
+    Bound,
+    auto_buckets,
+    clairvoyant_bound,
+    parse_order,
+    path_of,
+    replay,
+    rl_steps,
+)
 from tests.libra.scheduler.builders import make_trajectory
 
 

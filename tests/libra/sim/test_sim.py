@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from libra.planner.cost_model import CostModel
@@ -5,9 +7,9 @@ from libra.planner.planner import PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
 from libra.scheduler.policies import Buckets, LeastLoad
 from libra.sim.engine import EventLoop
-from libra.sim.policies import workload_of
 from libra.sim.rollout import InstanceSpec, RolloutSim
-from libra.sim.runner import simulate, train_seconds
+from libra.sim.runner import simulate
+from libra.sim.training import train_seconds, workload_of
 from libra.sim.workloads import SimTrajectory, SimTurn, WorkloadGenerator, WorkloadSpec, workload_spec
 
 COST = CostModel(parse_cluster("6x8:a800"), MODELS["qwen3-14b"])
@@ -79,3 +81,43 @@ def test_rollout_to_training_ratio_grows_with_length_as_the_cost_model_says() ->
     sim_growth, model_growth = simulated[1] / simulated[0], planned[1] / planned[0]
     assert sim_growth > 1.5 and model_growth > 1.5
     assert 0.5 < sim_growth / model_growth < 2.0
+
+
+def test_oracle_schedule_is_the_best_sequence_of_its_candidates() -> None:
+    """The oracle's dynamic program over per-step candidate plans equals brute force over every
+    sequence, and running its schedule takes exactly the time the program predicted."""
+    import itertools
+
+    from libra.planner.trigger import TriggerSettings
+    from libra.sim.policies import OraclePolicy
+    from libra.sim.training import join_seconds, with_hybrids
+
+    spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
+    cost = CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"])
+    cost = replace(cost, training=replace(cost.training, min_sequence_tokens=min(spec.max_tokens, cost.rollout.max_context_tokens)))
+    generator = WorkloadGenerator(spec, 5)
+    batches = [generator.step(k) for k in range(3)]
+    oracle = OraclePolicy(cost, PlannerSettings(), TriggerSettings())
+    options = []
+    for batch in batches:
+        step = []
+        for config in oracle._candidates(batch):
+            rollout = RolloutSim(cost, config.layout, oracle.router(config, batch), oracle.hybrid_leave_fraction).run(batch)
+            train_s, train_config = train_seconds(cost, config.train_config, config.train_gpus, batch, oracle.planner_settings)
+            step.append((config, rollout.makespan_s, rollout.hybrid_released_s, train_s, train_config))
+        options.append(step)
+    assert all(len(step) >= 2 for step in options)
+
+    def total(choice) -> float:
+        time = options[0][choice[0]][1]
+        for k in range(1, len(options)):
+            _, _, _, train_s, train_config = options[k - 1][choice[k - 1]]
+            trained, _ = with_hybrids(train_s, train_config, options[k][choice[k]][2], join_seconds(cost, train_config))
+            time += max(options[k][choice[k]][1], trained)
+        return time + options[-1][choice[-1]][3]
+
+    best = min(itertools.product(*[range(len(step)) for step in options]), key=total)
+    oracle.plan_ahead(batches)
+    assert oracle.schedule == [options[k][c][0] for k, c in enumerate(best)]
+    run = simulate(spec, cost, 3, ["oracle"], seed=5)["oracle"]
+    assert run.total_time_s == pytest.approx(total(best) + 3 * cost.weight_sync_s())
