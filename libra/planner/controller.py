@@ -43,7 +43,8 @@ class PlanController:
         """`variants`: alternative planner settings searched side by side (the best plan wins), e.g.
         one per uniform instance size. `probe`: measures a plan's iteration seconds on recent
         trajectories; the `probe_candidates` plans ranked best (the cost model's T_iter times
-        their variant's probe correction) and the plan in force are compared on it instead, and
+        their variant's probe correction) with hybrids and as many without, and the plan in force,
+        are compared on it instead, and
         each probed variant's correction learns probed / predicted, so variants whose plans
         disappoint make way for the others."""
         self.cost = cost
@@ -84,8 +85,12 @@ class PlanController:
             raise LibraError("no planner variant found a feasible plan for this workload")
         if self.probe is not None:
             ranked = sorted(plans, key=lambda item: item[1].t_iter_s * self.probe_correction[item[3]])
+            # plans with and without hybrids are probed separately, so adding hybrid variants never
+            # pushes the plans without them out of the probe
+            with_hybrids = [item for item in ranked if self.variants[item[3]].max_hybrid_fraction > 0]
+            without = [item for item in ranked if self.variants[item[3]].max_hybrid_fraction <= 0]
             plans = []
-            for _, raw, p, index in ranked[: self.probe_candidates]:
+            for _, raw, p, index in with_hybrids[: self.probe_candidates] + without[: self.probe_candidates]:
                 measured = self.probe(raw)
                 if raw.t_iter_s > 0 and math.isfinite(raw.t_iter_s):
                     self.probe_correction[index] = 0.5 * self.probe_correction[index] + 0.5 * measured / raw.t_iter_s
