@@ -29,9 +29,10 @@ from libra.pools.pool import ElasticPool
 from libra.pools.task import RegressionTask
 
 CYCLE_S = 6.0  # seconds per join/leave cycle (at least 16 steps): the hybrid is wanted for the first half
-# the core rank and this coordinating process (which hosts the control-plane store) are on CPU 0, as
-# on the trainer's host; the hybrid and the leader's snapshot writer thread share CPU 1 (on a
-# cluster: the hybrid's own host and a spare core of the trainer's host)
+# the core rank has CPU 0 to itself; the hybrid and the leader's snapshot writer thread share CPU 1
+# (on a cluster: the hybrid's own host and a spare core of the trainer's host). The coordinating
+# process (the reconciler and the control-plane store) runs on CPU 1 by default, as a head-node
+# service would; `--coordinator-cpu 0` puts it beside the core rank instead.
 AFFINITY = {"core-0": (0,), "hybrid-0": (1,), "snapshot-writer": (1,)}
 
 
@@ -95,13 +96,15 @@ def measure(hidden: int, cycles: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
-        os.sched_setaffinity(0, {0})
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="*", type=int, default=[256, 1024, 2048, 4096], help="MLP hidden widths")
     parser.add_argument("--cycles", type=int, default=4, help="join/leave cycles per size")
+    parser.add_argument("--coordinator-cpu", type=int, default=1, choices=(0, 1),
+                        help="CPU of the coordinating process and its store (1: apart from the core rank)")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(0, {args.coordinator_cpu})
     rows = []
     for hidden in args.sizes:
         row = {"hidden": hidden, **measure(hidden, args.cycles)}
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
               f"entering step {row['entering_step_s'] * 1000:.1f} ms (whole join {row['slowdown_with_entering']:+.1%})",
               flush=True)
     if not args.no_save:
-        save("pool", {"core_ranks": 1, "hybrids": 1, "cycles": args.cycles, "runs": rows})
+        save("pool", {"core_ranks": 1, "hybrids": 1, "cycles": args.cycles, "coordinator_cpu": args.coordinator_cpu,
+                      "runs": rows})
     return 0
 
 

@@ -345,6 +345,7 @@ class Budgeted(Router):
 
 # the trees Libra's router keeps: tool-name granularity x prompt-size classes per doubling
 GRANULARITIES = {"fine": (1, 4), "coarse": (1, 4)}
+SCORED_PATHS = 128  # a step's finished trajectories the granularities are scored on (evenly spaced)
 
 
 @dataclass
@@ -492,8 +493,9 @@ class LibraRouter(CMLFQ):
             ratio = self.step_migrated / step_tokens
             self.price *= math.exp(max(-2.0, min(2.0, self.price_step * (ratio / self.budget.share - 1))))
         self.step_migrated = 0
+        scored = paths[:: max(1, len(paths) // SCORED_PATHS)]
         for g, tree in self.trees.items():  # score each granularity on the step before learning from it
-            self.score[g] = self.decay * self.score[g] + (1 - self.decay) * self._balanced_accuracy(tree, paths, prompt_tokens)
+            self.score[g] = self.decay * self.score[g] + (1 - self.decay) * self._balanced_accuracy(tree, scored, prompt_tokens)
         for path in paths:
             self.budget.see(final_turn_tokens(path))
             total = prompt_tokens[path.prompt_id] + path.start_remaining

@@ -205,7 +205,8 @@ class Planned(SystemPolicy):
         self.frozen = frozen
         self.hybrid_leave_fraction = 0.2 if hybrids else 0.0
         variants = planner_variants(cost, self.planner_settings, uniform=uniform, hybrids=hybrids)
-        self.recent: deque[list[SimTrajectory]] = deque(maxlen=PROBE_STEPS)
+        self.recent: deque[tuple[int, list[SimTrajectory]]] = deque(maxlen=PROBE_STEPS)  # (step, batch)
+        self.replays: dict[tuple, tuple[float, list[tuple[int, float]]]] = {}  # probe cache
         self.controller = PlanController(cost, self.planner_settings, trigger, variants=variants,
                                          probe=None if frozen else self.probe)
 
@@ -214,19 +215,23 @@ class Planned(SystemPolicy):
         rollout replayed through the rollout simulator with a router that needs no history
         (least-load on uniform instances, tokens spent (MLFQ) across length buckets; the same for
         every stage, so the ablation adds the causal router on top of the same plan choices), and
-        its training from the cost model, sped up by the hybrids that rollout releases."""
+        its training from the cost model, sped up by the hybrids that rollout releases. Replays
+        are cached per (step, instances) while the step is recent."""
         layout, bounds = plan_layout(plan)
         assert plan.train is not None
         seconds = []
-        for batch in self.recent:
-            buckets = Buckets(bounds)
-            router = MLFQ(buckets, measure="total") if bounds else LeastLoad(buckets, measure="total")
-            rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(batch)
+        for step, batch in self.recent:
+            key = (step, layout, bounds)
+            if key not in self.replays:
+                buckets = Buckets(bounds)
+                router = MLFQ(buckets, measure="total") if bounds else LeastLoad(buckets, measure="total")
+                rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(batch)
+                self.replays[key] = (rollout.makespan_s, rollout.hybrid_released_s)
+            makespan, released = self.replays[key]
             train_s, train_config = train_seconds(self.cost, plan.train.config, plan.train_gpus, batch,
                                                   self.planner_settings)
-            train_s, _ = with_hybrids(train_s, train_config, rollout.hybrid_released_s,
-                                      join_seconds(self.cost, train_config))
-            seconds.append(max(rollout.makespan_s, train_s) + self.cost.weight_sync_s())
+            train_s, _ = with_hybrids(train_s, train_config, released, join_seconds(self.cost, train_config))
+            seconds.append(max(makespan, train_s) + self.cost.weight_sync_s())
         return sum(seconds) / len(seconds)
 
     def configure(self, step, previous, upcoming, times):
@@ -238,7 +243,8 @@ class Planned(SystemPolicy):
                          * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
         workload = workload_of(previous)
-        self.recent.append(previous)
+        self.recent.append((step - 1, previous))
+        self.replays = {k: v for k, v in self.replays.items() if k[0] >= self.recent[0][0]}
         event = self.controller.observe(step, workload, times, force=True)
         if self.config is not None and (event is None or not event.applied):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
