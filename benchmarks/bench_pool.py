@@ -29,10 +29,10 @@ from libra.pools.pool import ElasticPool
 from libra.pools.task import RegressionTask
 
 CYCLE_S = 6.0  # seconds per join/leave cycle (at least 16 steps): the hybrid is wanted for the first half
-# the core rank has CPU 0 to itself; the hybrid and the leader's snapshot writer thread share CPU 1
+# the core rank is on CPU 0; the hybrid and the leader's snapshot writer thread share CPU 1
 # (on a cluster: the hybrid's own host and a spare core of the trainer's host). The coordinating
-# process (the reconciler and the control-plane store) runs on CPU 1 by default, as a head-node
-# service would; `--coordinator-cpu 0` puts it beside the core rank instead.
+# process (the reconciler and the control-plane store) runs beside the core rank on CPU 0 by
+# default, as on the trainer's host; `--coordinator-cpu 1` moves it off, as a head-node service.
 AFFINITY = {"core-0": (0,), "hybrid-0": (1,), "snapshot-writer": (1,)}
 
 
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="*", type=int, default=[256, 1024, 2048, 4096], help="MLP hidden widths")
     parser.add_argument("--cycles", type=int, default=4, help="join/leave cycles per size")
-    parser.add_argument("--coordinator-cpu", type=int, default=1, choices=(0, 1),
-                        help="CPU of the coordinating process and its store (1: apart from the core rank)")
+    parser.add_argument("--coordinator-cpu", type=int, default=0, choices=(0, 1),
+                        help="CPU of the coordinating process and its store (0: beside the core rank)")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:

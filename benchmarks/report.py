@@ -125,8 +125,8 @@ def pool_section(result: dict) -> list[str]:
     lines = [
         f"**Elastic hybrid pool** (`python -m benchmarks.bench_pool`; {result['core_ranks']} core rank and "
         f"{result['hybrids']} hybrid, one thread each, gloo, an MLP with AdamW, {result['cycles']} join/leave cycles per "
-        f"size; {result['machine']}; the core rank alone on CPU 0, the hybrid, the snapshot writer and "
-        f"{'the coordinator on CPU 1' if result.get('coordinator_cpu', 0) == 1 else 'the coordinator beside the core rank on CPU 0'}). "
+        f"size; {result['machine']}; the core rank on CPU 0, the hybrid and the snapshot writer on CPU 1, "
+        f"the coordinator on CPU {result.get('coordinator_cpu', 0)}). "
         "Slowdown: the core's median step time while a join is in progress against its "
         "median step time alone with no join pending, in the same run.",
         "",
