@@ -114,7 +114,7 @@ def test_a_slow_join_catches_up_by_replaying_logged_updates():
 
 def test_twenty_join_leave_cycles_keep_the_parameters_on_the_reference():
     task = RegressionTask(global_batch=48, dtype="float64")
-    steps = 20 * 8 + 4
+    steps = 24 * 8 + 4  # 24 chances for 20 cycles: on a loaded machine a join may miss its 4-step window
     schedule = {s: (1 if (s // 4) % 2 == 0 else 0) for s in range(0, steps, 4)}
     _, result = run(task, steps, hybrids=1, min_step_s=0.04, schedule=schedule)
     _, reference = run(task, steps, hybrids=0)
