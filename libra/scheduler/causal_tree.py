@@ -60,16 +60,23 @@ class Node:
             self._sorted, self._prefix = ordered, prefix
         return self._sorted, self._prefix  # type: ignore[return-value]
 
-    def estimate(self, elapsed: int = 0, quantile: float = 0.9) -> tuple[float, float, int] | None:
-        """(mean, quantile, support) of the remaining length of trajectories that went more than
-        `elapsed` tokens past this node, minus `elapsed`; None if none did."""
+    def _survivors(self, elapsed: int) -> tuple[list[int], list[int], int, int] | None:
+        """(sorted samples, their prefix sums, index of the first that went more than `elapsed`
+        tokens past this node, how many did); None if none did."""
         if not self.samples:
             return None
         ordered, prefix = self._ready()
         start = bisect.bisect_right(ordered, elapsed) if elapsed > 0 else 0
         n = len(ordered) - start
-        if n == 0:
+        return (ordered, prefix, start, n) if n else None
+
+    def estimate(self, elapsed: int = 0, quantile: float = 0.9) -> tuple[float, float, int] | None:
+        """(mean, quantile, support) of the remaining length of trajectories that went more than
+        `elapsed` tokens past this node, minus `elapsed`; None if none did."""
+        found = self._survivors(elapsed)
+        if found is None:
             return None
+        ordered, prefix, start, n = found
         mean = (prefix[-1] - prefix[start]) / n - elapsed
         q = ordered[start + min(n - 1, int(quantile * n))] - elapsed
         return mean, float(q), n
@@ -78,13 +85,10 @@ class Node:
         """(share of each bucket, mean, support) of the remaining length of trajectories that went
         more than `elapsed` tokens past this node, minus `elapsed`; bucket i holds lengths <=
         bounds[i], one more bucket above. None if none went that far."""
-        if not self.samples:
+        found = self._survivors(elapsed)
+        if found is None:
             return None
-        ordered, prefix = self._ready()
-        start = bisect.bisect_right(ordered, elapsed) if elapsed > 0 else 0
-        n = len(ordered) - start
-        if n == 0:
-            return None
+        ordered, prefix, start, n = found
         shares, below = [], start
         for bound in bounds:
             upto = max(below, bisect.bisect_right(ordered, elapsed + bound))

@@ -264,29 +264,36 @@ class CMLFQ(Router):
         self.tree.rebuild(paths)
 
 
-def final_turn_tokens(path: TrajectoryPath) -> int:
-    """Tokens after a trajectory's last decision (its final turn), learnt only when it ends."""
-    return path.returns[-1][1] if path.returns else path.start_remaining
-
-
 class MigrationBudget:
     """Re-prefilled tokens may be at most `share` of the tokens seen (prompts, generated tokens and
-    tool results, counted as they arrive): every token seen earns `share` tokens of credit and a
-    migration spends its context. At the end of a step unspent credit is capped at `bank` steps'
-    earnings, so quiet stretches cannot save up a burst for later (and over any run of steps the
-    spending exceeds `share` of its tokens by at most that bank)."""
+    tool results, counted as they arrive: at a trajectory's start and returns, and its final turn
+    when its step ends): every token seen earns `share` tokens of credit and a migration spends its
+    context. At the end of a step unspent credit is capped at that step's earnings, so quiet
+    stretches cannot save up a burst for later (over any run of steps the spending exceeds `share`
+    of its tokens by at most one step's earnings)."""
 
-    def __init__(self, share: float, bank: float = 1.0) -> None:
+    def __init__(self, share: float) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"migration budget must be a share between 0 and 1, got {share}")
         self.share = share
-        self.bank = bank
         self.credit = 0.0
         self.earned = 0.0  # this step's earnings
+        self.position: dict[str, int] = {}  # live trajectories' tokens seen so far
 
     def see(self, tokens: int) -> None:
         self.credit += self.share * tokens
         self.earned += self.share * tokens
+
+    def started(self, trajectory_id: str, prompt_tokens: int) -> None:
+        self.position[trajectory_id] = prompt_tokens
+        self.see(prompt_tokens)
+
+    def returned(self, trajectory_id: str, position: int) -> None:
+        self.see(position - self.position[trajectory_id])
+        self.position[trajectory_id] = position
+
+    def finished(self, trajectory_id: str) -> None:
+        self.position.pop(trajectory_id, None)
 
     def allows(self, tokens: int) -> bool:
         return tokens <= self.credit
@@ -294,8 +301,11 @@ class MigrationBudget:
     def spend(self, tokens: int) -> None:
         self.credit -= tokens
 
-    def end_step(self) -> None:
-        self.credit = min(self.credit, self.bank * self.earned)
+    def end_step(self, paths: Sequence[TrajectoryPath] = ()) -> None:
+        """The step's trajectories ended: their final turns are seen, and credit is capped."""
+        for path in paths:  # the tokens after each one's last decision
+            self.see(path.returns[-1][1] if path.returns else path.start_remaining)
+        self.credit = min(self.credit, self.earned)
         self.earned = 0.0
 
 
@@ -308,18 +318,15 @@ class Budgeted(Router):
         self.inner = inner
         self.name = f"{inner.name}@budget"
         self.budget = MigrationBudget(share)
-        self.position: dict[str, int] = {}
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         decision = self.inner.start(trajectory_id, prompt_id, prompt_tokens)
-        self.budget.see(prompt_tokens)
-        self.position[trajectory_id] = prompt_tokens
+        self.budget.started(trajectory_id, prompt_tokens)
         self.current[trajectory_id] = decision.bucket
         return decision
 
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
-        self.budget.see(position - self.position[trajectory_id])
-        self.position[trajectory_id] = position
+        self.budget.returned(trajectory_id, position)
         before = self.current[trajectory_id]
         decision = self.inner.on_return(trajectory_id, ret, position)
         if decision.bucket != before:
@@ -334,12 +341,10 @@ class Budgeted(Router):
     def finish(self, trajectory_id: str) -> None:
         super().finish(trajectory_id)
         self.inner.finish(trajectory_id)
-        self.position.pop(trajectory_id, None)
+        self.budget.finished(trajectory_id)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
-        for path in paths:
-            self.budget.see(final_turn_tokens(path))
-        self.budget.end_step()
+        self.budget.end_step(paths)
         self.inner.observe_step(paths, prompt_tokens)
 
 
@@ -395,7 +400,6 @@ class LibraRouter(CMLFQ):
         self.step_migrated = 0
         self.truth_counts = [1] * buckets.count  # decisions per true bucket (plus one each)
         self.tokens = [0, 0]  # trajectory tokens seen at the end of steps: sum, trajectories
-        self.position: dict[str, int] = {}
         self.size_roots = size_roots
         self.trees = {f"{g}/{c}": CausalTree(KeyScheme(g, payload_bounds), window, max_nodes, size_roots=size_roots,
                                              size_classes=c)
@@ -454,8 +458,7 @@ class LibraRouter(CMLFQ):
         granularity = self.granularity
         cursor = self.trees[granularity].cursor(prompt_id, prompt_tokens)
         track = self.tracks[trajectory_id] = _Track(granularity, cursor, [[(m.node, prompt_tokens)] for m in cursor.matches])
-        self.position[trajectory_id] = prompt_tokens
-        self.budget.see(prompt_tokens)
+        self.budget.started(trajectory_id, prompt_tokens)
         self._at(trajectory_id, prompt_tokens)
         found = self._distribution(track.paths, prompt_tokens, self.offset.get(trajectory_id, 0))
         if found is None:
@@ -467,8 +470,7 @@ class LibraRouter(CMLFQ):
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
         track = self.tracks[trajectory_id]
         self._follow(track.cursor, track.paths, self.trees[track.granularity].scheme.key(ret), position)
-        self.budget.see(position - self.position[trajectory_id])
-        self.position[trajectory_id] = position
+        self.budget.returned(trajectory_id, position)
         self._at(trajectory_id, position)
         current = self.current[trajectory_id]
         found = self._distribution(track.paths, position, self.offset.get(trajectory_id, 0))
@@ -485,7 +487,7 @@ class LibraRouter(CMLFQ):
     def finish(self, trajectory_id: str) -> None:
         Router.finish(self, trajectory_id)
         self.tracks.pop(trajectory_id, None)
-        self.position.pop(trajectory_id, None)
+        self.budget.finished(trajectory_id)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
         step_tokens = sum(prompt_tokens[p.prompt_id] + p.start_remaining for p in paths)
@@ -496,14 +498,13 @@ class LibraRouter(CMLFQ):
         scored = paths[:: max(1, len(paths) // SCORED_PATHS)]
         for g, tree in self.trees.items():  # score each granularity on the step before learning from it
             self.score[g] = self.decay * self.score[g] + (1 - self.decay) * self._balanced_accuracy(tree, scored, prompt_tokens)
+        self.budget.end_step(paths)
         for path in paths:
-            self.budget.see(final_turn_tokens(path))
             total = prompt_tokens[path.prompt_id] + path.start_remaining
             for remaining in path.remaining_at_decisions:
                 self.truth_counts[self.buckets.of(total if self.measure == "total" else remaining)] += 1
             self.tokens[0] += total
             self.tokens[1] += 1
-        self.budget.end_step()
         for tree in self.trees.values():
             tree.rebuild(paths)
 

@@ -224,17 +224,19 @@ def clairvoyant_bound(trajectories: Sequence[Trajectory], buckets: Buckets, budg
             migrated += m
         return score, migrated
 
-    low, high = 0.0, 1.0
-    while solve(high)[1] > budget:
-        low, high = high, high * 4
+    # (price, (score, migrated share)): `high` always within the budget, `low` over it (or free)
+    low, high = (0.0, solve(0.0)), (1.0, solve(1.0))
+    while high[1][1] > budget:
+        low, high = high, (high[0] * 4, solve(high[0] * 4))
     for _ in range(30):
-        middle = (low + high) / 2
-        if solve(middle)[1] > budget:
-            low = middle
+        middle = (low[0] + high[0]) / 2
+        found = (middle, solve(middle))
+        if found[1][1] > budget:
+            low = found
         else:
-            high = middle
-    achieved, migrated = solve(high)
-    upper = min(s - p * (m - budget) for p in (low, high) for s, m in [solve(p)])
+            high = found
+    achieved, migrated = high[1]
+    upper = min(s - p * (m - budget) for p, (s, m) in (low, high))
     return Bound(budget, min(1.0, upper), achieved, migrated)
 
 

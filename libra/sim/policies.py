@@ -31,7 +31,7 @@ from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload
 from libra.scheduler.policies import MLFQ, Buckets, LeastLoad, LibraRouter, Oracle, Router
 from libra.sim.rollout import InstanceSpec, RolloutSim, path_of
-from libra.sim.training import join_seconds, train_seconds, with_hybrids, workload_of
+from libra.sim.training import train_seconds, with_hybrids, workload_of
 from libra.sim.workloads import SimTrajectory
 
 PROBE_STEPS = 2  # steps of recent trajectories a plan's rollout is probed on
@@ -230,7 +230,7 @@ class Planned(SystemPolicy):
             makespan, released = self.replays[key]
             train_s, train_config = train_seconds(self.cost, plan.train.config, plan.train_gpus, batch,
                                                   self.planner_settings)
-            train_s, _ = with_hybrids(train_s, train_config, released, join_seconds(self.cost, train_config))
+            train_s, _ = with_hybrids(self.cost, train_s, train_config, released)
             seconds.append(max(makespan, train_s) + self.cost.weight_sync_s())
         return sum(seconds) / len(seconds)
 
@@ -341,7 +341,7 @@ class OraclePolicy(SystemPolicy):
             for c, (_, rollout_s, released, _, _) in enumerate(options):
                 times = []
                 for p, (_, _, _, train_s, train_config) in enumerate(before):
-                    trained_s, _ = with_hybrids(train_s, train_config, released, join_seconds(self.cost, train_config))
+                    trained_s, _ = with_hybrids(self.cost, train_s, train_config, released)
                     times.append(best[p][0] + max(rollout_s, trained_s))
                 p = min(range(len(times)), key=times.__getitem__)
                 nxt.append((times[p], best[p][1] + [c]))

@@ -23,7 +23,7 @@ from libra.planner.planner import PlannerSettings
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.sim.policies import POLICIES, StepConfig, SystemPolicy, make_policy
 from libra.sim.rollout import RolloutSim
-from libra.sim.training import join_seconds, train_seconds, with_hybrids
+from libra.sim.training import train_seconds, with_hybrids
 from libra.sim.workloads import SimTrajectory, WorkloadGenerator, WorkloadSpec
 
 OFFLOAD_S = 20.0  # colocated: offloading and reloading training state around each rollout
@@ -128,8 +128,7 @@ def run_policy(policy: SystemPolicy, cost: CostModel, batches: list[list[SimTraj
             trained = []
             if pending is not None:
                 base_s, train_config = train_seconds(cost, pending[0].train_config, pending[0].train_gpus, pending[1], planner)
-                train_s, events = with_hybrids(base_s, train_config, rollout.hybrid_released_s,
-                                               join_seconds(cost, train_config))
+                train_s, events = with_hybrids(cost, base_s, train_config, rollout.hybrid_released_s)
                 trained = pending[1]
             rollout_side = rollout.makespan_s + config.switch_cost_s
             step_s = max(rollout_side, train_s) + sync_s

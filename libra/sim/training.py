@@ -41,8 +41,11 @@ def join_seconds(cost: CostModel, config: TrainConfig) -> float:
     return 2.0 + shard_bytes / cost.hw.inter_node_bandwidth
 
 
-def with_hybrids(train_s: float, config: TrainConfig, released: list[tuple[int, float]], join_s: float) -> tuple[float, list]:
-    """Training time when hybrid GPUs join as extra replicas at their release time + join time."""
+def with_hybrids(cost: CostModel, train_s: float, config: TrainConfig,
+                 released: list[tuple[int, float]]) -> tuple[float, list]:
+    """Training time when hybrid GPUs join as extra replicas at their release time + the time to
+    fetch a snapshot (`join_seconds`)."""
+    join_s = join_seconds(cost, config)
     replica = config.tp * config.pp
     arrivals = sorted(t + join_s for _, t in released)
     gpus_joined = 0

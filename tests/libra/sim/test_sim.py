@@ -90,7 +90,7 @@ def test_oracle_schedule_is_the_best_sequence_of_its_candidates() -> None:
 
     from libra.planner.trigger import TriggerSettings
     from libra.sim.policies import OraclePolicy
-    from libra.sim.training import join_seconds, with_hybrids
+    from libra.sim.training import with_hybrids
 
     spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
     cost = CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"])
@@ -112,7 +112,7 @@ def test_oracle_schedule_is_the_best_sequence_of_its_candidates() -> None:
         time = options[0][choice[0]][1]
         for k in range(1, len(options)):
             _, _, _, train_s, train_config = options[k - 1][choice[k - 1]]
-            trained, _ = with_hybrids(train_s, train_config, options[k][choice[k]][2], join_seconds(cost, train_config))
+            trained, _ = with_hybrids(cost, train_s, train_config, options[k][choice[k]][2])
             time += max(options[k][choice[k]][1], trained)
         return time + options[-1][choice[-1]][3]
 
