@@ -49,8 +49,8 @@ def step_estimate(task: RegressionTask) -> float:
     return (time.perf_counter() - began) / 5
 
 
-def measure(hidden: int, cycles: int) -> dict:
-    task = RegressionTask(dim=256, hidden=hidden, layers=2, global_batch=64)
+def measure(hidden: int, batch: int, cycles: int) -> dict:
+    task = RegressionTask(dim=256, hidden=hidden, layers=2, global_batch=batch)
     cycle = max(16, 2 * round(CYCLE_S / step_estimate(task) / 2))  # the pool's monitor polls every 50 ms
     steps = cycle * (cycles + 1)
     schedule = {cycle * (c + 1) + (0 if half == 0 else cycle // 2): 1 - half for c in range(cycles) for half in (0, 1)}
@@ -74,6 +74,7 @@ def measure(hidden: int, cycles: int) -> dict:
     baseline = [seconds[s["step"]] for s in result.steps
                 if s["active"] == 1 and s["replicas"] == 1 and s["step"] >= 2 and s["step"] not in window | entering]
     during = [seconds[s] for s in sorted(window)]
+    together = [seconds[s["step"]] for s in result.steps if s["active"] == 2 and s["step"] not in entering]
     base = statistics.median(baseline)
     loads = [float(lo.detail.split(" in ")[1].split(" ")[0]) for _, lo, _ in joins]
     return {
@@ -92,12 +93,17 @@ def measure(hidden: int, cycles: int) -> dict:
         "entering_step_s": statistics.median(seconds[s] for s in entering),
         # the whole join, the entering step included: extra core time over what the same steps take alone
         "slowdown_with_entering": sum(seconds[s] for s in window | entering) / (base * len(window | entering)) - 1,
+        # what the join buys: the core's step while the hybrid trains beside it, against alone
+        "with_hybrid_step_s": statistics.median(together),
+        "speedup_with_hybrid": base / statistics.median(together),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="*", type=int, default=[256, 1024, 2048, 4096], help="MLP hidden widths")
+    parser.add_argument("--batches", nargs="*", type=int, default=[64, 1024],
+                        help="rows per step: 64 makes a memory-bound step, 1024 a compute-bound one")
     parser.add_argument("--cycles", type=int, default=4, help="join/leave cycles per size")
     parser.add_argument("--coordinator-cpu", type=int, default=0, choices=(0, 1),
                         help="CPU of the coordinating process and its store (0: beside the core rank)")
@@ -106,13 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
         os.sched_setaffinity(0, {args.coordinator_cpu})
     rows = []
-    for hidden in args.sizes:
-        row = {"hidden": hidden, **measure(hidden, args.cycles)}
+    for batch, hidden in [(b, h) for b in args.batches for h in args.sizes]:
+        row = {"hidden": hidden, "batch": batch, **measure(hidden, batch, args.cycles)}
         rows.append(row)
-        print(f"hidden {hidden}: {row['parameters']:,} params, snapshot {row['snapshot_bytes'] / 2**20:.1f} MiB, "
+        print(f"batch {batch}, hidden {hidden}: {row['parameters']:,} params, snapshot {row['snapshot_bytes'] / 2**20:.1f} MiB, "
               f"{row['joins']} joins, median {row['join_latency_s']:.2f} s ({row['join_steps']:.0f} steps, load {row['load_s']:.3f} s), core step {row['core_step_s'] * 1000:.1f} ms, "
               f"during join {row['during_join_step_s'] * 1000:.1f} ms ({row['slowdown']:+.1%}), "
-              f"entering step {row['entering_step_s'] * 1000:.1f} ms (whole join {row['slowdown_with_entering']:+.1%})",
+              f"entering step {row['entering_step_s'] * 1000:.1f} ms (whole join {row['slowdown_with_entering']:+.1%}), "
+              f"with the hybrid training {row['with_hybrid_step_s'] * 1000:.1f} ms ({row['speedup_with_hybrid']:.2f}x)",
               flush=True)
     if not args.no_save:
         save("pool", {"core_ranks": 1, "hybrids": 1, "cycles": args.cycles, "coordinator_cpu": args.coordinator_cpu,

@@ -18,11 +18,13 @@ Join (hybrid h, requested at step boundary s0): the leader snapshots weights and
 background thread, so the core keeps training) and logs every later update (the mean gradient it
 applied). h loads the snapshot and reports the step its state is at. While it is more than
 `enter_gap` steps behind (and getting closer), the leader writes the updates it misses to a file
-and h replays them, again off the core's path. Then, at a boundary s1, h enters the generation in
-zero mode: the leader sends it the last few updates over the new group, h replays them (bitwise the
-core's state: same tensors, same optimizer) and takes part in step s1 contributing zeros. At s1+1
-it is activated and gets a shard. Leave: at a boundary the hybrid is left out of the next
-generation; it has finished its last step and returns to rollout.
+and h replays them, again off the core's path. Then, at a boundary s1, h enters the generation:
+the leader sends it the updates it still misses over the new group and h replays them (bitwise the
+core's state: same tensors, same optimizer). If that was at most `enter_gap` updates, h takes its
+shard of step s1 at once; if it stopped getting closer (a longer replay at entry) it takes part in
+s1 contributing zeros. Once s1 has gone through, h is activated (training) at s1+1. Leave: at a
+boundary the hybrid is left out of the next generation; it has finished its last step and returns
+to rollout.
 
 Failure: when a step's all-reduce over a generation with hybrids fails (a member died, or timed out),
 the core ranks agree on it over the core group (a one-element MAX all-reduce), drop the step's
@@ -99,8 +101,7 @@ def _payload(task: TrainTask, model: nn.Module, step: int, shard: range | None) 
         size = sum(p.numel() for p in params)
         return torch.zeros(size + 1, dtype=dtype)
     model.zero_grad(set_to_none=True)
-    inputs, targets = task.batch(step)
-    task.loss_sum(model, inputs[shard.start:shard.stop], targets[shard.start:shard.stop]).backward()
+    task.loss_sum(model, *task.batch(step, shard)).backward()
     grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype) for p in params]
     return torch.cat(grads + [torch.tensor([float(len(shard))], dtype=dtype)])
 
@@ -142,7 +143,7 @@ class _Join:
     synced: int | None = None  # the step the hybrid's state is at (before it), None while it fetches or replays
     gap: int | None = None  # steps it was behind when last sent updates to replay
     gap_from: int = 0  # the first of those steps
-    entered: int | None = None  # the step it entered in zero mode
+    entered: int | None = None  # the step it entered the generation
 
 
 @dataclass
@@ -333,7 +334,7 @@ class Leader:
                 self.control.send(hid, {"op": "cancel"})
         for hid in list(self.members):
             worker = self.workers[hid]
-            if worker.state is State.JOINING and hid not in self.active:  # finished its zero step
+            if worker.state is State.JOINING:  # its entering step went through: the join is complete
                 self.active.add(hid)
                 self.joins.pop(hid, None)
                 worker.move(State.TRAINING, "activated", step)
@@ -350,6 +351,8 @@ class Leader:
             if gap <= self.spec.enter_gap or (join.gap is not None and gap >= join.gap):
                 entering[hid] = join.synced  # close enough (or not getting closer): the rest comes at entry
                 join.entered = step
+                if gap <= self.spec.enter_gap:  # a short replay at entry: it takes its shard of this step
+                    self.active.add(hid)
             else:  # replay the logged updates from a file while the core goes on, then ask again
                 join.gap, join.gap_from, join.synced = gap, join.synced, None
                 self._send_updates(hid, gap)

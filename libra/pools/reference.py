@@ -26,11 +26,10 @@ def _replica(rank: int, world: int, port: int, task: TrainTask, steps: int, out:
     ids = [str(r) for r in range(world)]
     for step in range(steps):
         shard = shards(task.batch_size, ids)[str(rank)]
-        inputs, targets = task.batch(step)
         optimizer.zero_grad(set_to_none=True)
         # DDP averages gradients over replicas; each replica's mean over its (equal) shard makes
         # that the mean over the whole batch
-        loss = task.loss_sum(ddp, inputs[shard.start:shard.stop], targets[shard.start:shard.stop]) / len(shard)
+        loss = task.loss_sum(ddp, *task.batch(step, shard)) / len(shard)
         loss.backward()
         optimizer.step()
     if rank == 0:

@@ -19,7 +19,9 @@ from torch import nn
 class TrainTask(Protocol):
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]: ...
 
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def batch(self, step: int, rows: range | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's global batch (inputs, targets), or only its `rows` (a replica's shard)."""
+        ...
 
     def loss_sum(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
 
@@ -63,12 +65,15 @@ class RegressionTask:
         width = [self.dim] + [self.hidden] * self.layers + [self.dim]
         return sum(width[i] * width[i + 1] + width[i + 1] for i in range(len(width) - 1))
 
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, step: int, rows: range | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         teacher = torch.Generator().manual_seed(self.seed + 7)
         w = torch.randn(self.dim, self.dim, generator=teacher, dtype=torch.float64) / self.dim ** 0.5
         x = torch.randn(self.global_batch, self.dim, generator=g, dtype=torch.float64)
-        y = torch.tanh(x @ w) + 0.01 * torch.randn(self.global_batch, self.dim, generator=g, dtype=torch.float64)
+        noise = torch.randn(self.global_batch, self.dim, generator=g, dtype=torch.float64)
+        if rows is not None:  # the same draws; only the shard's targets are computed
+            x, noise = x[rows.start:rows.stop], noise[rows.start:rows.stop]
+        y = torch.tanh(x @ w) + 0.01 * noise
         return x.to(self.torch_dtype), y.to(self.torch_dtype)
 
     def loss_sum(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

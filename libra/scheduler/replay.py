@@ -10,7 +10,7 @@ Within a step the trajectories run concurrently: their returns and ends are repl
 (tokens since the trajectory's start), interleaved across trajectories.
 A migration (bucket change at a return) re-prefills the whole context so far.
 
-Libra's router keeps its migrations within a budget (`scheduler.migration_budget`, 8% of tokens by
+Libra's router keeps its migrations within a budget (`scheduler.migration_budget`, 7% of tokens by
 default); `NAME@budget` runs a baseline under the same budget, and `clairvoyant_bound` is the best
 balanced accuracy that any router within that budget could reach (it knows every length).
 """
