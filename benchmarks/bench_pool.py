@@ -5,14 +5,17 @@ One core rank and one hybrid (one thread each), a `RegressionTask` MLP of growin
 hybrid, keeps it for half a cycle, releases it, and so on. Measured in the same run (medians):
 
 - join latency: join requested -> activated (snapshot copied and written by the leader, loaded by
-  the hybrid, logged updates replayed, one zero-contribution step);
+  the hybrid, logged updates replayed, the entering step);
 - the core's step time while a join is in progress (from the request to the step the hybrid
   enters) against its step time when it trains alone with no join pending: the slowdown (goal:
   under 5%);
 - the entering step (catch-up transfer, the hybrid's replay, the first all-reduce with the new
   member) on its own, and the slowdown over the whole join with it included.
 
-    python -m benchmarks.bench_pool [--sizes 256 1024 2048] [--no-save]
+Each size runs with 64 rows per step (a memory-bound step) and 1,024 (compute-bound, as a trainer's
+step is), and the core's step while the hybrid trains is measured against alone: what a join buys.
+
+    python -m benchmarks.bench_pool [--sizes 256 1024 2048] [--batches 64 1024] [--no-save]
 """
 
 from __future__ import annotations
