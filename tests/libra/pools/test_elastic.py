@@ -56,9 +56,22 @@ def test_a_hybrid_that_stays_in_rollout_leaves_the_core_bitwise_unchanged(core_o
 def test_after_a_join_every_step_equals_plain_ddp_over_the_same_replicas():
     _, result = run(hybrids=1, min_step_s=0.05, schedule={0: 1})
     assert kinds(result) == ["join_requested", "snapshot_loaded", "activated", "leave_requested", "released"]
+    entering = next(s for s in result.steps if s["replicas"] == 3)
+    if not any(e.event == "updates_replayed" for e in result.events):  # it entered caught up: with a shard
+        assert entering["active"] == 3
     active = [s["active"] for s in result.steps]
     assert active[0] == 2 and active[-1] == 3 and active.count(3) >= STEPS // 2
     reference = ddp_run(TASK, 3, STEPS)  # three replicas from the start: the same update every step
+    assert_close(result, SimpleNamespace(**reference))
+
+
+def test_a_hybrid_that_enters_behind_contributes_zeros_for_its_entering_step():
+    # enter_gap 0: never close enough, so it enters once it stops getting closer, in zero mode
+    _, result = run(hybrids=1, min_step_s=0.05, schedule={0: 1}, enter_gap=0)
+    assert kinds(result)[:3] == ["join_requested", "snapshot_loaded", "activated"]
+    steps = {(s["replicas"], s["active"]) for s in result.steps}
+    assert (3, 2) in steps and (3, 3) in steps  # a member step with zeros, then training steps
+    reference = ddp_run(TASK, 3, STEPS)
     assert_close(result, SimpleNamespace(**reference))
 
 
