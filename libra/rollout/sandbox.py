@@ -1,6 +1,6 @@
 """Running model-generated code: a child process with hard limits.
 
-Each call runs one command in a fresh process group, in its own working directory, with
+Each call runs one Python interpreter in a fresh process group, in its own working directory, with
 - wall time: the whole process tree is killed (SIGKILL to the group) when `timeout_s` passes;
 - CPU time, address space (memory), file size and process count limits (`setrlimit`), so an
   infinite loop, a 10 GB allocation or a fork bomb fails inside the sandbox;
@@ -12,6 +12,11 @@ Each call runs one command in a fresh process group, in its own working director
   spawning other programs;
 - an output cap: stdout and stderr are cut at `max_output_bytes`.
 
+The interpreter is started without running anything in the forked child (so the fork is a cheap
+vfork even from a rollout process holding gigabytes: a fork that copies the parent's page tables
+costs about 50 ms per GB); its first statements, before any of the tool's code, leave the network
+namespace and set the limits on itself, then install the audit hook.
+
 Results are `SandboxResult` records with a status the causal tree keys on: `ok`, `error` (non-zero
 exit, including a refused operation) or `timeout`.
 """
@@ -20,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -32,7 +36,25 @@ from pathlib import Path
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 
-# Runs first inside the sandboxed interpreter (python -c), before the user's code.
+# Runs first inside the sandboxed interpreter (python -c), before the tool's code: the isolation and
+# limits (ctypes is dropped again, so importing it later is refused by the hook), then the guard.
+_CONFINE = r'''
+import os, sys, resource
+def _confine(unshare_flags, limits):
+    if unshare_flags:
+        import ctypes
+        failed = ctypes.CDLL(None, use_errno=True).unshare(unshare_flags) != 0
+        for name in [m for m in sys.modules if m == "ctypes" or m.startswith(("ctypes.", "_ctypes"))]:
+            del sys.modules[name]
+        if failed:
+            sys.stderr.write("sandbox: could not leave the network namespace\n")
+            os._exit(126)
+    for name, value in limits:
+        resource.setrlimit(getattr(resource, name), value)
+_confine(%(flags)d, %(limits)r)
+del _confine
+'''
+
 _GUARD = r'''
 import os, sys
 _root = os.path.realpath(os.getcwd())
@@ -116,34 +138,32 @@ def _isolation() -> str:
 _ISOLATION: str | None = None
 
 
-def _limit(limits: SandboxLimits, unshare_flags: int):
-    def apply() -> None:  # runs in the child between fork and exec
-        if unshare_flags:
-            ctypes.CDLL(None, use_errno=True).unshare(unshare_flags)
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
+def _confinement(limits: SandboxLimits, unshare_flags: int) -> str:
+    """The statements that isolate and limit the interpreter they run in."""
+    rlimits = [("RLIMIT_CPU", (limits.cpu_s, limits.cpu_s + 1)), ("RLIMIT_AS", (limits.memory_bytes, limits.memory_bytes)),
+               ("RLIMIT_FSIZE", (limits.file_bytes, limits.file_bytes)), ("RLIMIT_NPROC", (limits.processes, limits.processes)),
+               ("RLIMIT_CORE", (0, 0))]
+    return _CONFINE % {"flags": unshare_flags, "limits": rlimits}
 
 
-def run(argv: list[str], workdir: str | Path, limits: SandboxLimits = SandboxLimits(), stdin: str = "") -> SandboxResult:
-    """Run `argv` in `workdir` under the limits."""
+def run_python(code: str, workdir: str | Path, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Run Python source `code` in `workdir` under the limits (isolated mode, guarded by the audit hook)."""
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise ValueError(f"sandbox working directory {workdir} does not exist")
     isolation = _isolation()
     flags = {"netns": CLONE_NEWNET, "userns+netns": CLONE_NEWUSER | CLONE_NEWNET}.get(isolation, 0)
+    argv = [sys.executable, "-I", "-S", "-B", "-c",
+            _confinement(limits, flags) + _GUARD + "\nexec(compile(sys.stdin.read(), '<tool>', 'exec'))"]
     env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
     began = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
-                                preexec_fn=_limit(limits, flags), start_new_session=True)
+                                start_new_session=True)
         status = "ok"
         try:
-            proc.communicate(stdin.encode(), timeout=limits.timeout_s)
+            proc.communicate(code.encode(), timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
             status = "timeout"
         finally:
@@ -160,12 +180,6 @@ def run(argv: list[str], workdir: str | Path, limits: SandboxLimits = SandboxLim
         stderr, cut_err = _read(err, limits.max_output_bytes)
     return SandboxResult(status, None if status == "timeout" else code, stdout, stderr, seconds,
                          cut_out or cut_err, isolation)
-
-
-def run_python(code: str, workdir: str | Path, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run Python source in the sandbox (isolated mode, guarded by the audit hook)."""
-    return run([sys.executable, "-I", "-S", "-B", "-c", _GUARD + "\nexec(compile(sys.stdin.read(), '<tool>', 'exec'))"],
-               workdir, limits, stdin=code)
 
 
 def _read(handle, cap: int) -> tuple[str, bool]:

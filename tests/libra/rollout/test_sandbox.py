@@ -1,5 +1,7 @@
 """Each escape attempt is stopped and reported, and the next call works."""
 
+import os
+
 import pytest
 
 from libra.rollout.sandbox import SandboxLimits, run_python
@@ -46,6 +48,14 @@ def test_the_network_is_unreachable(workdir):
     assert result.status == "error" and "connected" not in result.stdout
     assert "network access is not allowed" in result.stderr
     assert result.isolation in ("netns", "userns+netns", "audit-hook")
+    if result.isolation != "audit-hook":  # the interpreter left the caller's network namespace
+        inside = run_python("import os\nprint(os.readlink('/proc/self/ns/net'))", workdir, FAST)
+        assert inside.status == "ok" and inside.output != os.readlink("/proc/self/ns/net")
+
+
+def test_limits_are_set_before_the_tools_code_runs(workdir):
+    code = "import os, resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0], os.getsid(0) == os.getpid())"
+    assert run_python(code, workdir, FAST).output == f"{FAST.memory_bytes} True"  # and in its own session
 
 
 def test_writes_outside_the_directory_are_refused(workdir, tmp_path):
