@@ -6,7 +6,8 @@
    the same number of tokens per sequence (goal: at least 0.7).
 2. Routing: makespan of the same long-tail batch (repo tasks, several samples each) on two vLLM
    instances, routed by Libra's router (warmed on one earlier batch of the same prompts) and by
-   least-load; the ratio least-load / Libra (> 1: Libra's batch finishes sooner).
+   least-load, alternating for `--repeats` batches each; the ratio least-load / Libra of each pair
+   and their median (> 1: Libra's batch finishes sooner).
 
     python -m benchmarks.bench_rollout [--policy .libra/policy] [--no-save]
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 from pathlib import Path
 
 from benchmarks.common import save
@@ -45,25 +47,31 @@ def efficiency(policy: Path, env_name: str, prompts: int, samples: int) -> dict:
             "raw_tokens_per_s": raw_tps, "efficiency": loop_tps / raw_tps, "solved_fraction": loop.solved_fraction}
 
 
-def routing(policy: Path, prompts: int, samples: int) -> dict:
+def routing(policy: Path, prompts: int, samples: int, repeats: int) -> dict:
+    """`repeats` batches under each router, alternating (vLLM-CPU cannot seed requests one by one, so
+    each batch samples different trajectories): the median makespans and each pair's ratio."""
     cores = sorted(os.sched_getaffinity(0))
     half = max(1, len(cores) // 2)
     engines = [VLLMEngine(policy, size=half, cores=cores[:half]), VLLMEngine(policy, size=half, cores=cores[half:] or cores)]
     tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(policy)
     env = make_env("repo")
     tasks = env.tasks(prompts, seed=2)
-    out = {}
-    for name in ("least-load", "libra"):
-        router = make_router(name, Buckets((200,)), {})
-        if name == "libra":  # one earlier step of the same prompts: the tree has seen them
-            rollout(env, tasks, samples, engines, router, tokenizer, temperature=1.0, seed=11)
-        result = rollout(env, tasks, samples, engines, router, tokenizer, temperature=1.0, seed=12)
-        out[name] = {"makespan_s": result.wall_s, "engine_steps": result.engine_steps, "generated_tokens": result.generated_tokens,
-                     "migrations": result.migrations, "solved_fraction": result.solved_fraction}
+    routers = {name: make_router(name, Buckets((200,)), {}) for name in ("least-load", "libra")}
+    rollout(env, tasks, samples, engines, routers["libra"], tokenizer, temperature=1.0, seed=11)  # the tree sees the prompts once
+    runs: dict[str, list[dict]] = {name: [] for name in routers}
+    for r in range(repeats):
+        for name, router in routers.items():
+            result = rollout(env, tasks, samples, engines, router, tokenizer, temperature=1.0, seed=12 + r)
+            runs[name].append({"makespan_s": result.wall_s, "engine_steps": result.engine_steps,
+                               "generated_tokens": result.generated_tokens, "migrations": result.migrations,
+                               "solved_fraction": result.solved_fraction})
     for engine in engines:
         engine.close()
-    out["makespan_ratio_least_load_over_libra"] = out["least-load"]["makespan_s"] / out["libra"]["makespan_s"]
-    return out
+    ratios = [a["makespan_s"] / b["makespan_s"] for a, b in zip(runs["least-load"], runs["libra"], strict=True)]
+    return {"repeats": repeats, "runs": runs, "ratios_least_load_over_libra": ratios,
+            **{name: {"makespan_s": statistics.median(x["makespan_s"] for x in rs),
+                      "migrations": sum(x["migrations"] for x in rs)} for name, rs in runs.items()},
+            "makespan_ratio_least_load_over_libra": statistics.median(ratios)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default=".libra/policy")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="routing: batches per router")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
     policy = Path(args.policy)
@@ -81,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['env']}: agent loop {r['loop_tokens_per_s']:.0f} tokens/s ({r['trajectories']} trajectories, "
               f"{r['engine_steps']} engine steps), raw generate {r['raw_tokens_per_s']:.0f} tokens/s: efficiency {r['efficiency']:.2f}",
               flush=True)
-    route = routing(policy, args.prompts, args.samples)
-    print(f"repo, 2 instances: makespan least-load {route['least-load']['makespan_s']:.1f} s, libra "
-          f"{route['libra']['makespan_s']:.1f} s: ratio {route['makespan_ratio_least_load_over_libra']:.2f}")
+    route = routing(policy, args.prompts, args.samples, args.repeats)
+    print(f"repo, 2 instances, {args.repeats} batches each: median makespan least-load {route['least-load']['makespan_s']:.1f} s, "
+          f"libra {route['libra']['makespan_s']:.1f} s: ratios {', '.join(f'{r:.2f}' for r in route['ratios_least_load_over_libra'])}, "
+          f"median {route['makespan_ratio_least_load_over_libra']:.2f}")
     if not args.no_save:
         save("rollout", {"prompts": args.prompts, "samples": args.samples, "efficiency": rows, "routing": route})
     return 0

@@ -163,9 +163,11 @@ def rollout_section(result: dict) -> list[str]:
         lines.append(f"| {r['env']} | {r['loop_tokens_per_s']:.0f} | {r['engine_steps']} | {r['raw_tokens_per_s']:.0f} | "
                      f"{r['efficiency']:.2f} | {r['solved_fraction']:.0%} |")
     route = result["routing"]
-    lines += ["", f"Routing a repo batch on two vLLM instances (one core each): makespan least-load "
-              f"{route['least-load']['makespan_s']:.1f} s, Libra's router {route['libra']['makespan_s']:.1f} s "
-              f"({route['libra']['migrations']} migrations): ratio least-load / Libra "
+    lines += ["", f"Routing a repo batch on two vLLM instances (one core each), {route['repeats']} batches per router "
+              f"(sampled anew each time): median makespan least-load {route['least-load']['makespan_s']:.1f} s, "
+              f"Libra's router {route['libra']['makespan_s']:.1f} s ({route['libra']['migrations']} migrations in all); "
+              f"ratio least-load / Libra per pair "
+              f"{', '.join(f'{r:.2f}' for r in route['ratios_least_load_over_libra'])}, median "
               f"{route['makespan_ratio_least_load_over_libra']:.2f}."]
     return lines
 
