@@ -29,7 +29,7 @@ import torch.distributed as dist
 from libra.errors import LibraError
 from libra.pools import snapshot as snapshots
 from libra.pools.control import Control
-from libra.pools.elastic import FAULTS, WorkerSpec, core_main
+from libra.pools.elastic import FAULTS, WorkerSpec, core_process
 from libra.pools.providers import LocalProcesses, Provider
 from libra.pools.reconciler import Action, reconcile
 from libra.pools.states import PoolEvent, State
@@ -115,7 +115,7 @@ class ElasticPool:
                 time.sleep(self.poll_s)
         ctx = mp.get_context("spawn")
         for rank in range(self.core_ranks):
-            proc = ctx.Process(target=core_main, args=(rank, self.spec), name=f"libra-core-{rank}", daemon=True)
+            proc = ctx.Process(target=core_process, args=(rank, self.spec), name=f"libra-core-{rank}", daemon=True)
             proc.start()
             self.core.append(proc)
         self._thread = threading.Thread(target=self._run, name="libra-pool-monitor", daemon=True)
