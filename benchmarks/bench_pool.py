@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="*", type=int, default=[256, 1024, 2048, 4096], help="MLP hidden widths")
     parser.add_argument("--batches", nargs="*", type=int, default=[64, 1024],
                         help="rows per step: 64 makes a memory-bound step, 1024 a compute-bound one")
-    parser.add_argument("--cycles", type=int, default=4, help="join/leave cycles per size")
+    parser.add_argument("--cycles", type=int, default=6, help="join/leave cycles per size")
     parser.add_argument("--coordinator-cpu", type=int, default=0, choices=(0, 1),
                         help="CPU of the coordinating process and its store (0: beside the core rank)")
     parser.add_argument("--no-save", action="store_true")
