@@ -98,7 +98,7 @@ def cmd_pool(args: argparse.Namespace, config: LibraConfig) -> int:
                            provider=provider, group_timeout_s=settings.group_timeout_s,
                            join_timeout_s=settings.join_timeout_s, max_catchup_steps=settings.max_catchup_steps,
                            enter_gap=settings.enter_gap, min_step_s=args.pace, poll_s=settings.poll_s,
-                           schedule=schedule)
+                           schedule=schedule, device=settings.device)
         started = time.perf_counter()
         pool.start(wait_for_hybrids_s=120)
         for worker, step in sorted(kills, key=lambda k: k[1]):
@@ -115,7 +115,7 @@ def cmd_pool(args: argparse.Namespace, config: LibraConfig) -> int:
     writer_for(config.store).write_run("pool_events", run, events_table(result.events))
     summary = summarize(result, run, wall, core, hybrids)
     if args.verify:
-        reference = ElasticPool(task, steps=args.steps, core_ranks=core, hybrids=0).start().wait()
+        reference = ElasticPool(task, steps=args.steps, core_ranks=core, hybrids=0, device=settings.device).start().wait()
         summary["max_abs_diff_vs_core_only"] = max(
             (result.model[k] - reference.model[k]).abs().max().item() for k in result.model)
     if not args.no_track:

@@ -112,6 +112,7 @@ class PoolConfig(_Section):
     core_ranks: int = Field(2, ge=1, le=4_096, description="core training replicas (never rebuilt)")
     hybrids: int = Field(2, ge=0, le=4_096, description="hybrid workers that may join training")
     provider: Literal["local", "ray"] = Field("local", description="where hybrids run: local processes or Ray actors")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: gloo groups; cuda: NCCL, one GPU per worker process")
     group_timeout_s: float = Field(30.0, gt=0.0, le=3_600.0, description="a collective or rendezvous slower than this fails")
     join_timeout_s: float = Field(180.0, gt=0.0, le=86_400.0, description="a join not done by then is cancelled")
     max_catchup_steps: int = Field(64, ge=2, le=100_000, description="updates the leader keeps for joins in progress")

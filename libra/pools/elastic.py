@@ -4,7 +4,8 @@ Processes and groups:
 - The core ranks form the core group (`init_process_group` over a `core/` key prefix) once, at the
   start; it is never rebuilt. Core rank 0 is the leader: it owns the hybrids' state machines.
 - The replicas of a step (core ranks, then hybrids by id) form a *generation*. A generation with
-  hybrids gets its own gloo group (`gen/<g>/` key prefix), built when the membership changes; a
+  hybrids gets its own group (`gen/<g>/` key prefix; gloo on CPU, NCCL with one GPU per worker on
+  `device="cuda"`), built when the membership changes; a
   generation without hybrids uses the core group, so a run whose hybrids never join executes exactly
   the code (and produces exactly the bits) of a run without hybrids.
 
@@ -79,6 +80,7 @@ class WorkerSpec:
     failure_grace_s: float = 0.25  # how long a failed step waits for death notices (the core waits too)
     min_step_s: float = 0.0  # pace: a step takes at least this long (emulates a real trainer's step)
     threads: int = 1
+    device: str = "cpu"  # "cpu": gloo groups; "cuda": NCCL groups, one GPU per worker process
     # CPU pinning (Linux): worker id or "snapshot-writer" -> CPUs; unlisted threads are not pinned
     affinity: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
@@ -90,20 +92,43 @@ class WorkerSpec:
     def core_id(self, rank: int) -> str:
         return f"core-{rank}"
 
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+    def build(self, index: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The task's model and optimizer on this worker's device: on "cuda", GPU `index` (the core
+        rank, or core ranks + the hybrid's number) modulo the GPUs this process sees (one under Ray,
+        which gives each actor its own). Moving the model keeps its parameter objects, so the
+        optimizer built with them stays valid; its state is created on the device at the first step."""
+        model, optimizer = self.task.build()
+        if self.device == "cuda":
+            device = torch.device("cuda", index % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+            # a failed collective raises in the waiting call and aborts only its own communicator,
+            # so the core can redo the step without the hybrid (the default would end the process)
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+            model.to(device)
+        return model, optimizer
+
 
 # -- one replica's arithmetic --------------------------------------------------------------------
 
 def _payload(task: TrainTask, model: nn.Module, step: int, shard: range | None) -> torch.Tensor:
-    """[summed gradient of the shard..., sample count]; zeros for a replica without a shard."""
+    """[summed gradient of the shard..., sample count] on the model's device; zeros for a replica
+    without a shard."""
     params = [p for p in model.parameters()]
-    dtype = params[0].dtype
+    dtype, device = params[0].dtype, params[0].device
     if shard is None or len(shard) == 0:
         size = sum(p.numel() for p in params)
-        return torch.zeros(size + 1, dtype=dtype)
+        return torch.zeros(size + 1, dtype=dtype, device=device)
     model.zero_grad(set_to_none=True)
-    task.loss_sum(model, *task.batch(step, shard)).backward()
-    grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype) for p in params]
-    return torch.cat(grads + [torch.tensor([float(len(shard))], dtype=dtype)])
+    inputs, targets = task.batch(step, shard)
+    task.loss_sum(model, inputs.to(device), targets.to(device)).backward()
+    grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype, device=device)
+             for p in params]
+    return torch.cat(grads + [torch.tensor([float(len(shard))], dtype=dtype, device=device)])
 
 
 def _step_payload(task: TrainTask, model: nn.Module, step: int, active: list[str], me: str) -> torch.Tensor:
@@ -122,6 +147,10 @@ def _apply(model: nn.Module, optimizer: torch.optim.Optimizer, update: torch.Ten
     optimizer.step()
 
 
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def _mean(payload: torch.Tensor) -> torch.Tensor:
     return payload[:-1] / payload[-1]
 
@@ -131,8 +160,15 @@ def state_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
 
-def _group(control: Control, gen: int, rank: int, size: int, timeout_s: float) -> dist.ProcessGroup:
-    return dist.ProcessGroupGloo(dist.PrefixStore(f"gen/{gen}", control.store), rank, size, timedelta(seconds=timeout_s))
+def _group(control: Control, spec: WorkerSpec, gen: int, rank: int, size: int) -> dist.ProcessGroup:
+    """Generation `gen`'s group: its own communicator (gloo or NCCL), apart from the core group."""
+    store = dist.PrefixStore(f"gen/{gen}", control.store)
+    timeout = timedelta(seconds=spec.group_timeout_s)
+    if spec.backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
 # -- the leader: hybrids' state machines and the membership of each step --------------------------
@@ -376,9 +412,10 @@ class Leader:
             if missing:
                 raise RuntimeError(f"updates for steps {missing[:3]}... are no longer logged")
             updates = [self.updates[s] for s in range(since, info["step"])]
-            block = torch.stack(updates) if updates else torch.zeros(0)
+            device = model_device(self.model)
+            block = torch.stack(updates) if updates else torch.zeros(0, device=device)
             rank = info["members"].index(hid)
-            group.send([torch.tensor([float(len(updates))])], rank, 0).wait()
+            group.send([torch.tensor([float(len(updates))], device=device)], rank, 0).wait()
             if updates:
                 group.send([block], rank, 1).wait()
 
@@ -435,9 +472,9 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
     spec.pin(spec.core_id(rank))
     torch.set_num_threads(spec.threads)
     control = Control.connect(spec.host, spec.port)
-    dist.init_process_group("gloo", store=dist.PrefixStore("core", control.store), rank=rank,
+    model, optimizer = spec.build(rank)
+    dist.init_process_group(spec.backend, store=dist.PrefixStore("core", control.store), rank=rank,
                             world_size=spec.core_ranks, timeout=timedelta(seconds=spec.group_timeout_s * 4))
-    model, optimizer = spec.task.build()
     leader = Leader(control, spec, model, optimizer) if rank == 0 else None
     core = [spec.core_id(r) for r in range(spec.core_ranks)]
     me = spec.core_id(rank)
@@ -469,14 +506,14 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
                 active = core + info["active"]
                 try:
                     if group is None:
-                        group = _group(control, gen, rank, len(info["members"]), spec.group_timeout_s)
+                        group = _group(control, spec, gen, rank, len(info["members"]))
                         if leader is not None:
                             leader.catch_up(group, info)
                     payload = _step_payload(spec.task, model, step, active, me)
                     group.allreduce([payload]).wait()
                 except Exception as exc:  # a member died or timed out
                     failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                flag = torch.tensor([1.0 if failed else 0.0])
+                flag = torch.tensor([1.0 if failed else 0.0], device=model_device(model))
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 if flag.item() > 0:  # redo the whole step core-only; nothing from the failed attempt counts
                     group, info = None, {"members": core, "active": []}
@@ -530,7 +567,8 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
     torch.set_num_threads(spec.threads)
     control = Control.connect(spec.host, spec.port)
     offset = control.inbox_offset(hid)  # a replacement process skips what was sent to its predecessor
-    model, optimizer = spec.task.build()
+    index = spec.core_ranks + spec.hybrids.index(hid)
+    model, optimizer = spec.build(index)
     control.put(f"ready/{hid}", os.getpid())
     control.post("requests", {"type": "ready", "hid": hid, "detail": f"process {os.getpid()}"})
     loaded: int | None = None
@@ -568,7 +606,7 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
             if extra["first"] != loaded:
                 continue  # not the updates after this state (a cancelled attempt's): wait for the leader
             for update in state["updates"]:
-                _apply(model, optimizer, update)
+                _apply(model, optimizer, update.to(model_device(model)))
             loaded += len(state["updates"])
             control.post("requests", {"type": "loaded", "what": "updates", "hid": hid, "step": loaded})
         elif op == "enter" and loaded is not None:
@@ -577,20 +615,21 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
             last = _member(hid, spec, control, model, optimizer, message["gen"], message["step"])
             loaded = None
             control.post("requests", {"type": "exited", "hid": hid, "step": last})
-            model, optimizer = spec.task.build()  # back to rollout; a later join loads a fresh snapshot
+            model, optimizer = spec.build(index)  # back to rollout; a later join loads a fresh snapshot
 
 
 def _member(hid: str, spec: WorkerSpec, control: Control, model: nn.Module, optimizer: torch.optim.Optimizer,
             gen: int, step: int) -> int:
     """Train as a member of generation `gen` from `step` until left out; returns the last step done."""
     info = control.get(f"gen/{gen}")
-    group = _group(control, gen, info["members"].index(hid), len(info["members"]), spec.group_timeout_s)
+    group = _group(control, spec, gen, info["members"].index(hid), len(info["members"]))
+    device = model_device(model)
     try:
-        count = torch.zeros(1)
+        count = torch.zeros(1, device=device)
         group.recv([count], 0, 0).wait()
         if count.item() > 0:
             size = sum(p.numel() for p in model.parameters())
-            block = torch.zeros(int(count.item()), size, dtype=next(model.parameters()).dtype)
+            block = torch.zeros(int(count.item()), size, dtype=next(model.parameters()).dtype, device=device)
             group.recv([block], 0, 1).wait()
             for update in block:
                 _apply(model, optimizer, update)
@@ -605,7 +644,7 @@ def _member(hid: str, spec: WorkerSpec, control: Control, model: nn.Module, opti
                 if hid not in new["members"]:
                     return last
                 if new["members"] != info["members"]:
-                    group = _group(control, g, new["members"].index(hid), len(new["members"]), spec.group_timeout_s)
+                    group = _group(control, spec, g, new["members"].index(hid), len(new["members"]))
                 gen, info = g, new
             payload = _step_payload(spec.task, model, step, core + info["active"], hid)
             group.allreduce([payload]).wait()

@@ -55,6 +55,20 @@ class _Monitor:
     progress: int = -1
 
 
+def _check_device(device: str, local_workers: int) -> None:
+    """NCCL cannot put two ranks of one group on the same GPU: each local worker needs its own."""
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise LibraError(f"pool device {device!r}: use 'cpu' (gloo) or 'cuda' (NCCL)")
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < local_workers:
+        raise LibraError(f"pool device 'cuda' needs one GPU per local worker process ({local_workers}); this machine "
+                         f"has {found}: use device 'cpu', fewer core ranks or hybrids, or hybrids on Ray actors")
+
+
 class ElasticPool:
     def __init__(self, task: TrainTask, *, steps: int, core_ranks: int = 2, hybrids: int = 2,
                  out_dir: str | Path | None = None, provider: Provider | None = None,
@@ -62,23 +76,25 @@ class ElasticPool:
                  max_catchup_steps: int = 64, enter_gap: int = 1, min_step_s: float = 0.0, poll_s: float = 0.05,
                  schedule: Mapping[int, int] | None = None, faults: Mapping[str, str] | None = None,
                  on_event: Callable[[PoolEvent], None] | None = None,
-                 affinity: Mapping[str, tuple[int, ...]] | None = None) -> None:
+                 affinity: Mapping[str, tuple[int, ...]] | None = None, device: str = "cpu") -> None:
         """`schedule`: desired hybrid count from a step on ({0: 0, 10: 2} = none, then two from step
         10); without one, `set_desired` or explicit `request_join`/`request_leave` drive the pool.
         `faults`: fault injection for tests and drills (hybrid id -> one of `elastic.FAULTS`).
         `affinity`: CPU pinning per worker id ("core-0", "hybrid-1") and for the leader's
-        "snapshot-writer" thread."""
+        "snapshot-writer" thread. `device`: "cpu" (gloo) or "cuda" (NCCL; every worker process needs
+        its own GPU: local processes take GPUs 0, 1, ... in the order core ranks, then hybrids)."""
         if steps < 1 or core_ranks < 1 or hybrids < 0:
             raise LibraError(f"need steps >= 1, core_ranks >= 1, hybrids >= 0; got {steps}, {core_ranks}, {hybrids}")
+        self.provider = provider or LocalProcesses()
+        _check_device(device, core_ranks + (hybrids if isinstance(self.provider, LocalProcesses) else 0))
         self.task = task
         self.steps = steps
         self.core_ranks = core_ranks
         self.hybrid_ids = tuple(f"hybrid-{i}" for i in range(hybrids))
         self.out_dir = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="libra-pool-"))
-        self.provider = provider or LocalProcesses()
         self.settings = dict(gpus_per_worker=gpus_per_worker, group_timeout_s=group_timeout_s,
                              join_timeout_s=join_timeout_s, max_catchup_steps=max_catchup_steps, enter_gap=enter_gap,
-                             min_step_s=min_step_s,
+                             min_step_s=min_step_s, device=device,
                              affinity=tuple((k, tuple(v)) for k, v in (affinity or {}).items()))
         self.poll_s = poll_s
         self.schedule = dict(sorted((schedule or {}).items()))

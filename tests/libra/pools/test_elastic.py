@@ -166,3 +166,29 @@ def test_hybrids_as_ray_actors(core_only):
         ray.shutdown()
     assert kinds(result) == ["join_requested", "snapshot_loaded", "activated", "leave_requested", "released"]
     assert_close(result, core_only)
+
+
+def test_a_cuda_pool_needs_one_gpu_per_local_worker():
+    import torch
+
+    from libra.errors import LibraError
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 4:
+        pytest.skip("this machine has a GPU for every worker")
+    with pytest.raises(LibraError, match="one GPU per local worker process"):
+        ElasticPool(TASK, steps=3, core_ranks=2, hybrids=2, device="cuda")
+    with pytest.raises(LibraError, match="use 'cpu' \\(gloo\\) or 'cuda' \\(NCCL\\)"):
+        ElasticPool(TASK, steps=3, device="tpu")
+
+
+@pytest.mark.gpu
+def test_on_gpus_with_nccl_a_join_keeps_the_update_of_the_core_only_run():
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 3:
+        pytest.skip("needs 3 GPUs: two core ranks and a hybrid, one GPU each")
+    task = RegressionTask(global_batch=48, dtype="float64")
+    _, result = run(task, hybrids=1, min_step_s=0.05, schedule={0: 1, 20: 0}, device="cuda")
+    assert kinds(result)[:3] == ["join_requested", "snapshot_loaded", "activated"]
+    _, reference = run(task, hybrids=0)  # on CPU with gloo
+    assert_close(result, reference, atol=1e-9)
