@@ -9,7 +9,7 @@ Each call runs the tool's Python code in a process of its own session, in its ow
   an audit hook that refuses sockets, and the result says which isolation applied;
 - confinement: Python code runs under an audit hook that refuses opening files for writing, renaming,
   removing or creating directories outside the working directory (and `/dev/null`), and refuses
-  spawning other programs;
+  spawning other programs and signalling processes other than its own;
 - an output cap: stdout and stderr are cut at `max_output_bytes`.
 
 How a call's process starts: by default it is forked from the sandbox server, a small interpreter
@@ -91,6 +91,8 @@ def _hook(event, args):
         raise PermissionError(f"sandbox: starting processes is not allowed ({event})")
     elif event == "ctypes.dlopen":
         raise PermissionError("sandbox: loading native libraries is not allowed")
+    elif (event == "os.kill" and args[0] not in (0, os.getpid())) or (event == "os.killpg" and args[0] != os.getpgid(0)):
+        raise PermissionError(f"sandbox: signalling other processes is not allowed ({event} {args[0]})")
 sys.addaudithook(_hook)
 del _hook
 '''

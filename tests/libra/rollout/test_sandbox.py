@@ -89,6 +89,12 @@ def test_native_escapes_are_refused(run_python, workdir):
     assert result.status == "error" and "native libraries" in result.stderr
 
 
+def test_signalling_other_processes_is_refused(run_python, workdir):
+    result = run_python("import os\nos.kill(os.getppid(), 0)", workdir, FAST)  # signal 0: harmless if let through
+    assert result.status == "error" and "signalling other processes is not allowed" in result.stderr
+    assert run_python("print('still here')", workdir, FAST).output == "still here"
+
+
 def test_concurrent_calls_each_get_their_own_output(workdir, monkeypatch):
     monkeypatch.setattr(sandbox, "_ISOLATION", None)  # the first calls of a process race to probe it
     outputs, isolated = {}, {}
