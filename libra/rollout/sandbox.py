@@ -359,20 +359,28 @@ class _Server:
         threading.Thread(target=self._read, name="libra-sandbox-server", daemon=True).start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            with self.lock:
-                if "pid" in message:
-                    self.running[message["id"]] = message["pid"]
-                    continue
-                self.running.pop(message["id"], None)
-                box = self.waiting.pop(message["id"], None)
-            if box is not None:
-                box.put(message["status"])
-        with self.lock:  # end of file: the server is gone; stop its orphans and wake every caller
+        try:
+            for line in self.proc.stdout:
+                message = json.loads(line)
+                with self.lock:
+                    if "pid" in message:
+                        self.running[message["id"]] = message["pid"]
+                        continue
+                    self.running.pop(message["id"], None)
+                    box = self.waiting.pop(message["id"], None)
+                if box is not None:
+                    box.put(message["status"])
+        finally:
+            self._gone()
+
+    def _gone(self) -> None:
+        """The server's output ended: stop what it left running and wake every caller."""
+        with self.lock:
             self.alive = False
             boxes, self.waiting = list(self.waiting.values()), {}
             orphans, self.running = list(self.running.values()), {}
+        if self.proc.poll() is None:  # its output broke off while it runs: it is not to be trusted
+            self.proc.kill()
         for pid in orphans:
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -406,8 +414,11 @@ class _Server:
         except queue.Empty:
             timed_out = True
             with self.lock:
-                if self.alive:
-                    self._send({"kill": ident})
+                try:
+                    if self.alive:
+                        self._send({"kill": ident})
+                except OSError:  # it is going away: the reader reports that
+                    pass
             try:
                 status = box.get(timeout=30)  # the server reports the killed child (or its own end)
             except queue.Empty:
