@@ -77,7 +77,9 @@ class RayActors:
         self.actors: dict[str, tuple[object, object, int]] = {}  # hid -> (actor, run ref, pid)
 
     def launch(self, hid: str, spec: WorkerSpec, fault: str = "") -> None:
-        actor = _HybridActor().options(name=f"libra-{hid}-{os.getpid()}", num_cpus=0).remote()  # type: ignore[attr-defined]
+        gpus = spec.gpus_per_worker if spec.device == "cuda" else 0  # Ray gives the actor its own GPUs
+        actor = _HybridActor().options(name=f"libra-{hid}-{os.getpid()}", num_cpus=0,  # type: ignore[attr-defined]
+                                       num_gpus=gpus).remote()
         pid = self.ray.get(actor.pid.remote())
         self.actors[hid] = (actor, actor.run.remote(hid, spec, fault), pid)
 
