@@ -48,6 +48,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -412,12 +413,10 @@ class Leader:
             if missing:
                 raise RuntimeError(f"updates for steps {missing[:3]}... are no longer logged")
             updates = [self.updates[s] for s in range(since, info["step"])]
-            device = model_device(self.model)
-            block = torch.stack(updates) if updates else torch.zeros(0, device=device)
             rank = info["members"].index(hid)
-            group.send([torch.tensor([float(len(updates))], device=device)], rank, 0).wait()
+            group.send([torch.tensor([float(len(updates))], device=model_device(self.model))], rank, 0).wait()
             if updates:
-                group.send([block], rank, 1).wait()
+                group.send([torch.stack(updates)], rank, 1).wait()
 
     def on_failure(self, step: int, error: str) -> None:
         """A generation with hybrids failed at `step`. Wait `failure_grace_s` for death notices
@@ -545,12 +544,17 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
         dist.destroy_process_group()
 
 
-def core_process(rank: int, spec: WorkerSpec) -> None:
-    """A core rank's process: `core_main`, then exit without running destructors once the run is
-    complete and written (gloo's and the store client's threads can abort interpreter teardown with
-    "terminate called without an active exception", which would read as a failed rank)."""
-    core_main(rank, spec)
+def exit_done() -> NoReturn:
+    """End a process whose work is complete and written, without running destructors: gloo's and
+    the store client's threads can abort interpreter teardown ("terminate called without an active
+    exception"), which would read as a failed process."""
     os._exit(0)
+
+
+def core_process(rank: int, spec: WorkerSpec) -> None:
+    """A core rank's process: `core_main`, then `exit_done`."""
+    core_main(rank, spec)
+    exit_done()
 
 
 FAULTS = ("", "die_fetching", "die_entering", "slow_fetch")

@@ -5,7 +5,6 @@ tests and the pool benchmark; not part of the training path."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from libra.pools.batching import shards
+from libra.pools.elastic import exit_done
 from libra.pools.task import TrainTask
 
 
@@ -37,9 +37,7 @@ def _replica(rank: int, world: int, port: int, task: TrainTask, steps: int, out:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, Path(out) / "ddp.pt")
     dist.barrier()  # tearing groups down while a peer is still in a collective can abort the process
     dist.destroy_process_group()
-    # leave without running destructors: gloo's and the store client's threads can still abort
-    # ("terminate called without an active exception") in interpreter teardown after all is done
-    os._exit(0)
+    exit_done()
 
 
 def ddp_run(task: TrainTask, replicas: int, steps: int) -> dict:
