@@ -44,12 +44,12 @@ def efficiency(policy: Path, env_name: str, prompts: int, samples: int) -> dict:
     per_sequence = max(1, loop.generated_tokens // len(loop.trajectories))
     uniform = engine.generate(firsts, per_sequence, [], temperature=1.0, seed=3)
     engine.close()
-    loop_tps = loop.generated_tokens / loop.wall_s
+    loop_tps, raw_tps = loop.generated_tokens / loop.wall_s, raw_tokens / raw_s
     uniform_tps = sum(len(g.token_ids) for g in uniform) / uniform[0].seconds
     return {"env": env_name, "trajectories": len(loop.trajectories), "loop_tokens": loop.generated_tokens,
             "loop_s": loop.wall_s, "loop_generate_s": loop.generate_s, "engine_steps": loop.engine_steps,
             "loop_tokens_per_s": loop_tps, "raw_tokens": raw_tokens, "raw_s": raw_s,
-            "raw_tokens_per_s": raw_tokens / raw_s, "efficiency": loop_tps / (raw_tokens / raw_s),
+            "raw_tokens_per_s": raw_tps, "efficiency": loop_tps / raw_tps,
             "uniform_tokens_per_s": uniform_tps, "efficiency_uniform": loop_tps / uniform_tps,
             "solved_fraction": loop.solved_fraction}
 
