@@ -5,6 +5,9 @@
    of the same vLLM engine decoding the same batch straight through: each prompt for as many tokens
    as its trajectory generated, with no stops, tools or re-submission, in the same run (goal: at
    least 0.7). Also against a kinder baseline: every sequence decoding the mean length (no tail).
+   The loop must also prefill every tool observation (and, as vLLM caches whole 32-token blocks
+   only, the unfilled tail of each turn's context): the prompt tokens each side computed are
+   reported, and the work efficiency compares the tokens computed per second (prefill + decode).
 2. Routing: makespan of the same long-tail batch (repo tasks, several samples each) on two vLLM
    instances, routed by Libra's router (warmed on one earlier batch of the same prompts) and by
    least-load, alternating for `--repeats` batches each; the ratio least-load / Libra of each pair
@@ -39,7 +42,7 @@ def efficiency(policy: Path, env_name: str, prompts: int, samples: int) -> dict:
     firsts = [t.ids[:t.prompt_tokens] for t in loop.trajectories]
     # the same batch decoded straight through: each prompt for as many tokens as its trajectory
     # generated over all its turns (no stops, no tools, no re-submission)
-    raw_tokens, raw_s = straight(engine, firsts, [t.generated_tokens for t in loop.trajectories])
+    raw_tokens, raw_s, raw_prefill = straight(engine, firsts, [t.generated_tokens for t in loop.trajectories])
     # and the earlier, kinder baseline: every sequence decodes the mean length (no long tail)
     per_sequence = max(1, loop.generated_tokens // len(loop.trajectories))
     uniform = engine.generate(firsts, per_sequence, [], temperature=1.0, seed=3)
@@ -48,21 +51,28 @@ def efficiency(policy: Path, env_name: str, prompts: int, samples: int) -> dict:
     uniform_tps = sum(len(g.token_ids) for g in uniform) / uniform[0].seconds
     return {"env": env_name, "trajectories": len(loop.trajectories), "loop_tokens": loop.generated_tokens,
             "loop_s": loop.wall_s, "loop_generate_s": loop.generate_s, "engine_steps": loop.engine_steps,
+            "loop_prefill_tokens": loop.prefill_tokens, "raw_prefill_tokens": raw_prefill,
             "loop_tokens_per_s": loop_tps, "raw_tokens": raw_tokens, "raw_s": raw_s,
             "raw_tokens_per_s": raw_tps, "efficiency": loop_tps / raw_tps,
+            # tokens the engine computed (prompt tokens outside its prefix cache + generated) per second:
+            # how fully the loop keeps the engine working, whatever the work
+            "work_efficiency": ((loop.prefill_tokens + loop.generated_tokens) / loop.wall_s)
+                               / ((raw_prefill + raw_tokens) / raw_s),
             "uniform_tokens_per_s": uniform_tps, "efficiency_uniform": loop_tps / uniform_tps,
             "solved_fraction": loop.solved_fraction}
 
 
-def straight(engine: VLLMEngine, prompts: list[list[int]], lengths: list[int]) -> tuple[int, float]:
-    """(tokens, seconds) of decoding every prompt for its own number of tokens in one batch."""
+def straight(engine: VLLMEngine, prompts: list[list[int]], lengths: list[int]) -> tuple[int, float, int]:
+    """(tokens, seconds, prompt tokens computed) of decoding every prompt for its own number of
+    tokens in one batch."""
     began = time.perf_counter()
     for i, (ids, length) in enumerate(zip(prompts, lengths, strict=True)):
         engine.submit(f"straight-{i}", ids, max(1, length), [], 1.0)
-    tokens = 0
+    tokens = prefill = 0
     while engine.has_work():
-        tokens += sum(len(g.token_ids) for _, g in engine.poll())
-    return tokens, time.perf_counter() - began
+        for _, g in engine.poll():
+            tokens, prefill = tokens + len(g.token_ids), prefill + g.prefill_tokens
+    return tokens, time.perf_counter() - began, prefill
 
 
 def routing(policy: Path, prompts: int, samples: int, repeats: int) -> dict:
@@ -95,8 +105,8 @@ def routing(policy: Path, prompts: int, samples: int, repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default=".libra/policy")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="routing: batches per router")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
@@ -108,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['env']}: agent loop {r['loop_tokens_per_s']:.0f} tokens/s ({r['trajectories']} trajectories, "
               f"{r['engine_steps']} engine steps), straight decoding {r['raw_tokens_per_s']:.0f} tokens/s: efficiency "
               f"{r['efficiency']:.2f} (against the mean length for every sequence, {r['uniform_tokens_per_s']:.0f} "
-              f"tokens/s: {r['efficiency_uniform']:.2f})", flush=True)
+              f"tokens/s: {r['efficiency_uniform']:.2f}); prompt tokens computed: loop {r['loop_prefill_tokens']}, "
+              f"straight {r['raw_prefill_tokens']} (generated {r['loop_tokens']}): work efficiency "
+              f"{r['work_efficiency']:.2f}", flush=True)
     route = routing(policy, args.prompts, args.samples, args.repeats)
     print(f"repo, 2 instances, {args.repeats} batches each: median makespan least-load {route['least-load']['makespan_s']:.1f} s, "
           f"libra {route['libra']['makespan_s']:.1f} s: ratios {', '.join(f'{r:.2f}' for r in route['ratios_least_load_over_libra'])}, "

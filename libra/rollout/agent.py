@@ -78,6 +78,7 @@ class RolloutResult:
     wall_s: float
     generate_s: float  # time the instances spent stepping, summed over instances
     engine_steps: int  # engine steps (vLLM) or batched generate calls (HF), summed over instances
+    prefill_tokens: int = 0  # prompt tokens the engines computed, over all turns (vLLM; prefix-cache hits excluded)
 
     @property
     def generated_tokens(self) -> int:
@@ -94,11 +95,14 @@ class RolloutResult:
 
 def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Engine], router: Router, tokenizer, *,
             max_turns: int = 8, max_tokens_per_turn: int = 96, max_context: int = 1536, temperature: float = 1.0,
-            seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 4) -> RolloutResult:
+            seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)
-    happen on the calling thread, in the order events arrive. `seed` seeds the HF engine's sampling."""
+    happen on the calling thread, in the order events arrive. `seed` seeds the HF engine's sampling.
+    `tool_threads`: tool calls in flight at once; a sandboxed call mostly waits for its process, and
+    when a whole batch calls its tools at the same time (every trajectory's first turn ends within a
+    few engine steps) 4 in flight left the batch waiting on the tools about twice as long as 16."""
     began = time.perf_counter()
     root = Path(workroot or tempfile.mkdtemp(prefix="libra-rollout-"))
     runs: dict[str, TrajectoryRun] = {}
@@ -145,7 +149,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
         d.start()
     for run in runs.values():
         submit(run)
-    active = len(runs)
+    active, prefill = len(runs), 0
     try:
         with ThreadPoolExecutor(max_workers=tool_threads) as tools:
             while active:
@@ -158,6 +162,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
                     future.add_done_callback(lambda f, tid=tid, gen=payload: events.put(("tool", tid, (gen, f))))
                     continue
                 gen, future = payload
+                prefill += gen.prefill_tokens
                 action_kind, tool, text, status, tool_s = future.result()
                 context = len(run.ids)
                 run.ids += gen.token_ids
@@ -189,7 +194,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             d.join()
     trajectories = list(runs.values())
     router.observe_step([path_of(r) for r in trajectories], {r.prompt_id: r.prompt_tokens for r in trajectories})
-    return RolloutResult(trajectories, time.perf_counter() - began, sum(busy), sum(steps))
+    return RolloutResult(trajectories, time.perf_counter() - began, sum(busy), sum(steps), prefill)
 
 
 def _act(env: Env, episode, gen) -> tuple[str, str, str, str, float]:

