@@ -78,7 +78,7 @@ class RolloutResult:
     wall_s: float
     generate_s: float  # time the instances spent stepping, summed over instances
     engine_steps: int  # engine steps (vLLM) or batched generate calls (HF), summed over instances
-    prefill_tokens: int = 0  # prompt tokens the engines computed, over all turns (vLLM; prefix-cache hits excluded)
+    prefill_tokens: int = 0  # prompt tokens the engines computed over all turns (prefix-cache hits excluded)
 
     @property
     def generated_tokens(self) -> int:

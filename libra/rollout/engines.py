@@ -101,7 +101,8 @@ class HFEngine:
         self.calls += 1
         gens = self.generate([q[1] for q in batch], first[2], first[3], first[4], seed=self.calls)
         now = time.perf_counter()
-        return [(q[0], Generation(g.token_ids, g.text, g.finish, now - q[5])) for q, g in zip(batch, gens, strict=True)]
+        return [(q[0], Generation(g.token_ids, g.text, g.finish, now - q[5], g.prefill_tokens))
+                for q, g in zip(batch, gens, strict=True)]
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
                  temperature: float = 1.0, seed: int = 0) -> list[Generation]:
@@ -121,7 +122,7 @@ class HFEngine:
                                       pad_token_id=pad, eos_token_id=self.tokenizer.eos_token_id)
         seconds = time.perf_counter() - began
         results = []
-        for row in out[:, width:].tolist():
+        for prompt, row in zip(prompts, out[:, width:].tolist(), strict=True):
             tokens, text, finish = [], "", "length"
             for token in row:
                 if token == pad:
@@ -131,7 +132,7 @@ class HFEngine:
                 if token == self.tokenizer.eos_token_id or any(s in text for s in stop):
                     finish = "stop"
                     break
-            results.append(Generation(tokens, text, finish, seconds))
+            results.append(Generation(tokens, text, finish, seconds, len(prompt)))  # no prefix cache: all of it
         return results
 
     def update_weights(self, checkpoint: str | Path) -> float:

@@ -39,6 +39,8 @@ def test_hf_agent_loop_across_two_instances_with_the_router(hf_engines, tmp_path
     for result in (first, second):
         assert len(result.trajectories) == 8
         check_records(result, 2)
+        # transformers keeps no prefix cache: every turn computes its whole context
+        assert result.prefill_tokens == sum(t.context_tokens for r in result.trajectories for t in r.turns)
     assert router.tree.nodes > 1
 
 
