@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from libra.config import SchedulerConfig
 from libra.scheduler.causal_tree import CausalTree, Cursor, Node, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
 from libra.scheduler.metrics import DecisionRecord, balanced_accuracy
@@ -360,6 +361,9 @@ class _Track:
     paths: list[list[tuple[Node, int]]]  # per root (prompt's, size class, global): matched nodes and positions
 
 
+_DEFAULTS = SchedulerConfig()  # the documented `scheduler` defaults: one source for the router and the config
+
+
 class LibraRouter(CMLFQ):
     """Bucket shares from the causal tree, a balanced decision rule and migrations priced against a
     budget.
@@ -384,9 +388,10 @@ class LibraRouter(CMLFQ):
 
     name = "libra"
 
-    def __init__(self, buckets: Buckets, min_support: int = 2, decay: float = 0.95, migration_budget: float = 0.08,
-                 size_roots: bool = True, payload_bounds: tuple[int, ...] = (500, 5_000), window: int = 64,
-                 max_nodes: int = 100_000, measure: str = "remaining",
+    def __init__(self, buckets: Buckets, min_support: int = _DEFAULTS.min_support, decay: float = 0.95,
+                 migration_budget: float = _DEFAULTS.migration_budget, size_roots: bool = True,
+                 payload_bounds: tuple[int, ...] = _DEFAULTS.payload_bounds, window: int = _DEFAULTS.window,
+                 max_nodes: int = _DEFAULTS.max_nodes, measure: str = "remaining",
                  prior_shares: Sequence[float] | None = None, price_step: float = 0.5) -> None:
         """`prior_shares`: the share of trajectories expected in each bucket (e.g. the planner's); a
         trajectory the tree knows nothing about is placed by smooth weighted round-robin over them

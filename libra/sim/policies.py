@@ -30,7 +30,7 @@ from libra.planner.planner import Plan, Planner, PlannerSettings, fixed_layout_t
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload
 from libra.scheduler.policies import MLFQ, Buckets, LeastLoad, LibraRouter, Oracle, Router
-from libra.sim.rollout import InstanceSpec, RolloutSim, path_of
+from libra.sim.rollout import InstanceSpec, RolloutResult, RolloutSim, path_of
 from libra.sim.training import train_seconds, with_hybrids, workload_of
 from libra.sim.workloads import SimTrajectory
 
@@ -125,6 +125,10 @@ class SystemPolicy:
         if self._router is None or self._router.buckets.bounds != config.bounds:
             self._router = LeastLoad(Buckets(config.bounds), measure="total")
         return self._router
+
+    def rollout(self, step: int, config: StepConfig, batch: list[SimTrajectory]) -> RolloutResult:
+        """The step's rollout under `config`, routed by this policy's router."""
+        return RolloutSim(self.cost, config.layout, self.router(config, batch), self.hybrid_leave_fraction).run(batch)
 
     def plan_ahead(self, batches: list[list[SimTrajectory]]) -> None:
         """Called once before the run with every step's batch; only a clairvoyant policy looks."""
@@ -286,6 +290,7 @@ class OraclePolicy(SystemPolicy):
         super().__init__(cost, replace(planner, mode="one_step_off"), trigger)
         self.variants = planner_variants(cost, self.planner_settings, uniform=False, hybrids=True)
         self.schedule: list[StepConfig] = []
+        self.planned: list[RolloutResult] = []  # the scheduled plan's rollout per step, as plan_ahead ran it
 
     def _candidates(self, batch: list[SimTrajectory]) -> list[StepConfig]:
         """The `candidates` best distinct plans of the variants (by the cost model), and the best one
@@ -329,18 +334,18 @@ class OraclePolicy(SystemPolicy):
         for batch in batches:
             options = []
             for config in self._candidates(batch):
-                rollout = RolloutSim(self.cost, config.layout, self.router(config, batch), self.hybrid_leave_fraction).run(batch)
+                rollout = super().rollout(len(steps), config, batch)
                 train_s, train_config = train_seconds(self.cost, config.train_config, config.train_gpus, batch,
                                                       self.planner_settings)
-                options.append((config, rollout.makespan_s, rollout.hybrid_released_s, train_s, train_config))
+                options.append((config, rollout.makespan_s, rollout.hybrid_released_s, train_s, train_config, rollout))
             steps.append(options)
         # best[c]: (time of the run so far ending with candidate c, the choices)
         best = [(o[1], [i]) for i, o in enumerate(steps[0])]
         for before, options in zip(steps, steps[1:], strict=False):
             nxt = []
-            for c, (_, rollout_s, released, _, _) in enumerate(options):
+            for c, (_, rollout_s, released, _, _, _) in enumerate(options):
                 times = []
-                for p, (_, _, _, train_s, train_config) in enumerate(before):
+                for p, (_, _, _, train_s, train_config, _) in enumerate(before):
                     trained_s, _ = with_hybrids(self.cost, train_s, train_config, released)
                     times.append(best[p][0] + max(rollout_s, trained_s))
                 p = min(range(len(times)), key=times.__getitem__)
@@ -348,6 +353,12 @@ class OraclePolicy(SystemPolicy):
             best = nxt
         final = min(range(len(best)), key=lambda c: best[c][0] + steps[-1][c][3])
         self.schedule = [steps[k][c][0] for k, c in enumerate(best[final][1])]
+        self.planned = [steps[k][c][5] for k, c in enumerate(best[final][1])]
+
+    def rollout(self, step, config, batch):
+        if step < len(self.schedule) and config is self.schedule[step]:  # already run by plan_ahead (routing is exact)
+            return self.planned[step]
+        return super().rollout(step, config, batch)
 
     def configure(self, step, previous, upcoming, times):
         if step >= len(self.schedule):  # not planned ahead: the cost model's best plan for this batch

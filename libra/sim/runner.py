@@ -22,7 +22,6 @@ from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import PlannerSettings
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.sim.policies import POLICIES, StepConfig, SystemPolicy, make_policy
-from libra.sim.rollout import RolloutSim
 from libra.sim.training import train_seconds, with_hybrids
 from libra.sim.workloads import SimTrajectory, WorkloadGenerator, WorkloadSpec
 
@@ -113,8 +112,7 @@ def run_policy(policy: SystemPolicy, cost: CostModel, batches: list[list[SimTraj
     times: StepTimes | None = None
     for k, batch in enumerate(batches):
         config = policy.configure(k, previous, batch, times)
-        router = policy.router(config, batch)
-        rollout = RolloutSim(cost, config.layout, router, policy.hybrid_leave_fraction).run(batch)
+        rollout = policy.rollout(k, config, batch)
         policy.observe(batch)
         if config.mode == "colocated":
             train_s, train_config = train_seconds(cost, config.train_config, config.train_gpus, batch, planner)

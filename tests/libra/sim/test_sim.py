@@ -119,5 +119,8 @@ def test_oracle_schedule_is_the_best_sequence_of_its_candidates() -> None:
     best = min(itertools.product(*[range(len(step)) for step in options]), key=total)
     oracle.plan_ahead(batches)
     assert oracle.schedule == [options[k][c][0] for k, c in enumerate(best)]
+    # the run takes the scheduled rollouts as plan_ahead ran them (the same as running them again)
+    assert [r.makespan_s for r in oracle.planned] == [options[k][c][1] for k, c in enumerate(best)]
+    assert all(oracle.rollout(k, oracle.schedule[k], batches[k]) is oracle.planned[k] for k in range(3))
     run = simulate(spec, cost, 3, ["oracle"], seed=5)["oracle"]
     assert run.total_time_s == pytest.approx(total(best) + 3 * cost.weight_sync_s())
