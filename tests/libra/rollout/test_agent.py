@@ -75,9 +75,9 @@ def test_vllm_agent_loop(vllm_engine, hf_engines, tmp_path):
 def test_vllm_engine_processes_run_below_the_loop_and_the_tools(vllm_engine):
     engine_processes = [pid for pid in _descendants(os.getpid()) if _comm(pid).startswith("VLLM::")]
     assert engine_processes  # the engine core and its worker
+    expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)  # ten levels below this process
     for pid in engine_processes:
-        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")} == {10}
-    assert os.getpriority(os.PRIO_PROCESS, 0) == 0
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")} == {expected}
 
 
 def test_vllm_and_transformers_roll_out_the_same_greedy_transcripts(vllm_engine, hf_engines, tmp_path):

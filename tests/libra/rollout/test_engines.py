@@ -28,11 +28,12 @@ def test_descendants_and_renice_reach_every_thread_of_a_grandchild():
         grandchild = int(child.stdout.readline())  # printed once its second thread runs
         assert {child.pid, grandchild} <= set(_descendants(os.getpid()))
         assert _comm(grandchild).startswith("python")
-        _renice(grandchild, 7)
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        _renice(grandchild, min(19, own + 7))
         threads = os.listdir(f"/proc/{grandchild}/task")
         assert len(threads) == 2
-        assert [os.getpriority(os.PRIO_PROCESS, int(t)) for t in threads] == [7, 7]
-        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 0
+        assert [os.getpriority(os.PRIO_PROCESS, int(t)) for t in threads] == [min(19, own + 7)] * 2
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == own  # its parent is left as it was
     finally:
         for pid in (grandchild, child.pid):
             if pid is not None:
