@@ -174,6 +174,8 @@ def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, to
         "solved_fraction": sum(t.reward > 0 for t in trajectories) / len(trajectories),
         "migrations": sum(r.migrations for r in results),
         "migrated_tokens": sum(t.migrated_tokens for t in trajectories),
+        "context_tokens": sum(turn.context_tokens for t in trajectories for turn in t.turns),
+        "prefill_tokens": sum(r.prefill_tokens for r in results),
         "turns_mean": sum(len(t.turns) for t in trajectories) / len(trajectories),
         "length_p50": quantile(lengths, 0.5), "length_p90": quantile(lengths, 0.9),
         "makespan_s": [r.wall_s for r in results],
@@ -188,6 +190,8 @@ def render(s: dict[str, Any]) -> str:
         f"solved {s['solved_fraction']:.1%}; {s['turns_mean']:.1f} turns per trajectory; tokens after the prompt "
         f"p50 {s['length_p50']}, p90 {s['length_p90']}; {s['migrations']} migrations ({s['migrated_tokens']:,} tokens "
         "re-prefilled)",
+        f"prompt tokens computed {s['prefill_tokens']:,} of {s['context_tokens']:,} submitted over all turns "
+        f"({1 - s['prefill_tokens'] / max(s['context_tokens'], 1):.0%} found in the prefix cache)",
         f"store run {s['run']!r}: libra query --run {s['run']} --named tool_statistics",
     ])
 
@@ -205,5 +209,5 @@ def track(summary: dict[str, Any], args: argparse.Namespace, config: LibraConfig
         mlflow.log_params({k: summary[k] for k in ("env", "engine", "instances", "router", "batches")}
                           | {"prompts": args.prompts, "samples": args.samples, "buckets": summary["buckets"]})
         mlflow.log_metrics({k: float(summary[k]) for k in ("tokens_per_s", "solved_fraction", "migrations",
-                                                              "migrated_tokens", "generated_tokens", "wall_s")})
+                                                              "migrated_tokens", "generated_tokens", "prefill_tokens", "wall_s")})
         return run.info.run_id

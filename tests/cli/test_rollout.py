@@ -28,6 +28,8 @@ def test_rollout_json_and_store(tmp_path: Path, capsys, policy_dir) -> None:  # 
         turns = catalog.query("select step, count(*) as n, sum(gen_tokens) as tokens, count(distinct instance) as "
                               "instances from turns group by step order by step").to_pylist()
         assert [t["step"] for t in turns] == [0, 1] and sum(t["tokens"] for t in turns) == out["generated_tokens"]
+        contexts = catalog.query("select sum(context_tokens) as n from turns").to_pylist()[0]["n"]
+        assert out["context_tokens"] == out["prefill_tokens"] == contexts  # transformers caches no prefix
         trajectories = catalog.query("select count(*) as n from trajectories").to_pylist()[0]["n"]
         assert trajectories == 16
 
