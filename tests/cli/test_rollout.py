@@ -45,6 +45,16 @@ def test_bad_arguments(tmp_path: Path, capsys, args, message) -> None:
     assert message in capsys.readouterr().err
 
 
+def test_more_gpu_instances_than_gpus(tmp_path: Path, capsys, policy_dir) -> None:  # noqa: F811
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert main(["rollout", "--no-track", "--config", str(config_file(tmp_path)), "--env", "math", "--engine", "hf",
+                 "--device", "cuda", "--instances", str(count + 1), "--policy", str(policy_dir)]) == 2
+    assert (f"--device cuda with {count + 1} instance(s): this machine has {count} GPU(s) torch can use; use fewer "
+            "--instances or --device cpu") in capsys.readouterr().err
+
+
 def test_policy_init_builds_and_then_reuses(tmp_path: Path, capsys) -> None:
     out = tmp_path / "p"
     assert main(["policy", "init", "--out", str(out), "--steps", "3", "--demos", "16"]) == 0

@@ -54,6 +54,51 @@ def test_the_initial_policy_solves_some_held_out_tasks(hf_engines, tmp_path):
     assert max(solved.values()) > 0, solved
 
 
+def silenced(state: dict) -> dict:
+    """Every block's output projections zeroed: the model becomes embedding -> norm -> head, whose
+    greedy choices have wide margins (no near-ties for two kernels to break differently)."""
+    import torch
+
+    return {k: torch.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v for k, v in state.items()}
+
+
+def greedy_transcripts(engine, tokenizer, workroot) -> list[list[int]]:
+    env = make_env("repo")
+    result = rollout(env, env.tasks(3, seed=4), 1, [engine], LeastLoad(Buckets((10**6,))), tokenizer,
+                     temperature=0.0, workroot=workroot)
+    check_records(result, 1)
+    return [r.ids for r in result.trajectories]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_transformers_rolls_out_the_cpu_transcripts_and_takes_new_weights(policy_dir, hf_engines, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    tokenizer = hf_engines[0].tokenizer
+    gpus = [HFEngine(policy_dir, device="cuda"), HFEngine(policy_dir, device="cuda")]
+    assert all(p.is_cuda for p in gpus[0].model.parameters())
+    assert greedy_transcripts(gpus[0], tokenizer, tmp_path / "gpu") == greedy_transcripts(hf_engines[0], tokenizer,
+                                                                                          tmp_path / "cpu")
+    env = make_env("repo")  # sampled, on two GPU instances with the router
+    result = rollout(env, env.tasks(4, seed=1), 2, gpus, make_router("libra", Buckets((120,)), {}), tokenizer,
+                     temperature=1.0, seed=1, workroot=tmp_path / "sampled")
+    assert len(result.trajectories) == 8
+    check_records(result, 2)
+    # a trainer's state dict (on the CPU) taken in place on the GPU
+    state = silenced(load_file(policy_dir / "model.safetensors"))
+    ids = tokenizer("Fix the bug so the tests pass.", add_special_tokens=False)["input_ids"]
+    before = gpus[0].generate([ids], 24, ["</tool>"], temperature=0.0)[0]
+    gpus[0].update_state_dict(state)
+    after = gpus[0].generate([ids], 24, ["</tool>"], temperature=0.0)[0]
+    reference = HFEngine(policy_dir)
+    reference.update_state_dict(state)
+    assert after.token_ids == reference.generate([ids], 24, ["</tool>"], temperature=0.0)[0].token_ids
+    assert after.token_ids != before.token_ids
+
+
 @pytest.fixture(scope="module")
 def vllm_engine(policy_dir):
     engine = VLLMEngine(policy_dir, size=1)
@@ -81,29 +126,20 @@ def test_vllm_engine_processes_run_below_the_loop_and_the_tools(vllm_engine):
 
 
 def test_vllm_and_transformers_roll_out_the_same_greedy_transcripts(vllm_engine, hf_engines, tmp_path):
-    env = make_env("repo")
-    tasks = env.tasks(3, seed=4)
-    transcripts = {}
-    for name, engine in (("vllm", vllm_engine), ("hf", hf_engines[0])):
-        result = rollout(env, tasks, 1, [engine], LeastLoad(Buckets((10**6,))), hf_engines[0].tokenizer,
-                         temperature=0.0, workroot=tmp_path / name)
-        transcripts[name] = [r.ids for r in result.trajectories]
-    assert transcripts["vllm"] == transcripts["hf"]
+    tokenizer = hf_engines[0].tokenizer
+    assert greedy_transcripts(vllm_engine, tokenizer, tmp_path / "vllm") == greedy_transcripts(hf_engines[0], tokenizer,
+                                                                                               tmp_path / "hf")
 
 
 def test_vllm_weights_update_in_place_and_match_transformers(vllm_engine, policy_dir, tmp_path):
     import shutil
 
-    import torch
     from safetensors.torch import load_file, save_file
 
     changed = tmp_path / "changed"
     shutil.copytree(policy_dir, changed)
     weights = changed / "model.safetensors"
-    state = load_file(weights)
-    # silence every block's output projections: the model becomes embedding -> norm -> head, whose
-    # greedy choices have wide margins (no near-ties for two kernels to break differently)
-    state = {k: torch.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v for k, v in state.items()}
+    state = silenced(load_file(weights))
     save_file(state, weights, metadata={"format": "pt"})
     tokenizer = HFEngine(changed).tokenizer
     ids = tokenizer("Fix the bug so the tests pass.", add_special_tokens=False)["input_ids"]

@@ -1,13 +1,16 @@
 """Engine helpers that need no engine: stop strings split into stop tokens, the process tree and
-its priority."""
+its priority, device names and GPU placement."""
 
 import os
 import subprocess
 import sys
 
+import pytest
+import torch
 from transformers import AutoTokenizer
 
-from libra.rollout.engines import _comm, _descendants, _renice, split_stops
+from libra.errors import LibraError
+from libra.rollout.engines import _comm, _descendants, _renice, split_stops, torch_device, visible_gpus
 from libra.rollout.protocol import STOPS
 
 
@@ -39,3 +42,26 @@ def test_descendants_and_renice_reach_every_thread_of_a_grandchild():
             if pid is not None:
                 os.kill(pid, 9)
         child.wait()
+
+
+def test_engine_devices_are_checked_against_the_machine():
+    assert torch_device("cpu") == torch.device("cpu")
+    for bad in ("gpu", "tpu", "cuda:x"):
+        with pytest.raises(LibraError, match="use 'cpu', 'cuda' or 'cuda:N'"):
+            torch_device(bad)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(LibraError, match=f"this machine has {count} GPU\\(s\\) torch can use"):
+        torch_device(f"cuda:{count}")
+
+
+def test_visible_gpus_narrows_and_restores_cuda_visible_devices(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with visible_gpus([1, 2]):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,2"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    with visible_gpus([2, 3]):  # indices among the GPUs this process already sees
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "6,7"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    with visible_gpus(None):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
