@@ -193,3 +193,14 @@ def test_on_gpus_with_nccl_a_join_keeps_the_update_of_the_core_only_run():
     assert kinds(result)[:3] == ["join_requested", "snapshot_loaded", "activated"]
     _, reference = run(task, hybrids=0)  # on CPU with gloo
     assert_close(result, reference, atol=1e-9)
+
+
+@pytest.mark.gpu
+def test_on_one_gpu_a_core_rank_with_nccl_matches_the_gloo_run():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    task = RegressionTask(global_batch=48, dtype="float64")
+    results = [ElasticPool(task, steps=STEPS, core_ranks=1, hybrids=0, device=device, group_timeout_s=3.0).start().wait(300)
+               for device in ("cuda", "cpu")]
+    assert [s["replicas"] for s in results[0].steps] == [1] * STEPS
+    assert_close(*results, atol=1e-9)
