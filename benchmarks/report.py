@@ -57,6 +57,35 @@ def planner_section(result: dict) -> list[str]:
     return lines
 
 
+def cost_model_section(result: dict) -> list[str]:
+    lines = [
+        f"**Cost model against a real GPU** (`python -m benchmarks.bench_cost_model`; {result['device']}, predicted "
+        f"with the {result['hardware_profile']} profile; {result['machine']}). Prefills and training steps of each "
+        "model (random weights, bf16, transformers + torch) timed on the GPU and set next to the planner's cost "
+        "model: with its default coefficients (published efficiencies), and refitted to these timings by "
+        "`calibrate.fit` (what `libra plan --calibrate` does with a run's timings). A training step is shaped as the "
+        "cost model counts one: a log-prob pass, forward and backward with activation checkpointing, AdamW. Ratio: "
+        "measured / predicted (> 1: slower than modelled). Decode steps are not timed (the model's decode is a "
+        "serving engine's, with CUDA graphs; eager transformers decoding would time kernel launches).",
+        "",
+        "| model | sample (sequences x tokens) | measured | default coefficients | ratio | refitted |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in result["models"]:
+        for r in m["samples"]:
+            lines.append(f"| {m['model']} | {r['kind']} {r['shape']} | {r['measured_s'] * 1e3:.0f} ms | "
+                         f"{r['predicted_s'] * 1e3:.0f} ms | {r['ratio']:.2f} | {r['fitted_s'] * 1e3:.0f} ms |")
+    lines.append("")
+    for m in result["models"]:
+        default, fitted = m["mean_abs_rel_error_default"], m["mean_abs_rel_error_fitted"]
+        lines.append(f"{m['model']}: mean error with the default coefficients prefill {default['prefill']:.0%}, "
+                     f"training step {default['train_step']:.0%}; refitted prefill {fitted['prefill']:.0%}, training "
+                     f"step {fitted['train_step']:.0%}: training MFU {m['training_mfu_fitted']:.0%} (default 40%), "
+                     f"prefill at {m['prefill_efficiency_fitted']:.0%} of peak (default 55%), fixed "
+                     f"{m['coefficients_fitted']['train_step_s']:.2f} s per step (default 2.00).")
+    return lines
+
+
 def router_section(result: dict) -> list[str]:
     lines = [
         f"**Routing on real agent traces** (`python -m benchmarks.bench_router`; 8 prompts per step, 30% warm-up, "
@@ -180,7 +209,8 @@ def rollout_section(result: dict) -> list[str]:
     return lines
 
 
-SECTIONS = {"store": store_section, "planner": planner_section, "router": router_section, "sim": sim_section,
+SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
+            "router": router_section, "sim": sim_section,
             "pool": pool_section, "rollout": rollout_section}
 
 

@@ -1,6 +1,8 @@
 """Benchmarks stay runnable, and the README's performance section is what they last measured."""
 
-from benchmarks import bench_planner, bench_router, bench_sim, bench_store, report
+import pytest
+
+from benchmarks import bench_cost_model, bench_planner, bench_router, bench_sim, bench_store, report
 
 
 def test_store_benchmark_smoke(capsys) -> None:
@@ -30,6 +32,26 @@ def test_sim_benchmark_smoke(capsys) -> None:
                            "--no-save"]) == 0
     out = capsys.readouterr().out
     assert "search-r1 (2 steps" in out and "libra" in out and "scale: 8 GPUs" in out
+
+
+@pytest.mark.parametrize("name, parameters", [("qwen2.5-3b", 3_085_938_688), ("qwen2.5-7b", 7_615_616_512),
+                                              ("qwen3-4b", 4_022_468_096), ("qwen3-8b", 8_190_735_360)])
+def test_cost_model_benchmark_builds_each_dense_profile_as_a_transformers_model(name, parameters) -> None:
+    import torch
+
+    from libra.planner.profiles import MODELS
+
+    model = bench_cost_model.hf_model(MODELS[name], "meta", torch.bfloat16)  # shapes only, no memory
+    assert sum(p.numel() for p in model.parameters()) == MODELS[name].total_params == parameters
+
+
+def test_cost_model_benchmark_smoke_on_cpu(capsys) -> None:
+    assert bench_cost_model.main(["--models", "libra-tiny", "--hardware", "cpu", "--device", "cpu", "--small",
+                                  "--repeats", "1", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    kinds = [line.split()[0] for line in out.splitlines() if " tokens: measured " in line]
+    assert kinds == ["prefill"] * 2 + ["train_step"] * 4
+    assert "libra-tiny on cpu against the local-cpu-2core profile" in out
 
 
 def test_readme_performance_section_is_current() -> None:
