@@ -44,6 +44,7 @@ class PolicySettings:
     lr: float = 2e-3
     seed: int = 0
     tokenizer: str = "bpe-digits"  # recorded so a policy built with another tokenizer is rebuilt
+    demonstrations: str = "think-then-act"  # the experts' turns: a line of reasoning, then the action (likewise)
 
     def __post_init__(self) -> None:
         unknown = [e for e in self.envs if e not in ENVS]

@@ -8,13 +8,20 @@ from pathlib import Path
 from libra.rollout.envs.base import Task, rng_for
 from libra.rollout.sandbox import SandboxLimits, run_python
 
+# (problem, expression, the reasoning from the one to the other)
 TEMPLATES = [
-    ("{n} has {a} marbles and buys {b} bags of {c} marbles. How many marbles does {n} have now?", "{a} + {b} * {c}"),
-    ("A tank holds {a} liters. {b} liters leak out every hour for {c} hours. How many liters are left?", "{a} - {b} * {c}"),
-    ("{a} students are split into teams of {b}. How many full teams are there?", "{a} // {b}"),
-    ("What is {a} times {b} plus {c}?", "{a} * {b} + {c}"),
-    ("{n} reads {b} pages a day for {c} days, then {a} more pages. How many pages did {n} read?", "{b} * {c} + {a}"),
-    ("A box has {a} pens. {n} gives away {b} pens to each of {c} friends. How many pens are left?", "{a} - {b} * {c}"),
+    ("{n} has {a} marbles and buys {b} bags of {c} marbles. How many marbles does {n} have now?", "{a} + {b} * {c}",
+     "{n} starts with {a} marbles. The {b} bags of {c} marbles add {b} * {c} marbles, so the total is {a} + {b} * {c}."),
+    ("A tank holds {a} liters. {b} liters leak out every hour for {c} hours. How many liters are left?", "{a} - {b} * {c}",
+     "The tank starts with {a} liters. In {c} hours {b} * {c} liters leak out, so {a} - {b} * {c} liters are left."),
+    ("{a} students are split into teams of {b}. How many full teams are there?", "{a} // {b}",
+     "Each team has {b} students, so the number of full teams is {a} divided by {b}, rounded down: {a} // {b}."),
+    ("What is {a} times {b} plus {c}?", "{a} * {b} + {c}",
+     "The problem asks for {a} times {b}, which is {a} * {b}, and then {c} more: {a} * {b} + {c}."),
+    ("{n} reads {b} pages a day for {c} days, then {a} more pages. How many pages did {n} read?", "{b} * {c} + {a}",
+     "{n} reads {b} pages on each of {c} days, which is {b} * {c} pages, and then {a} more: {b} * {c} + {a}."),
+    ("A box has {a} pens. {n} gives away {b} pens to each of {c} friends. How many pens are left?", "{a} - {b} * {c}",
+     "{n} gives {b} pens to each of {c} friends, {b} * {c} pens in all, so {a} - {b} * {c} pens are left."),
 ]
 NAMES = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jon"]
 
@@ -32,23 +39,25 @@ class MathEnv:
         out = []
         for i in range(count):
             r = rng_for(seed, i, "math")
-            template, expression = TEMPLATES[r.randrange(len(TEMPLATES))]
+            template, expression, reasoning = TEMPLATES[r.randrange(len(TEMPLATES))]
             b, c = r.randint(2, 9), r.randint(2, 9)
             a = r.randint(b * c + 1, b * c + 90)
             values = {"a": a, "b": b, "c": c, "n": r.choice(NAMES)}
             expr = expression.format(**values)
             out.append(Task("math", f"math-{seed}-{i}", template.format(**values), str(eval(expr)),  # noqa: S307 - our own template
-                            {"expression": expr}))
+                            {"expression": expr, "reasoning": reasoning.format(**values)}))
         return out
 
     def open(self, task: Task, workdir: Path) -> _Episode:
         return _Episode(task, workdir, self.limits)
 
     def expert(self, task: Task) -> Callable[[str], str]:
-        def next_turn(transcript: str) -> str:
+        def next_turn(transcript: str) -> str:  # reasons, computes, then answers what python printed
             if "<obs>" not in transcript:
-                return f"<tool>python: print({task.data['expression']})</tool>"
-            return f"<answer>{transcript.rsplit('<obs>', 1)[1].split('</obs>')[0].strip()}</answer>"
+                return (f"{task.data['reasoning']} I will compute it with python.\n"
+                        f"<tool>python: print({task.data['expression']})</tool>")
+            result = transcript.rsplit("<obs>", 1)[1].split("</obs>")[0].strip()
+            return f"Python printed {result}, so the answer is {result}.\n<answer>{result}</answer>"
         return next_turn
 
 

@@ -87,12 +87,26 @@ class RepoEnv:
         return _Episode(workdir, self.limits)
 
     def expert(self, task: Task) -> Callable[[str], str]:
-        steps = ["<tool>test: all</tool>", "<tool>read: code.py</tool>",
-                 f"<tool>edit: code.py {task.data['line']}: {task.data['fix']}</tool>", "<tool>test: all</tool>",
-                 "<answer>done</answer>"]
+        line, fix = task.data["line"], task.data["fix"]
+        wrong = task.data["code"].splitlines()[line - 1].strip()
 
-        def next_turn(transcript: str) -> str:
-            return steps[min(transcript.count("<obs"), len(steps) - 1)]
+        def next_turn(transcript: str) -> str:  # thinks from what the tools showed, then acts
+            done = transcript.count("<obs")
+            last = transcript.rsplit("<obs>", 1)[1].split("</obs>")[0].strip() if done else ""
+            if done == 0:
+                return "I will run the tests first to see which one fails and why.\n<tool>test: all</tool>"
+            if done == 1:
+                failure = last.splitlines()[0] if last else "a test fails"
+                return f"The tests report: {failure}. I will read code.py to find the line that causes it.\n" \
+                       "<tool>read: code.py</tool>"
+            if done == 2:
+                return f"Line {line} of code.py is `{wrong}`, which gives the wrong result; it should be " \
+                       f"`{fix.strip()}`. I will replace that line.\n<tool>edit: code.py {line}: {fix}</tool>"
+            if done == 3:
+                return "The line is replaced. I will run the tests again to check that they pass now.\n" \
+                       "<tool>test: all</tool>"
+            return f"The tests report: {last.splitlines()[0] if last else 'nothing'}. So the bug is fixed.\n" \
+                   "<answer>done</answer>"
         return next_turn
 
 

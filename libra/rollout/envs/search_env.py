@@ -87,27 +87,46 @@ class SearchEnv:
             company = r.choice(companies)
             founder, hq = self.companies[company]
             kind = r.randrange(3)
+            # the expert thinks before each search and before answering, from the question and the
+            # results it has seen so far (as a ReAct agent does)
             if kind == 0:
                 question, answer, hops = f"Who founded {company}?", founder, [f"{company} founder"]
+                thoughts = [f"I need the founder of {company}. I will search the library for {company} and who "
+                            "founded it.",
+                            f"The library says {company} is a company founded by {founder}. So the founder is {founder}."]
             elif kind == 1:
-                question, answer = f"In which country are the headquarters of {company}?", self.cities[hq]
+                country = self.cities[hq]
+                question, answer = f"In which country are the headquarters of {company}?", country
                 hops = [f"{company} headquarters", f"{hq} city country"]
+                thoughts = [f"I need the country of the headquarters of {company}. First I will search for the city "
+                            f"where {company} has its headquarters.",
+                            f"The library says the headquarters of {company} are in {hq}. Now I need the country "
+                            f"that {hq} is in.",
+                            f"The library says {hq} is a city in {country}. So the headquarters are in {country}."]
             else:
                 born = self.people[founder]
-                question, answer = f"In which country was the founder of {company} born?", self.cities[born]
+                country = self.cities[born]
+                question, answer = f"In which country was the founder of {company} born?", country
                 hops = [f"{company} founder", f"{founder} born", f"{born} city country"]
-            out.append(Task("search", f"search-{seed}-{i}", question, answer, {"hops": hops}))
+                thoughts = [f"I need the country where the founder of {company} was born. First I will search for "
+                            f"who founded {company}.",
+                            f"The library says {company} was founded by {founder}. Next I need the city where "
+                            f"{founder} was born.",
+                            f"The library says {founder} was born in {born}. Now I need the country that {born} is in.",
+                            f"The library says {born} is a city in {country}. So the founder was born in {country}."]
+            out.append(Task("search", f"search-{seed}-{i}", question, answer, {"hops": hops, "thoughts": thoughts}))
         return out
 
     def open(self, task: Task, workdir: Path) -> _Episode:
         return _Episode(self, task)
 
     def expert(self, task: Task) -> Callable[[str], str]:
-        hops = task.data["hops"]
+        hops, thoughts = task.data["hops"], task.data["thoughts"]
 
         def next_turn(transcript: str) -> str:
-            done = transcript.count("<obs")
-            return f"<tool>search: {hops[done]}</tool>" if done < len(hops) else f"<answer>{task.answer}</answer>"
+            done = min(transcript.count("<obs"), len(hops))
+            act = f"<tool>search: {hops[done]}</tool>" if done < len(hops) else f"<answer>{task.answer}</answer>"
+            return f"{thoughts[done]}\n{act}"
         return next_turn
 
 

@@ -1,6 +1,8 @@
 """Every environment: deterministic tasks, an expert that solves them with real tool outputs, and
 tools that answer bad calls with errors instead of failing."""
 
+import re
+
 import pytest
 
 from libra.rollout.envs import ENVS, demonstration, make_env
@@ -19,9 +21,22 @@ def test_the_expert_solves_every_task_with_real_tools(name, tmp_path):
         text, spans = demonstration(env, task, workdir)
         answer = text.rsplit("<answer>", 1)[1].split("</answer>")[0]
         assert env.open(task, workdir).reward(answer) == 1.0 if name != "repo" else True
-        assert all(text[s:e].startswith(("<tool>", "<answer>")) for s, e in spans)
+        for s, e in spans:  # every turn: a line of thinking, then one action that ends it
+            assert re.fullmatch(r"[^<\n]+\n(<tool>[^<]*</tool>|<answer>[^<]*</answer>)", text[s:e]), text[s:e]
     if name == "repo":  # the expert's repository passes its tests after the fix
         assert "all 3 tests passed" in text
+
+
+def test_the_search_expert_thinks_from_what_it_has_read(tmp_path):
+    env = make_env("search")
+    task = next(t for t in env.tasks(20, seed=3) if len(t.data["hops"]) == 3)
+    text, spans = demonstration(env, task, tmp_path)
+    turns = [text[s:e] for s, e in spans]
+    assert len(turns) == 4 and turns[-1].endswith(f"<answer>{task.answer}</answer>")
+    for before, turn in zip(spans, spans[1:], strict=False):  # each thought names what the last result said
+        seen = text[before[1]:turn[0]]
+        named = re.search(r"The library says (.+?)\. ", text[turn[0]:turn[1]]).group(1)
+        assert named.split()[0] in seen and named.split()[-1] in seen
 
 
 def test_math_answers_are_checked_exactly(tmp_path):
