@@ -93,26 +93,8 @@ def split_gpus(instances: int) -> list[list[int]]:
     return [list(range(i * per, (i + 1) * per)) for i in range(instances)]
 
 
-def auto_bounds(env_name: str, instances: int, tokenizer) -> tuple[int, ...]:
-    """Bucket bounds at quantiles of the expert's remaining lengths (tokens after the prompt)."""
-    import tempfile
-
-    from libra.rollout.envs import demonstration, make_env, prompt
-
-    env = make_env(env_name)
-    lengths = []
-    for task in env.tasks(24, seed=20_000):
-        with tempfile.TemporaryDirectory() as workdir:
-            text, _ = demonstration(env, task, Path(workdir))
-        lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"])
-                       - len(tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"]))
-    lengths.sort()
-    bounds = sorted({max(1, lengths[min(len(lengths) - 1, len(lengths) * (i + 1) // instances)]) for i in range(instances - 1)})
-    return tuple(bounds) or (max(lengths),)
-
-
 def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
-    from libra.rollout.envs import ENVS, make_env
+    from libra.rollout.envs import ENVS, expert_bounds, make_env
     from libra.scheduler.policies import Buckets
     from libra.scheduler.replay import POLICIES, make_router
     from storage.writer import check_run_name
@@ -136,7 +118,7 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(policy)
     if args.buckets == "auto":
-        buckets = Buckets(auto_bounds(args.env, args.instances, tokenizer))
+        buckets = Buckets(expert_bounds(make_env(args.env), args.instances, tokenizer))
     else:
         try:
             buckets = Buckets(tuple(int(b) for b in args.buckets.split(",")))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from libra.errors import LibraError
 from libra.rollout.envs.base import Env, Task, demonstration, prompt
 from libra.rollout.envs.math_env import MathEnv
@@ -18,4 +21,18 @@ def make_env(name: str) -> Env:
     return factories[name]()
 
 
-__all__ = ["ENVS", "Env", "Task", "demonstration", "make_env", "prompt"]
+def expert_bounds(env: Env, instances: int, tokenizer, tasks: int = 24) -> tuple[int, ...]:
+    """Bucket bounds for `instances` buckets at quantiles of the expert's trajectory lengths (tokens
+    after the prompt) on `tasks` held-out tasks: the buckets a router starts from."""
+    lengths = []
+    for task in env.tasks(tasks, seed=20_000):
+        with tempfile.TemporaryDirectory() as workdir:
+            text, _ = demonstration(env, task, Path(workdir))
+        lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"])
+                       - len(tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"]))
+    lengths.sort()
+    bounds = sorted({max(1, lengths[min(len(lengths) - 1, len(lengths) * (i + 1) // instances)]) for i in range(instances - 1)})
+    return tuple(bounds) or (max(lengths),)
+
+
+__all__ = ["ENVS", "Env", "Task", "demonstration", "expert_bounds", "make_env", "prompt"]
