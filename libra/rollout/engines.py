@@ -190,7 +190,8 @@ class VLLMEngine:
         """`cores`: the CPU cores this instance pins its worker to (on CPU machines); `size` of them.
         `gpus`: on GPU machines, the GPUs this instance runs on (`size` of them, its tensor-parallel
         degree; default: the first `size` the process sees), of whose memory it takes
-        `gpu_memory_fraction` (weights and KV cache); the checkpoint's dtype (bf16 for float32 ones).
+        `gpu_memory_fraction` (weights and KV cache), in the checkpoint's dtype (float32 checkpoints in
+        vLLM's preferred type, bf16 on recent GPUs).
         `block_size`: KV-cache block in tokens; prefix caching reuses whole blocks only, so small
         blocks let each turn of a multi-turn trajectory reuse its earlier context (vLLM-CPU's
         attention needs a multiple of 32; its default, 128, leaves short contexts uncached).
