@@ -56,41 +56,43 @@ def hf_model(profile: ModelProfile, device: str, dtype):
     return model
 
 
-def synchronized(device: str):
+def median_seconds(fn, device: str, repeats: int) -> float:
+    """Median wall time of `fn` over `repeats` calls after one warm-up call, the GPU drained around
+    each call."""
     import torch
 
     def wait() -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-    return wait
+    fn()
+    times = []
+    for _ in range(repeats):
+        wait()
+        began = time.perf_counter()
+        fn()
+        wait()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
 
 
 def time_prefill(model, sequences: int, length: int, device: str, repeats: int) -> float:
     import torch
 
-    wait = synchronized(device)
     ids = torch.randint(0, model.config.vocab_size, (sequences, length), device=device)
-    times = []
-    with torch.no_grad():
-        for _ in range(repeats + 1):  # the first is a warm-up
-            wait()
-            began = time.perf_counter()
+
+    def prefill() -> None:
+        with torch.no_grad():
             model(input_ids=ids, use_cache=False, logits_to_keep=1)
-            wait()
-            times.append(time.perf_counter() - began)
-    return statistics.median(times[1:])
+    return median_seconds(prefill, device, repeats)
 
 
 def time_train_step(model, optimizer, sequences: int, length: int, micro_batch: int, device: str,
                     repeats: int) -> float:
     import torch
 
-    wait = synchronized(device)
     ids = torch.randint(0, model.config.vocab_size, (sequences, length), device=device)
-    times = []
-    for _ in range(repeats + 1):
-        wait()
-        began = time.perf_counter()
+
+    def step() -> None:
         with torch.no_grad():  # old-policy log-probs
             for chunk in ids.split(micro_batch):
                 model(input_ids=chunk, use_cache=False)
@@ -99,9 +101,7 @@ def time_train_step(model, optimizer, sequences: int, length: int, micro_batch: 
             (loss * len(chunk) / sequences).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        wait()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times[1:])
+    return median_seconds(step, device, repeats)
 
 
 def measure(profile: ModelProfile, device: str, prefills, train_steps, micro_tokens: int,
@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         rows.append(run(name, args.hardware, args.device, prefills, train_steps, args.micro_tokens, args.repeats))
-        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()  # the last model's memory, before the next one is built
     if not args.no_save:
         save("cost_model", {"device": device_name(args.device), "hardware_profile": HARDWARE[args.hardware].name,
                             "models": rows})
