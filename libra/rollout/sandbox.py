@@ -27,7 +27,6 @@ exit, including a refused operation) or `timeout`.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import json
 import os
 import queue
@@ -135,19 +134,16 @@ class SandboxResult:
 
 
 def _isolation() -> str:
-    """Which network isolation this machine allows (probed once, in throwaway children; callers on
-    other threads wait for the probe rather than see a partial answer)."""
+    """Which network isolation this machine allows (probed once, in throwaway interpreters rather
+    than forks of the caller, whose other threads may hold locks a forked child would wait on
+    forever; callers on other threads wait for the probe rather than see a partial answer)."""
     global _ISOLATION
     with _ISOLATION_LOCK:
         if _ISOLATION is None:
             found = "audit-hook"
             for name, flags in (("netns", CLONE_NEWNET), ("userns+netns", CLONE_NEWUSER | CLONE_NEWNET)):
-                pid = os.fork()
-                if pid == 0:  # pragma: no cover - child
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    os._exit(0 if libc.unshare(flags) == 0 else 1)
-                _, status = os.waitpid(pid, 0)
-                if os.waitstatus_to_exitcode(status) == 0:
+                probe = f"import ctypes, sys; sys.exit(0 if ctypes.CDLL(None).unshare({flags}) == 0 else 1)"
+                if subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, timeout=30).returncode == 0:
                     found = name
                     break
             _ISOLATION = found
