@@ -329,7 +329,7 @@ class OraclePolicy(SystemPolicy):
         configs.setdefault((config.train_gpus, config.train_config, layout, bounds), config)
 
     def plan_ahead(self, batches: list[list[SimTrajectory]]) -> None:
-        # per step, per candidate: (config, rollout makespan, hybrid releases, training of this batch)
+        # per step, per candidate: (config, its rollout of the batch, training of the batch)
         steps = []
         for batch in batches:
             options = []
@@ -337,23 +337,24 @@ class OraclePolicy(SystemPolicy):
                 rollout = super().rollout(len(steps), config, batch)
                 train_s, train_config = train_seconds(self.cost, config.train_config, config.train_gpus, batch,
                                                       self.planner_settings)
-                options.append((config, rollout.makespan_s, rollout.hybrid_released_s, train_s, train_config, rollout))
+                options.append((config, rollout, train_s, train_config))
             steps.append(options)
         # best[c]: (time of the run so far ending with candidate c, the choices)
-        best = [(o[1], [i]) for i, o in enumerate(steps[0])]
+        best = [(o[1].makespan_s, [i]) for i, o in enumerate(steps[0])]
         for before, options in zip(steps, steps[1:], strict=False):
             nxt = []
-            for c, (_, rollout_s, released, _, _, _) in enumerate(options):
+            for c, (_, rollout, _, _) in enumerate(options):
                 times = []
-                for p, (_, _, _, train_s, train_config, _) in enumerate(before):
-                    trained_s, _ = with_hybrids(self.cost, train_s, train_config, released)
-                    times.append(best[p][0] + max(rollout_s, trained_s))
+                for p, (_, _, train_s, train_config) in enumerate(before):
+                    trained_s, _ = with_hybrids(self.cost, train_s, train_config, rollout.hybrid_released_s)
+                    times.append(best[p][0] + max(rollout.makespan_s, trained_s))
                 p = min(range(len(times)), key=times.__getitem__)
                 nxt.append((times[p], best[p][1] + [c]))
             best = nxt
-        final = min(range(len(best)), key=lambda c: best[c][0] + steps[-1][c][3])
-        self.schedule = [steps[k][c][0] for k, c in enumerate(best[final][1])]
-        self.planned = [steps[k][c][5] for k, c in enumerate(best[final][1])]
+        final = min(range(len(best)), key=lambda c: best[c][0] + steps[-1][c][2])
+        chosen = [steps[k][c] for k, c in enumerate(best[final][1])]
+        self.schedule = [config for config, _, _, _ in chosen]
+        self.planned = [rollout for _, rollout, _, _ in chosen]
 
     def rollout(self, step, config, batch):
         if step < len(self.schedule) and config is self.schedule[step]:  # already run by plan_ahead (routing is exact)
