@@ -142,7 +142,7 @@ def _isolation() -> str:
         if _ISOLATION is None:
             found = "audit-hook"
             for name, flags in (("netns", CLONE_NEWNET), ("userns+netns", CLONE_NEWUSER | CLONE_NEWNET)):
-                probe = f"import ctypes, sys; sys.exit(0 if ctypes.CDLL(None).unshare({flags}) == 0 else 1)"
+                probe = _SELF + f"sys.exit(0 if _unshare({flags}) else 1)"
                 if subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, timeout=30).returncode == 0:
                     found = name
                     break
