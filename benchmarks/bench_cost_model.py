@@ -24,11 +24,11 @@ import statistics
 import time
 
 from benchmarks.common import save
+from libra.devices import torch_device
 from libra.errors import LibraError
 from libra.planner.calibrate import TimingSample, fit, predict
 from libra.planner.cost_model import CostModel
 from libra.planner.profiles import HARDWARE, MODELS, Cluster, ModelProfile
-from libra.rollout.engines import torch_device
 
 PREFILLS = ((1, 4096), (8, 2048), (32, 1024), (64, 512))  # (sequences, tokens each)
 TRAIN_STEPS = ((8, 1024), (16, 1024), (8, 2048), (32, 512), (4, 4096))  # (sequences, tokens each)

@@ -83,9 +83,9 @@ def split_cores(instances: int) -> list[list[int]]:
 
 def split_gpus(instances: int) -> list[list[int]]:
     """An equal share of the GPUs torch sees for each instance (its tensor-parallel degree)."""
-    import torch
+    from libra.devices import gpu_count
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = gpu_count()
     if count < instances:
         raise LibraError(f"--device cuda with {instances} instance(s): this machine has {count} GPU(s) torch can use; "
                          "use fewer --instances or --device cpu")

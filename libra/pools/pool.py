@@ -26,6 +26,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
+from libra.devices import gpu_count
 from libra.errors import LibraError
 from libra.pools import snapshot as snapshots
 from libra.pools.control import Control
@@ -61,9 +62,7 @@ def _check_device(device: str, local_workers: int) -> None:
         return
     if device != "cuda":
         raise LibraError(f"pool device {device!r}: use 'cpu' (gloo) or 'cuda' (NCCL)")
-    import torch
-
-    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    found = gpu_count()
     if found < local_workers:
         raise LibraError(f"pool device 'cuda' needs one GPU per local worker process ({local_workers}); this machine "
                          f"has {found}: use device 'cpu', fewer core ranks or hybrids, or hybrids on Ray actors")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from libra.devices import torch_device
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -69,26 +71,6 @@ def _state_dict_checkpoint(state: dict, directory: Path) -> Path:
     save_file({k: v.detach().contiguous() for k, v in state.items()}, directory / "model.safetensors",
               metadata={"format": "pt"})
     return directory
-
-
-def torch_device(device: str):
-    """The torch device named by `device` ("cpu", "cuda", "cuda:N"), checked against the machine."""
-    import torch
-
-    from libra.errors import LibraError
-
-    try:
-        found = torch.device(device)
-    except RuntimeError as exc:
-        raise LibraError(f"engine device {device!r}: use 'cpu', 'cuda' or 'cuda:N'") from exc
-    if found.type not in ("cpu", "cuda"):
-        raise LibraError(f"engine device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
-    if found.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (found.index or 0) >= count:
-            raise LibraError(f"engine device {device!r}: this machine has {count} GPU(s) torch can use; use 'cpu'"
-                             + (f" or 'cuda:0'..'cuda:{count - 1}'" if count else ""))
-    return found
 
 
 class HFEngine:

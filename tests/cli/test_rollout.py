@@ -46,9 +46,9 @@ def test_bad_arguments(tmp_path: Path, capsys, args, message) -> None:
 
 
 def test_more_gpu_instances_than_gpus(tmp_path: Path, capsys, policy_dir) -> None:  # noqa: F811
-    import torch
+    from libra.devices import gpu_count
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = gpu_count()
     assert main(["rollout", "--no-track", "--config", str(config_file(tmp_path)), "--env", "math", "--engine", "hf",
                  "--device", "cuda", "--instances", str(count + 1), "--policy", str(policy_dir)]) == 2
     assert (f"--device cuda with {count + 1} instance(s): this machine has {count} GPU(s) torch can use; use fewer "

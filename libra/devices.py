@@ -1,0 +1,30 @@
+"""The machine's torch devices: how many GPUs torch can use, and device names checked against them."""
+
+from __future__ import annotations
+
+from libra.errors import LibraError
+
+
+def gpu_count() -> int:
+    """GPUs torch can use in this process (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def torch_device(device: str):
+    """The torch device named by `device` ("cpu", "cuda", "cuda:N"), checked against the machine."""
+    import torch
+
+    try:
+        found = torch.device(device)
+    except RuntimeError as exc:
+        raise LibraError(f"engine device {device!r}: use 'cpu', 'cuda' or 'cuda:N'") from exc
+    if found.type not in ("cpu", "cuda"):
+        raise LibraError(f"engine device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
+    if found.type == "cuda":
+        count = gpu_count()
+        if (found.index or 0) >= count:
+            raise LibraError(f"engine device {device!r}: this machine has {count} GPU(s) torch can use; use 'cpu'"
+                             + (f" or 'cuda:0'..'cuda:{count - 1}'" if count else ""))
+    return found
