@@ -65,7 +65,7 @@ def latency(nodes: int, decisions: int, seed: int = 0) -> dict[str, dict[str, fl
                 start = time.perf_counter_ns()
                 router.on_return(tid, ret, position)
                 times.append(time.perf_counter_ns() - start)
-            router.finish(tid)
+            router.finish(tid, path.prompt_tokens + path.start_remaining)
         sizes = [t.nodes for t in trees]
         out[name] = {"tree_nodes": min(sizes), "decisions": len(times),
                      "p50_us": quantile(times, 0.5) / 1000, "p99_us": quantile(times, 0.99) / 1000}

@@ -179,7 +179,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
                 if final or len(run.turns) >= max_turns or len(run.ids) + max_tokens_per_turn > max_context:
                     run.reward = run.episode.reward(run.answer or "") if final else 0.0
                     run.done, run.finished = True, time.perf_counter()
-                    router.finish(tid)
+                    router.finish(tid, len(run.ids))
                     active -= 1
                     continue
                 decision = router.on_return(tid, ToolReturn(tool, len(obs_ids), status), len(run.ids))

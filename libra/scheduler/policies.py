@@ -6,10 +6,12 @@ tool return. All share one interface so they can be replayed, simulated and depl
   root) and migrate only if bucket(mean) == bucket(P90) != current bucket.
 - `LibraRouter`: no extra model inference either, with a better estimator and decision: bucket
   shares conditioned on the tokens already spent past the deepest match (survival statistics), back-off
-  along the matched path and from the prompt's root to its size class and the global root, a
-  balanced decision rule (rare buckets weighted by their rarity), migrations priced by the context
-  they re-prefill against a budget (a dual price adjusted every step), and a key granularity (fine or
-  coarse tool names) chosen online by how well each would have routed the last finished steps.
+  along the matched path and from the prompt's root to its size class and the global root, and,
+  for a prompt without history of its own, the evidence of its sibling samples (`lengths`: those
+  finished in this step and those still running); a balanced decision rule (rare buckets weighted
+  by their rarity), migrations priced by the context they re-prefill against a budget (a dual
+  price adjusted every step), and a key granularity (fine or coarse tool names) chosen online by
+  how well each would have routed the last finished steps.
 - Baselines: `LeastLoad` (spread starts over buckets, never migrate), `AlwaysShortest`, `MLFQ`
   (demote when tokens so far pass the bucket bound), `LengthPredictor` (per-prompt history mean,
   else a log-log regression on prompt size; optionally re-predicts at each return) and `Oracle`.
@@ -22,10 +24,12 @@ import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from libra.config import SchedulerConfig
 from libra.scheduler.causal_tree import CausalTree, Cursor, Node, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
+from libra.scheduler.lengths import LogLogFit, PromptLengths
 from libra.scheduler.metrics import DecisionRecord, balanced_accuracy
 
 
@@ -80,7 +84,8 @@ class Router:
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
         return RouteDecision(self.current[trajectory_id], None)
 
-    def finish(self, trajectory_id: str) -> None:
+    def finish(self, trajectory_id: str, position: int) -> None:
+        """The trajectory ended with `position` tokens of context (prompt included)."""
         self.current.pop(trajectory_id, None)
         self.offset.pop(trajectory_id, None)
 
@@ -107,7 +112,7 @@ class LeastLoad(Router):
         self.current[trajectory_id] = bucket
         return RouteDecision(bucket, None)
 
-    def finish(self, trajectory_id: str) -> None:
+    def finish(self, trajectory_id: str, position: int) -> None:
         bucket = self.current.pop(trajectory_id, None)
         if bucket is not None:
             self.active[bucket] -= 1
@@ -132,8 +137,8 @@ class MLFQ(Router):
         self.current[trajectory_id] = bucket
         return RouteDecision(bucket, None)
 
-    def finish(self, trajectory_id: str) -> None:
-        super().finish(trajectory_id)
+    def finish(self, trajectory_id: str, position: int) -> None:
+        super().finish(trajectory_id, position)
         self.prompt_tokens.pop(trajectory_id, None)
 
 
@@ -149,7 +154,7 @@ class LengthPredictor(Router):
         self.name = "predictor-repredict" if repredict else "predictor"
         self.history: dict[str, tuple[float, int]] = {}  # prompt -> (sum, count)
         self.fit: tuple[float, float] | None = None
-        self._xy: list[tuple[float, float]] = []
+        self.regression = LogLogFit()
         self.predicted: dict[str, tuple[float, int]] = {}  # trajectory -> (prediction, prompt tokens)
 
     def _predict(self, prompt_id: str, prompt_tokens: int) -> float | None:
@@ -179,22 +184,18 @@ class LengthPredictor(Router):
             self.current[trajectory_id] = self.buckets.of(estimate)
         return RouteDecision(self.current[trajectory_id], estimate)
 
-    def finish(self, trajectory_id: str) -> None:
-        super().finish(trajectory_id)
+    def finish(self, trajectory_id: str, position: int) -> None:
+        super().finish(trajectory_id, position)
         self.predicted.pop(trajectory_id, None)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
         for path in paths:
             total, count = self.history.get(path.prompt_id, (0.0, 0))
             self.history[path.prompt_id] = (total + path.start_remaining, count + 1)
-            self._xy.append((math.log(max(prompt_tokens[path.prompt_id], 1)), math.log(max(path.start_remaining, 1))))
-        if len(self._xy) >= 2:
-            n = len(self._xy)
-            mx = sum(x for x, _ in self._xy) / n
-            my = sum(y for _, y in self._xy) / n
-            var = sum((x - mx) ** 2 for x, _ in self._xy)
-            b = sum((x - mx) * (y - my) for x, y in self._xy) / var if var > 0 else 0.0
-            self.fit = (my - b * mx, b)
+            self.regression.add(prompt_tokens[path.prompt_id], path.start_remaining)
+        fitted = self.regression.fit()
+        if fitted is not None:
+            self.fit = fitted[:2]
 
 
 class Oracle(Router):
@@ -257,8 +258,8 @@ class CMLFQ(Router):
         match = cursor.matches[0]  # the prompt's root if seen, else the global one
         return self._gate(trajectory_id, match.node.estimate())
 
-    def finish(self, trajectory_id: str) -> None:
-        super().finish(trajectory_id)
+    def finish(self, trajectory_id: str, position: int) -> None:
+        super().finish(trajectory_id, position)
         self.cursors.pop(trajectory_id, None)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
@@ -339,9 +340,9 @@ class Budgeted(Router):
         self.current[trajectory_id] = decision.bucket
         return decision
 
-    def finish(self, trajectory_id: str) -> None:
-        super().finish(trajectory_id)
-        self.inner.finish(trajectory_id)
+    def finish(self, trajectory_id: str, position: int) -> None:
+        super().finish(trajectory_id, position)
+        self.inner.finish(trajectory_id, position)
         self.budget.finished(trajectory_id)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
@@ -352,6 +353,16 @@ class Budgeted(Router):
 # the trees Libra's router keeps: tool-name granularity x prompt-size classes per doubling
 GRANULARITIES = {"fine": (1, 4), "coarse": (1, 4)}
 SCORED_PATHS = 128  # a step's finished trajectories the granularities are scored on (evenly spaced)
+
+
+class _Found(NamedTuple):
+    """What the tree says at a decision: bucket shares, mean remaining tokens, samples behind them,
+    and whether they come from the prompt's own root."""
+
+    shares: list[float]
+    mean: float
+    support: int
+    own: bool
 
 
 @dataclass
@@ -372,7 +383,11 @@ class LibraRouter(CMLFQ):
     (the prompt's own history from one sample, its prompt-size class and the global root from
     `min_support`), its samples conditioned on the tokens already spent past that node (survival
     statistics: only trajectories that went that far count, minus what was spent); the shares of
-    the buckets among them, and their mean as the remaining-length estimate.
+    the buckets among them, and their mean as the remaining-length estimate. When the prompt's own
+    root does not answer, the size class's or global root's shares are combined with the
+    prompt-length model's (`lengths.PromptLengths`: the prompt's level from its siblings that
+    finished in this step and those still running, a regression on prompt size before that), as
+    independent evidence (naive Bayes), and the estimate is the geometric mean of both.
 
     Decision: bucket b scores w_b * share_b, where w_b is inversely proportional to how often b was
     the true bucket of past decisions (so a rare long bucket is not starved by the common short one:
@@ -392,11 +407,14 @@ class LibraRouter(CMLFQ):
                  migration_budget: float = _DEFAULTS.migration_budget, size_roots: bool = True,
                  payload_bounds: tuple[int, ...] = _DEFAULTS.payload_bounds, window: int = _DEFAULTS.window,
                  max_nodes: int = _DEFAULTS.max_nodes, measure: str = "remaining",
-                 prior_shares: Sequence[float] | None = None, price_step: float = 0.5) -> None:
+                 prior_shares: Sequence[float] | None = None, price_step: float = 0.5,
+                 prompt_lengths: bool = True) -> None:
         """`prior_shares`: the share of trajectories expected in each bucket (e.g. the planner's); a
-        trajectory the tree knows nothing about is placed by smooth weighted round-robin over them
-        instead of all going to the shortest bucket."""
+        trajectory nothing is known about is placed by smooth weighted round-robin over them instead
+        of all going to the shortest bucket. `prompt_lengths=False` leaves out the prompt-length
+        model (the tree alone)."""
         Router.__init__(self, buckets, measure)
+        self.lengths = PromptLengths() if prompt_lengths else None
         self.prior = list(prior_shares) if prior_shares else None
         self._credit = [0.0] * buckets.count
         self.budget = MigrationBudget(migration_budget)
@@ -429,7 +447,7 @@ class LibraRouter(CMLFQ):
         return max(self.score, key=lambda g: (self.score[g], g == "coarse/1"))
 
     def _distribution(self, paths: list[list[tuple[Node, int]]], position: int,
-                      offset: int = 0) -> tuple[list[float], float, int] | None:
+                      offset: int = 0) -> _Found | None:
         """Bucket shares, mean and support from the most specific root with support, deepest node
         first (see the class docstring); `offset` shifts the bounds (the `total` measure)."""
         bounds = [b - offset for b in self.buckets.bounds]
@@ -439,8 +457,27 @@ class LibraRouter(CMLFQ):
             for node, reached in reversed(nodes):
                 found = node.distribution(position - reached, bounds)
                 if found is not None and found[2] >= needed:
-                    return found
+                    return _Found(found[0], found[1], found[2], own)
         return None
+
+    def _estimate(self, trajectory_id: str, track: _Track, position: int) -> tuple[list[float], float] | None:
+        """Bucket shares and remaining-length estimate at a decision. The prompt's own history in
+        the tree is used as it is; otherwise the tree's shares (size class or global root, smoothed
+        by one prior sample) are combined with the prompt-length model's as independent evidence
+        (naive Bayes: the product over the prior), and the estimate is the geometric mean of both."""
+        offset = self.offset.get(trajectory_id, 0)
+        found = self._distribution(track.paths, position, offset)
+        if self.lengths is None or (found is not None and found.own):
+            return None if found is None else (found.shares, found.mean)
+        model = self.lengths.distribution(trajectory_id, position, [b - offset for b in self.buckets.bounds])
+        if model is None or found is None:
+            return model if found is None else (found.shares, found.mean)
+        total = sum(self.truth_counts)
+        prior = [count / total for count in self.truth_counts]
+        combined = [(tree * found.support + p) / (found.support + 1) * length / p
+                    for tree, length, p in zip(found.shares, model[0], prior, strict=True)]
+        norm = sum(combined)
+        return [c / norm for c in combined], math.sqrt(max(found.mean, 1.0) * max(model[1], 1.0))
 
     def _choose(self, shares: Sequence[float], current: int | None = None, move_cost: float = 0.0) -> int:
         """The bucket with the best weighted share, net of `move_cost` for leaving `current`."""
@@ -464,8 +501,10 @@ class LibraRouter(CMLFQ):
         cursor = self.trees[granularity].cursor(prompt_id, prompt_tokens)
         track = self.tracks[trajectory_id] = _Track(granularity, cursor, [[(m.node, prompt_tokens)] for m in cursor.matches])
         self.budget.started(trajectory_id, prompt_tokens)
+        if self.lengths is not None:
+            self.lengths.started(trajectory_id, prompt_id, prompt_tokens)
         self._at(trajectory_id, prompt_tokens)
-        found = self._distribution(track.paths, prompt_tokens, self.offset.get(trajectory_id, 0))
+        found = self._estimate(trajectory_id, track, prompt_tokens)
         if found is None:
             self.current[trajectory_id] = bucket = self._prior_bucket()
             return RouteDecision(bucket, None)
@@ -476,9 +515,11 @@ class LibraRouter(CMLFQ):
         track = self.tracks[trajectory_id]
         self._follow(track.cursor, track.paths, self.trees[track.granularity].scheme.key(ret), position)
         self.budget.returned(trajectory_id, position)
+        if self.lengths is not None:
+            self.lengths.advanced(trajectory_id, position)
         self._at(trajectory_id, position)
         current = self.current[trajectory_id]
-        found = self._distribution(track.paths, position, self.offset.get(trajectory_id, 0))
+        found = self._estimate(trajectory_id, track, position)
         if found is None:
             return RouteDecision(current, None)
         mean_tokens = self.tokens[0] / self.tokens[1] if self.tokens[1] else position
@@ -489,10 +530,12 @@ class LibraRouter(CMLFQ):
             self.current[trajectory_id] = current = target
         return RouteDecision(current, found[1])
 
-    def finish(self, trajectory_id: str) -> None:
-        Router.finish(self, trajectory_id)
+    def finish(self, trajectory_id: str, position: int) -> None:
+        Router.finish(self, trajectory_id, position)
         self.tracks.pop(trajectory_id, None)
         self.budget.finished(trajectory_id)
+        if self.lengths is not None:
+            self.lengths.finished(trajectory_id, position)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
         step_tokens = sum(prompt_tokens[p.prompt_id] + p.start_remaining for p in paths)
@@ -512,6 +555,8 @@ class LibraRouter(CMLFQ):
             self.tokens[1] += 1
         for tree in self.trees.values():
             tree.rebuild(paths)
+        if self.lengths is not None:
+            self.lengths.observe_step(paths, prompt_tokens)
 
     def _balanced_accuracy(self, tree: CausalTree, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> float:
         """How `tree` would have placed `paths`' decisions, free of migration cost (no estimate
@@ -529,7 +574,7 @@ class LibraRouter(CMLFQ):
                 self._follow(cursor, nodes, tree.scheme.key(ret), position)
                 offset = position if self.measure == "total" else 0
                 decisions.append((self._distribution(nodes, position, offset), remaining, offset))
-            records += [DecisionRecord(-1 if found is None else self._choose(found[0]), self.buckets.of(offset + truth),
+            records += [DecisionRecord(-1 if found is None else self._choose(found.shares), self.buckets.of(offset + truth),
                                        None, truth, 0, 0) for found, truth, offset in decisions]
         score = balanced_accuracy(records, self.buckets.count)
         return 0.0 if math.isnan(score) else score

@@ -269,10 +269,10 @@ def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets
             for ret, remaining in path.returns:
                 spent = path.start_remaining - remaining
                 events.append((spent, 0, order, tid, ret, trajectory.prompt_tokens + spent, remaining))
-            events.append((path.start_remaining, 1, order, tid, None, 0, 0))  # its end
+            events.append((path.start_remaining, 1, order, tid, None, trajectory.prompt_tokens + path.start_remaining, 0))  # its end
         for _, _, _, tid, ret, position, remaining in sorted(events, key=lambda e: e[:3]):
             if ret is None:
-                router.finish(tid)
+                router.finish(tid, position)
                 continue
             before = clock()
             decision = router.on_return(tid, ret, position)

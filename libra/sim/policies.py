@@ -268,7 +268,8 @@ class Planned(SystemPolicy):
             else:
                 self._router = {"least-load": LeastLoad, "mlfq": MLFQ}[self.router_kind](buckets, measure="total")
             if isinstance(old, LibraRouter) and isinstance(self._router, LibraRouter):
-                self._router.trees, self._router.score = old.trees, old.score  # keep what the tree learned
+                new = self._router  # keep what the trees and the prompt-length model learned
+                new.trees, new.score, new.lengths = old.trees, old.score, old.lengths
         elif isinstance(self._router, LibraRouter) and config.shares:
             self._router.prior = list(config.shares)
         return self._router

@@ -231,7 +231,7 @@ class RolloutSim:
         self.position[tid] += step.gen_tokens
         if turn == len(trajectory.turns) - 1:
             self.result.finish_s[tid] = self.loop.now
-            self.router.finish(tid)
+            self.router.finish(tid, self.position[tid])
             self.unfinished -= 1
             if self.hybrid_leave_fraction > 0 and self.unfinished <= self.hybrid_leave_fraction * self.total:
                 for inst in self.instances:

@@ -53,7 +53,7 @@ def test_cmlfq_migrates_only_when_mean_and_p90_agree() -> None:
 def _libra(budget: float) -> LibraRouter:
     """Trained on one step: starts 120, 150 (medium), 2050, 2100 (long); after a search 90 (short),
     120 (medium), 2000, 2040 (long)."""
-    router = LibraRouter(BUCKETS, migration_budget=budget, size_roots=False)
+    router = LibraRouter(BUCKETS, migration_budget=budget, size_roots=False, prompt_lengths=False)
     paths = [TrajectoryPath("p", s, ((SEARCH, r),), 10) for s, r in ((120, 90), (150, 120), (2050, 2000), (2100, 2040))]
     router.observe_step(paths, {"p": 10})
     return router
@@ -118,7 +118,7 @@ def test_mlfq_demotes_on_tokens_spent() -> None:
 def test_least_load_spreads_starts() -> None:
     router = LeastLoad(BUCKETS)
     assert [router.start(str(i), "p", 10).bucket for i in range(4)] == [0, 1, 2, 0]
-    router.finish("1")
+    router.finish("1", 40)
     assert router.start("4", "p", 10).bucket == 1
 
 
