@@ -3,8 +3,11 @@
 For each trace and order (`group`: each prompt once; `epochs:3`: prompts revisited three times) the
 routers are replayed in RL order (8 prompts per step, 30% warm-up, buckets at the warm-up p50/p90)
 and scored against the oracle's perfect 1.0 and against the clairvoyant bound within the migration
-budget (no router that re-prefills at most that share of tokens can have a higher balanced accuracy). Latency: Libra's router and C-MLFQ with trees grown to
-100,000 nodes from random paths, timed over about 20,000 decisions (goal: p99 under 50 us).
+budget (no router that re-prefills at most that share of tokens can have a higher balanced accuracy).
+Each baseline that migrates more than the budget is also compared with Libra's router given the
+same allowance (its budget set to what that baseline migrated). Latency: Libra's router and C-MLFQ
+with trees grown to 100,000 nodes from random paths, timed over about 20,000 decisions (goal: p99
+under 50 us).
 
     python -m benchmarks.bench_router
 """
@@ -14,18 +17,37 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.common import save
+from libra.config import SchedulerConfig
 from libra.scheduler.causal_tree import TrajectoryPath
 from libra.scheduler.keys import ToolReturn
 from libra.scheduler.metrics import quantile
 from libra.scheduler.policies import CMLFQ, Buckets, LibraRouter
-from libra.scheduler.replay import replay
+from libra.scheduler.replay import ReplayResult, replay
 from libra.traces import read_trace
+from libra.types import Trajectory
 
 TRACES = sorted((Path(__file__).resolve().parent.parent / "data" / "traces").glob("*.csv"))
+MIGRATING = ("cmlfq", "mlfq", "predictor-repredict")  # baselines that migrate without a budget
+
+
+def at_same_migration(trajectories: Sequence[Trajectory], order: str, result: ReplayResult) -> dict[str, dict]:
+    """Libra's router given each migrating baseline's own allowance: the baseline's migrated share
+    of tokens as its budget (for those that migrate more than the default budget)."""
+    matched = {}
+    for name in MIGRATING:
+        share = result.policies[name].migrated_token_ratio
+        if share > result.bound.budget:
+            libra = replay(trajectories, prompts_per_step=8, order=order, bounds=result.buckets, policies=["libra"],
+                           settings=SchedulerConfig(migration_budget=min(1.0, share))).policies["libra"]
+            matched[name] = {"budget": share, "baseline": asdict(result.policies[name]), "libra": asdict(libra)}
+    return matched
+
+
 TOOLS = ["search", "bash:cat", "bash:grep", "bash:python", "python", "api:get", "api:update", "think"]
 
 
@@ -85,15 +107,19 @@ def main(argv: list[str] | None = None) -> int:
         trajectories = read_trace(path).trajectories
         for order in args.orders:
             result = replay(trajectories, prompts_per_step=8, order=order, timer=time.perf_counter_ns)
+            matched = at_same_migration(trajectories, order, result)
             tables.append({"trace": path.stem, "order": order, "buckets": list(result.buckets), "steps": result.steps,
                            "policies": {k: asdict(v) for k, v in result.policies.items()},
-                           "bound": asdict(result.bound)})
+                           "bound": asdict(result.bound), "same_migration": matched})
             print(f"{path.stem} ({order}, buckets {list(result.buckets)}):")
             for name, m in result.policies.items():
                 rank = "   -  " if m.rank_correlation is None else f"{m.rank_correlation:6.3f}"
                 print(f"  {name:<20} acc {m.accuracy:.3f}  balanced {m.balanced_accuracy:.3f}  rank {rank}  "
                       f"migrated {m.migrated_token_ratio:6.1%}  p99 {m.p99_us:5.1f} us")
             print(f"  clairvoyant within {result.bound.budget:.0%} migrated: balanced <= {result.bound.balanced_accuracy:.3f}")
+            for name, m in matched.items():
+                print(f"  libra allowed {m['budget']:.1%} like {name}: balanced {m['libra']['balanced_accuracy']:.3f} "
+                      f"(migrated {m['libra']['migrated_token_ratio']:.1%}) vs {m['baseline']['balanced_accuracy']:.3f}")
     lat = latency(args.nodes, args.decisions)
     for name, m in lat.items():
         print(f"latency {name}: {m['tree_nodes']:,}-node trees, {m['decisions']:,} decisions: p50 {m['p50_us']:.1f} us, "

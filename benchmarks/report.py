@@ -116,6 +116,12 @@ def router_section(result: dict) -> list[str]:
                   f"Libra {libra['balanced_accuracy']:.3f}; best baseline {best} {policies[best]['balanced_accuracy']:.3f} "
                   f"(migrating {policies[best]['migrated_token_ratio']:.1%}); best within the budget {budgeted} "
                   f"{policies[budgeted]['balanced_accuracy']:.3f}."]
+        matched = table.get("same_migration", {})
+        if matched:
+            lines[-1] += " Libra given each migrating baseline's own allowance: " + "; ".join(
+                f"{m['budget']:.1%} like {name}: {m['libra']['balanced_accuracy']:.3f} (migrating "
+                f"{m['libra']['migrated_token_ratio']:.1%}) vs {m['baseline']['balanced_accuracy']:.3f}"
+                for name, m in matched.items()) + "."
         lines.append("")
     for name, m in result["latency"].items():
         lines.append(f"Decision latency, {name}, {m['tree_nodes']:,}-node trees: p50 {m['p50_us']:.1f} us, "

@@ -25,6 +25,7 @@ def test_router_benchmark_smoke(capsys) -> None:
                               "--no-save"]) == 0
     out = capsys.readouterr().out
     assert "taubench_airline (group" in out and "latency libra" in out
+    assert "libra allowed 60.9% like cmlfq" in out  # Libra's router given C-MLFQ's migration allowance
 
 
 def test_sim_benchmark_smoke(capsys) -> None:
