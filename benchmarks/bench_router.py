@@ -6,8 +6,9 @@ and scored against the oracle's perfect 1.0 and against the clairvoyant bound wi
 budget (no router that re-prefills at most that share of tokens can have a higher balanced accuracy).
 Each baseline that migrates more than the budget is also compared with Libra's router given the
 same allowance (its budget set to what that baseline migrated). Latency: Libra's router and C-MLFQ
-with trees grown to 100,000 nodes from random paths, timed over about 20,000 decisions (goal: p99
-under 50 us).
+with trees grown to 100,000 nodes from random paths, timed over about 20,000 decisions of groups of
+16 samples of a prompt running side by side (half the prompts unseen, so Libra's router also weighs
+the siblings' evidence; goal: p99 under 50 us).
 
     python -m benchmarks.bench_router
 """
@@ -32,6 +33,7 @@ from libra.traces import read_trace
 from libra.types import Trajectory
 
 TRACES = sorted((Path(__file__).resolve().parent.parent / "data" / "traces").glob("*.csv"))
+GROUP = 16  # samples per prompt in the latency measurement
 MIGRATING = ("cmlfq", "mlfq", "predictor-repredict")  # baselines that migrate without a budget
 
 
@@ -76,18 +78,24 @@ def latency(nodes: int, decisions: int, seed: int = 0) -> dict[str, dict[str, fl
             router.observe_step(batch := random_paths(rng, 2_000, 40), {p.prompt_id: p.prompt_tokens for p in batch})
         probes = random_paths(rng, decisions // 10, 19)  # 1 + ~10 decisions each
         times = []
-        for i, path in enumerate(probes):
-            tid = f"probe{i}"
-            start = time.perf_counter_ns()
-            router.start(tid, path.prompt_id, path.prompt_tokens)
-            times.append(time.perf_counter_ns() - start)
-            position = path.prompt_tokens
-            for ret, remaining in path.returns:
-                position = path.prompt_tokens + path.start_remaining - remaining
+        for g in range(0, len(probes), GROUP):  # a group of samples of one prompt runs side by side
+            prompt = f"p{g}" if g // GROUP % 2 else f"unseen{g}"  # half of the prompts the trees have not seen
+            group = [(f"probe{g + i}", path) for i, path in enumerate(probes[g:g + GROUP])]
+            prompt_tokens = group[0][1].prompt_tokens
+            events = []
+            for tid, path in group:
                 start = time.perf_counter_ns()
-                router.on_return(tid, ret, position)
+                router.start(tid, prompt, prompt_tokens)
                 times.append(time.perf_counter_ns() - start)
-            router.finish(tid, path.prompt_tokens + path.start_remaining)
+                events += [(path.start_remaining - remaining, tid, ret) for ret, remaining in path.returns]
+                events.append((path.start_remaining, tid, None))  # its end
+            for spent, tid, ret in sorted(events, key=lambda e: (e[0], e[2] is None, e[1])):
+                if ret is None:
+                    router.finish(tid, prompt_tokens + spent)
+                    continue
+                start = time.perf_counter_ns()
+                router.on_return(tid, ret, prompt_tokens + spent)
+                times.append(time.perf_counter_ns() - start)
         sizes = [t.nodes for t in trees]
         out[name] = {"tree_nodes": min(sizes), "decisions": len(times),
                      "p50_us": quantile(times, 0.5) / 1000, "p99_us": quantile(times, 0.99) / 1000}

@@ -145,22 +145,23 @@ class PromptLengths:
                     if t != trajectory_id and (s := self.running[t][2]) > prompt_tokens]
         cuts = [math.log(spent + bound) if spent + bound > 0 else -math.inf for bound in bounds]
         log_spent = math.log(spent) if spent > 0 else -math.inf
-        scale = within * _SQRT2
+        erfc, inv = math.erfc, 1 / (within * _SQRT2)
+        variance = within * within
         shares = [0.0] * (len(bounds) + 1)
         alive = mean = 0.0
         for x, weight in GH:
             mu = centre + spread * x
-            for c in censored:
-                weight *= 0.5 * math.erfc((c - mu) / scale)
-            above = 0.5 * math.erfc((log_spent - mu) / scale) if spent > 0 else 1.0  # P(length > spent)
+            for c in censored:  # 2 P(sibling's length > c), the factor 2 cancels below
+                weight *= erfc((c - mu) * inv)
+            above = erfc((log_spent - mu) * inv) if spent > 0 else 2.0  # 2 P(length > spent)
             alive += weight * above
             for i, cut in enumerate(cuts):
-                beyond = 0.5 * math.erfc((cut - mu) / scale) if cut > log_spent else above
+                beyond = erfc((cut - mu) * inv) if cut > log_spent else above
                 shares[i] += weight * (above - beyond)
                 above = beyond
             shares[-1] += weight * above
-            tail = 0.5 * math.erfc((log_spent - mu - within * within) / scale) if spent > 0 else 1.0
-            mean += weight * math.exp(mu + within * within / 2) * tail  # E[length; length > spent]
+            tail = erfc((log_spent - mu - variance) * inv) if spent > 0 else 2.0
+            mean += weight * math.exp(mu + variance / 2) * tail  # 2 E[length; length > spent]
         if alive <= 0.0:
             return None
         return [share / alive for share in shares], mean / alive - spent
