@@ -92,7 +92,8 @@ def router_section(result: dict) -> list[str]:
         f"three buckets at the warm-up p50/p90 of lengths; {result['machine']}). The oracle scores 1.0 by "
         "construction; `migrated` is re-prefilled tokens over all tokens. The original paper reports, on its own "
         "Search-R1 runs, 91.1% accuracy for C-MLFQ, 65.2% for embedding-based length prediction and 44.8% for "
-        "MLFQ, with 8.2% of tokens migrated. `NAME@budget` is a baseline held to Libra's migration budget; the "
+        "MLFQ, with 8.2% of tokens migrated. `libra-tree` is Libra's router without its prompt-length model (the "
+        "siblings' evidence). `NAME@budget` is a baseline held to Libra's migration budget; the "
         "bound is the best balanced accuracy any router within that budget could reach, knowing every length.",
         "",
     ]

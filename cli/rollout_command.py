@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
                      help="cpu: instances share the local cores; cuda: the GPUs (each instance gets an equal share, "
                      "its tensor-parallel degree on vLLM; transformers uses the first of its share) (default cpu)")
     cmd.add_argument("--router", default="libra",
-                     help="libra, cmlfq, mlfq, predictor, predictor-repredict, least-load or always-shortest")
+                     help="libra, libra-tree, cmlfq, mlfq, predictor, predictor-repredict, least-load or always-shortest")
     cmd.add_argument("--buckets", default="auto", help="'auto' (quantiles of expert lengths) or B1,B2,... tokens")
     cmd.add_argument("--policy", default=DEFAULT_POLICY, help=f"HF-format policy directory (default {DEFAULT_POLICY})")
     cmd.add_argument("--temperature", type=float, default=1.0)

@@ -11,8 +11,9 @@ Within a step the trajectories run concurrently: their returns and ends are repl
 A migration (bucket change at a return) re-prefills the whole context so far.
 
 Libra's router keeps its migrations within a budget (`scheduler.migration_budget`, 7% of tokens by
-default); `NAME@budget` runs a baseline under the same budget, and `clairvoyant_bound` is the best
-balanced accuracy that any router within that budget could reach (it knows every length).
+default); `libra-tree` is that router without its prompt-length model (the ablation); `NAME@budget`
+runs a baseline under the same budget, and `clairvoyant_bound` is the best balanced accuracy that
+any router within that budget could reach (it knows every length).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from libra.scheduler.policies import (
 from libra.traces import group_by_step
 from libra.types import Trajectory
 
-POLICIES = ("libra", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest", "oracle",
+POLICIES = ("libra", "libra-tree", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest", "oracle",
             "cmlfq@budget", "mlfq@budget", "predictor-repredict@budget")
 
 
@@ -88,9 +89,14 @@ def auto_buckets(warmup: Sequence[Trajectory]) -> Buckets:
 def make_router(name: str, buckets: Buckets, truth: dict[str, list[int]], settings: SchedulerConfig | None = None) -> Router:
     s = settings or SchedulerConfig()
     scheme = KeyScheme("fine", tuple(s.payload_bounds))
+    def libra(prompt_lengths: bool) -> Router:
+        return LibraRouter(buckets, min_support=s.min_support, migration_budget=s.migration_budget,
+                           payload_bounds=tuple(s.payload_bounds), window=s.window, max_nodes=s.max_nodes,
+                           prompt_lengths=prompt_lengths)
+
     factories: dict[str, Callable[[], Router]] = {
-        "libra": lambda: LibraRouter(buckets, min_support=s.min_support, migration_budget=s.migration_budget,
-                                     payload_bounds=tuple(s.payload_bounds), window=s.window, max_nodes=s.max_nodes),
+        "libra": lambda: libra(True),
+        "libra-tree": lambda: libra(False),  # ablation: the causal tree alone, no prompt-length model
         "cmlfq": lambda: CMLFQ(buckets, CausalTree(scheme, s.window, s.max_nodes)),
         "mlfq": lambda: MLFQ(buckets),
         "predictor": lambda: LengthPredictor(buckets),
@@ -100,7 +106,7 @@ def make_router(name: str, buckets: Buckets, truth: dict[str, list[int]], settin
         "oracle": lambda: Oracle(buckets, truth),
     }
     base = name.removesuffix("@budget")
-    if name.endswith("@budget") and base in factories and base != "libra":
+    if name.endswith("@budget") and base in factories and not base.startswith("libra"):
         return Budgeted(factories[base](), s.migration_budget)
     if name not in factories:
         raise LibraError(f"unknown router {name!r}; routers: {', '.join(factories)}")
