@@ -45,7 +45,7 @@ def at_same_migration(trajectories: Sequence[Trajectory], order: str, result: Re
         share = result.policies[name].migrated_token_ratio
         if share > result.bound.budget:
             libra = replay(trajectories, prompts_per_step=8, order=order, bounds=result.buckets, policies=["libra"],
-                           settings=SchedulerConfig(migration_budget=min(1.0, share))).policies["libra"]
+                           settings=SchedulerConfig(migration_budget=min(1.0, share)), with_bound=False).policies["libra"]
             matched[name] = {"budget": share, "baseline": asdict(result.policies[name]), "libra": asdict(libra)}
     return matched
 

@@ -152,8 +152,10 @@ def replay(
     policies: Sequence[str] = POLICIES,
     settings: SchedulerConfig | None = None,
     timer: Callable[[], int] | None = None,
+    with_bound: bool = True,
 ) -> ReplayResult:
-    """Replay `trajectories` through each router; `timer` (nanoseconds) measures decision latency."""
+    """Replay `trajectories` through each router; `timer` (nanoseconds) measures decision latency;
+    `with_bound=False` skips the clairvoyant bound."""
     settings = settings or SchedulerConfig()
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -177,7 +179,8 @@ def replay(
             p50_us=quantile(latencies, 0.5) if timer else math.nan,
             p99_us=quantile(latencies, 0.99) if timer else math.nan,
         )
-    bound = clairvoyant_bound([t for s in steps[warmup:] for t in s], buckets, settings.migration_budget)
+    bound = (clairvoyant_bound([t for s in steps[warmup:] for t in s], buckets, settings.migration_budget)
+             if with_bound else None)
     return ReplayResult(buckets.bounds, len(steps), warmup, results, bound)
 
 

@@ -68,6 +68,7 @@ def test_clairvoyant_bound_prices_moves() -> None:
 def test_latency_is_measured_with_a_timer() -> None:
     result = replay(_tiny(), prompts_per_step=1, policies=["libra"], timer=time.perf_counter_ns)
     assert result.policies["libra"].p99_us >= result.policies["libra"].p50_us > 0
+    assert result.bound is not None and replay(_tiny(), prompts_per_step=1, policies=["libra"], with_bound=False).bound is None
 
 
 def test_orders_and_auto_buckets() -> None:
