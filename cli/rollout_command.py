@@ -118,7 +118,7 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(policy)
     if args.buckets == "auto":
-        buckets = Buckets(expert_bounds(make_env(args.env), args.instances, tokenizer))
+        buckets = Buckets(expert_bounds(make_env(args.env, config.sandbox), args.instances, tokenizer))
     else:
         try:
             buckets = Buckets(tuple(int(b) for b in args.buckets.split(",")))
@@ -126,7 +126,7 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
             raise LibraError(f"--buckets {args.buckets!r}: expected 'auto' or increasing token counts B1,B2,...") from exc
     engines = make_engines(args.engine, policy, args.instances, args.device)
     try:
-        summary = run_batches(args, config, engines, tokenizer, make_env(args.env),
+        summary = run_batches(args, config, engines, tokenizer, make_env(args.env, config.sandbox),
                               make_router(args.router, buckets, {}, config.scheduler), run_name)
     finally:
         for engine in engines:

@@ -121,6 +121,16 @@ class PoolConfig(_Section):
     snapshot_dir: str = Field(".libra/pool", description="where join snapshots and run results are written")
 
 
+class SandboxConfig(_Section):
+    """Isolation of the code that tools run for the model (libra/rollout/sandbox.py)."""
+
+    isolation: Literal["bwrap", "none"] = Field(
+        "bwrap", description="bwrap: each call in its own bubblewrap sandbox; none: no isolation (limits only)"
+    )
+    uid: int = Field(65534, ge=1, le=2**32 - 2, description="host uid (and gid) sandboxes run as when Libra runs as root")
+    python: str = Field("", description="interpreter for tool code (empty: Libra's own, else the system's python3)")
+
+
 class LibraConfig(_Section):
     """Every subsystem's settings; each section validates itself."""
 
@@ -131,6 +141,7 @@ class LibraConfig(_Section):
     pool: PoolConfig = PoolConfig()
     tracking: TrackingConfig = TrackingConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()
+    sandbox: SandboxConfig = SandboxConfig()
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> LibraConfig:

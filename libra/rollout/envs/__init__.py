@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.rollout.envs.base import Env, Task, demonstration, prompt
 from libra.rollout.envs.math_env import MathEnv
@@ -14,11 +15,13 @@ from libra.rollout.envs.search_env import SearchEnv
 ENVS = ("search", "math", "repo")
 
 
-def make_env(name: str) -> Env:
-    factories = {"search": SearchEnv, "math": MathEnv, "repo": RepoEnv}
-    if name not in factories:
+def make_env(name: str, sandbox: SandboxConfig | None = None) -> Env:
+    """The environment `name`; the ones that run code run it in the sandbox `sandbox` configures."""
+    if name not in ENVS:
         raise LibraError(f"unknown environment {name!r}; environments: {', '.join(ENVS)}")
-    return factories[name]()
+    if name == "search":
+        return SearchEnv()
+    return (MathEnv if name == "math" else RepoEnv)(sandbox=sandbox)
 
 
 def expert_bounds(env: Env, instances: int, tokenizer, tasks: int = 24) -> tuple[int, ...]:

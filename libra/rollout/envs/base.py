@@ -3,7 +3,9 @@ reward, and a scripted expert whose demonstrations warm-start the policy."""
 
 from __future__ import annotations
 
+import os
 import random
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,3 +70,38 @@ def demonstration(env: Env, task: Task, workdir: Path, max_turns: int = 12) -> t
 
 def rng_for(seed: int, index: int, salt: str) -> random.Random:
     return random.Random(f"{salt}:{seed}:{index}")
+
+
+class WorkFileError(Exception):
+    """A working-directory file a tool may not use as it stands (not a plain file, or too large)."""
+
+
+def read_work_file(workdir: Path, name: str, limit: int = 1 << 20) -> str:
+    """Read the plain file `name` of a working directory that sandboxed code could write to, as the
+    host: never through a link, a FIFO or a device the code may have put in its place."""
+    try:
+        fd = os.open(workdir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise WorkFileError(f"{name} cannot be read ({exc.strerror.lower()})") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise WorkFileError(f"{name} is not a plain file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise WorkFileError(f"{name} is larger than {limit} bytes")
+    return data.decode("utf-8", "replace")
+
+
+def write_work_file(workdir: Path, name: str, text: str) -> None:
+    """(Re)write the file `name` of a working directory as the host: whatever stands there (a link
+    included) is removed first, and the new file is created, never opened through a link."""
+    path = workdir / name
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        raise WorkFileError(f"{name} is a directory") from None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)

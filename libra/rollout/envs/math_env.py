@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from libra.config import SandboxConfig
 from libra.rollout.envs.base import Task, rng_for
-from libra.rollout.sandbox import SandboxLimits, run_python
+from libra.rollout.sandbox import Sandbox, SandboxLimits, sandbox_for
 
 # (problem, expression, the reasoning from the one to the other)
 TEMPLATES = [
@@ -32,8 +33,9 @@ class MathEnv:
     instructions = ("Solve the problem. Compute with <tool>python: CODE</tool> (print the result), then reply "
                     "<answer>NUMBER</answer>.")
 
-    def __init__(self, limits: SandboxLimits | None = None) -> None:
+    def __init__(self, limits: SandboxLimits | None = None, sandbox: SandboxConfig | None = None) -> None:
         self.limits = limits or SandboxLimits(timeout_s=3.0, cpu_s=2)
+        self.sandbox = sandbox_for(sandbox)
 
     def tasks(self, count: int, seed: int) -> list[Task]:
         out = []
@@ -49,7 +51,7 @@ class MathEnv:
         return out
 
     def open(self, task: Task, workdir: Path) -> _Episode:
-        return _Episode(task, workdir, self.limits)
+        return _Episode(task, workdir, self.sandbox, self.limits)
 
     def expert(self, task: Task) -> Callable[[str], str]:
         def next_turn(transcript: str) -> str:  # reasons, computes, then answers what python printed
@@ -62,11 +64,11 @@ class MathEnv:
 
 
 class _Episode:
-    def __init__(self, task: Task, workdir: Path, limits: SandboxLimits) -> None:
-        self.task, self.workdir, self.limits = task, workdir, limits
+    def __init__(self, task: Task, workdir: Path, sandbox: Sandbox, limits: SandboxLimits) -> None:
+        self.task, self.workdir, self.sandbox, self.limits = task, workdir, sandbox, limits
 
     def call(self, name: str, argument: str) -> tuple[str, str]:
-        result = run_python(argument, self.workdir, self.limits)
+        result = self.sandbox.run(argument, self.workdir, self.limits)
         return result.output or "(no output: print the result)", result.status
 
     def reward(self, answer: str) -> float:

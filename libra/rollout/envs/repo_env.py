@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from libra.rollout.envs.base import Task, rng_for
-from libra.rollout.sandbox import SandboxLimits, run_python
+from libra.config import SandboxConfig
+from libra.rollout.envs.base import Task, WorkFileError, read_work_file, rng_for, write_work_file
+from libra.rollout.sandbox import Sandbox, SandboxLimits, sandbox_for
 
 # name -> (correct body line, buggy body lines, (args, expected) cases)
 FUNCTIONS = {
@@ -64,8 +65,9 @@ class RepoEnv:
                     "<tool>read: FILE</tool>, replace line N with <tool>edit: FILE N: NEW LINE</tool>; when the "
                     "tests pass reply <answer>done</answer>.")
 
-    def __init__(self, limits: SandboxLimits | None = None) -> None:
+    def __init__(self, limits: SandboxLimits | None = None, sandbox: SandboxConfig | None = None) -> None:
         self.limits = limits or SandboxLimits(timeout_s=5.0, cpu_s=3)
+        self.sandbox = sandbox_for(sandbox)
 
     def tasks(self, count: int, seed: int) -> list[Task]:
         out = []
@@ -82,9 +84,8 @@ class RepoEnv:
         return out
 
     def open(self, task: Task, workdir: Path) -> _Episode:
-        (workdir / "code.py").write_text(task.data["code"])
-        (workdir / "test_code.py").write_text(task.data["tests"])
-        return _Episode(workdir, self.limits)
+        write_work_file(workdir, "code.py", task.data["code"])
+        return _Episode(workdir, task.data["tests"], self.sandbox, self.limits)
 
     def expert(self, task: Task) -> Callable[[str], str]:
         line, fix = task.data["line"], task.data["fix"]
@@ -113,32 +114,43 @@ class RepoEnv:
 class _Episode:
     FILES = ("code.py", "test_code.py")
 
-    def __init__(self, workdir: Path, limits: SandboxLimits) -> None:
-        self.workdir, self.limits = workdir, limits
+    def __init__(self, workdir: Path, tests: str, sandbox: Sandbox, limits: SandboxLimits) -> None:
+        self.workdir, self.tests, self.sandbox, self.limits = workdir, tests, sandbox, limits
 
     def _tests(self) -> tuple[str, str]:
-        result = run_python(RUN_TESTS, self.workdir, self.limits)
+        # the tests are the task's, never the model's: written afresh before every run, since code
+        # the model put in code.py runs in the sandbox and could have changed them
+        write_work_file(self.workdir, "test_code.py", self.tests)
+        result = self.sandbox.run(RUN_TESTS, self.workdir, self.limits)
         return result.output, "ok" if result.status in ("ok", "error") and result.exit_code in (0, 1) else result.status
 
     def call(self, name: str, argument: str) -> tuple[str, str]:
+        try:
+            return self._call(name, argument)
+        except WorkFileError as exc:
+            return str(exc), "error"
+
+    def _call(self, name: str, argument: str) -> tuple[str, str]:
         if name == "test":
             return self._tests()
         if name == "read":
             file = argument.strip()
             if file not in self.FILES:
                 return f"no such file {file!r}; files: {', '.join(self.FILES)}", "error"
-            lines = (self.workdir / file).read_text().splitlines()
+            if file == "test_code.py":
+                write_work_file(self.workdir, file, self.tests)
+            lines = read_work_file(self.workdir, file).splitlines()
             return "\n".join(f"{i + 1}: {line}" for i, line in enumerate(lines)), "ok"
         target, _, new = argument.partition(":")  # edit: FILE N: NEW LINE
         parts = target.split()
         if len(parts) != 2 or parts[0] != "code.py" or not parts[1].isdigit() or not _:
             return "edit expects: code.py N: NEW LINE (only code.py may change)", "error"
-        lines = (self.workdir / "code.py").read_text().splitlines()
+        lines = read_work_file(self.workdir, "code.py").splitlines()
         n = int(parts[1])
         if not 1 <= n <= len(lines):
             return f"line {n} is out of range 1..{len(lines)}", "error"
         lines[n - 1] = new[1:] if new.startswith(" ") else new
-        (self.workdir / "code.py").write_text("\n".join(lines) + "\n")
+        write_work_file(self.workdir, "code.py", "\n".join(lines) + "\n")
         return f"line {n} is now: {lines[n - 1]}", "ok"
 
     def reward(self, answer: str) -> float:

@@ -1,130 +1,321 @@
-"""Each escape attempt is stopped and reported, and the next call works."""
+"""The sandbox against deliberate escape.
+
+Every attempt runs through an environment's real tool path (the math environment's `python` tool,
+or the repo environment's `edit` then `test`), as a policy's code would. Each is stopped, the same
+episode's next call works, and nothing outside the working directory changed on the host (a
+sentinel directory beside it, with a secret file, is compared before and after)."""
 
 import os
-import signal
+import shutil
+import socket
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from libra.config import SandboxConfig
 from libra.rollout import sandbox
-from libra.rollout.sandbox import SandboxLimits
+from libra.rollout.envs import make_env
+from libra.rollout.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
 
 FAST = SandboxLimits(timeout_s=3.0, cpu_s=2, memory_bytes=256 * 2**20)
-
-
-@pytest.fixture(params=[True, False], ids=["server", "fresh"])
-def run_python(request):
-    """Every test runs both ways: forked from the sandbox server and in a fresh interpreter."""
-    def run(code, workdir, limits=None):
-        return sandbox.run_python(code, workdir, limits or SandboxLimits(), server=request.param)
-    return run
+AS_ROOT = os.geteuid() == 0
 
 
 @pytest.fixture
-def workdir(tmp_path):
-    d = tmp_path / "work"
-    d.mkdir()
-    return d
+def host(tmp_path):
+    """A host directory beside the working directory: a secret the sandbox must not read and a
+    tree that must not change."""
+    sentinel = tmp_path / "sentinel"
+    sentinel.mkdir()
+    (sentinel / "secret.txt").write_text("host secret 31337\n")
+    os.chmod(sentinel, 0o755)
+    os.chmod(sentinel / "secret.txt", 0o644)  # readable by anyone on the host: only isolation hides it
+    return sentinel
 
 
-def test_plain_code_runs_and_returns_its_output(run_python, workdir):
-    result = run_python("print(sum(range(10)))", workdir, FAST)
-    assert (result.status, result.exit_code, result.output) == ("ok", 0, "45")
+@pytest.fixture
+def episode(tmp_path):
+    env = make_env("math")
+    env.limits = FAST
+    task = env.tasks(1, seed=0)[0]
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    return env.open(task, workdir)
 
 
-def test_an_infinite_loop_is_killed(run_python, workdir):
-    result = run_python("while True:\n    pass", workdir, FAST)
-    assert result.status == "timeout" and result.seconds < 5
-    assert run_python("print('next')", workdir, FAST).output == "next"
+def snapshot(directory: Path) -> dict:
+    return {str(p.relative_to(directory)): (p.is_symlink(), p.read_bytes() if p.is_file() and not p.is_symlink() else None,
+                                            p.stat(follow_symlinks=False).st_mode)
+            for p in sorted(directory.rglob("*"))}
 
 
-def test_a_fork_bomb_is_refused(run_python, workdir):
-    result = run_python("import os\nwhile True:\n    os.fork()", workdir, FAST)
-    assert result.status == "error" and "starting processes is not allowed" in result.stderr
+def attack(episode, host: Path, code: str) -> tuple[str, str]:
+    """Run the attack through the tool, then check the host and that the episode carries on."""
+    before = snapshot(host.parent / "sentinel")
+    output, status = episode.call("python", code)
+    assert snapshot(host.parent / "sentinel") == before
+    assert episode.call("python", "print(6 * 7)") == ("42", "ok")
+    return output, status
 
 
-def test_a_subprocess_is_refused(run_python, workdir):
-    result = run_python("import subprocess\nsubprocess.run(['ls', '/'])", workdir, FAST)
-    assert result.status == "error" and "starting processes is not allowed" in result.stderr
+# -- what the code sees --------------------------------------------------------------------------
+
+def test_plain_code_runs_and_returns_its_output(episode):
+    assert episode.call("python", "print(sum(range(10)))") == ("45", "ok")
 
 
-def test_a_10_gb_allocation_fails(run_python, workdir):
-    result = run_python("x = bytearray(10 * 2**30)\nprint('allocated')", workdir, FAST)
-    assert result.status == "error" and "MemoryError" in result.stderr and "allocated" not in result.stdout
+def test_it_runs_as_an_unprivileged_user_with_no_capabilities(episode, host):
+    output, status = attack(episode, host, "import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n"
+                                           "print([l for l in open('/proc/self/status') if l.startswith(('CapEff', 'NoNewPrivs'))])")
+    ids, caps = output.splitlines()
+    assert status == "ok" and ids == "65534 65534 []"
+    assert "CapEff:\\t0000000000000000" in caps and "NoNewPrivs:\\t1" in caps
 
 
-def test_the_network_is_unreachable(run_python, workdir):
-    code = "import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('1.1.1.1', 80))\nprint('connected')"
-    result = run_python(code, workdir, FAST)
-    assert result.status == "error" and "connected" not in result.stdout
-    assert "network access is not allowed" in result.stderr
-    assert result.isolation in ("netns", "userns+netns", "audit-hook")
-    if result.isolation != "audit-hook":  # the interpreter left the caller's network namespace
-        inside = run_python("import os\nprint(os.readlink('/proc/self/ns/net'))", workdir, FAST)
-        assert inside.status == "ok" and inside.output != os.readlink("/proc/self/ns/net")
+def test_only_the_system_the_interpreter_and_the_working_directory_are_visible(episode, host):
+    output, _ = attack(episode, host, "import os\nprint(sorted(os.listdir('/')))\nprint(os.getcwd())\n"
+                                      "print(sorted(os.environ))")
+    root, cwd, env = output.splitlines()
+    assert set(eval(root)) <= {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "proc", "dev", "tmp", "workspace",
+                               "root", "home", "opt"}  # (root/home/opt only as the way to the interpreter)
+    assert "etc" not in root and cwd == "/workspace"
+    assert set(eval(env)) == {"PATH", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "HOME", "TMPDIR", "PWD"}
 
 
-def test_limits_are_set_before_the_tools_code_runs(run_python, workdir):
-    code = "import os, resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0], os.getsid(0) == os.getpid())"
-    assert run_python(code, workdir, FAST).output == f"{FAST.memory_bytes} True"  # and in its own session
+# -- files ---------------------------------------------------------------------------------------
+
+def test_files_outside_the_working_directory_cannot_be_read(episode, host):
+    for path in ["/etc/shadow", "/etc/passwd", str(host / "secret.txt"), "../sentinel/secret.txt", "/root/.bashrc",
+                 f"/proc/1/root{host}/secret.txt"]:
+        output, status = attack(episode, host, f"print(open({path!r}).read())")
+        assert status == "error" and "31337" not in output and ("No such file" in output or "Permission" in output), path
 
 
-def test_writes_outside_the_directory_are_refused(run_python, workdir, tmp_path):
-    outside = tmp_path / "outside.txt"
-    result = run_python(f"open({str(outside)!r}, 'w').write('x')", workdir, FAST)
-    assert result.status == "error" and "outside the working directory" in result.stderr
-    assert not outside.exists()
-    inside = run_python("open('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())", workdir, FAST)
-    assert inside.output == "ok" and (workdir / "inside.txt").read_text() == "ok"
+def test_dir_fd_and_relative_writes_stay_inside(episode, host):
+    code = ("import os\nfd = os.open('/', os.O_RDONLY)\n"
+            "for name in ['pwned', 'tmp/pwned', 'workspace/../pwned']:\n"
+            "    try:\n        os.close(os.open(name, os.O_WRONLY | os.O_CREAT, dir_fd=fd)); print('made', name)\n"
+            "    except OSError as e:\n        print('refused', name, e.errno)\n"
+            f"open({str(host / 'secret.txt')!r}, 'w')")
+    output, status = attack(episode, host, code)
+    assert status == "error" and "FileNotFoundError" in output
+    assert not (host.parent / "pwned").exists() and not Path("/pwned").exists() and not Path("/tmp/pwned").exists()
 
 
-def test_output_is_capped(run_python, workdir):
-    result = run_python("print('x' * 100000)", workdir, SandboxLimits(max_output_bytes=1000))
+def test_the_system_is_read_only_and_tmp_is_private_and_capped(episode, host):
+    output, status = attack(episode, host, "open('/usr/pwned', 'w')")
+    assert status == "error" and "Read-only file system" in output
+    output, status = attack(episode, host, "open('/tmp/big', 'wb').write(b'x' * (64 * 2**20))")
+    assert status == "error" and ("No space left" in output or "File too large" in output)
+    episode.call("python", "open('/tmp/mark', 'w').write('x')")
+    assert episode.call("python", "import os\nprint(os.path.exists('/tmp/mark'))") == ("False", "ok")  # a fresh /tmp per call
+
+
+def test_a_link_planted_in_the_working_directory_is_never_followed_by_the_host(tmp_path, host):
+    env = make_env("repo")
+    env.limits = FAST
+    task = env.tasks(1, seed=0)[0]
+    workdir = tmp_path / "repo"
+    workdir.mkdir()
+    episode = env.open(task, workdir)
+    target = host / "secret.txt"
+    # code.py runs when the tests import it: it swaps itself and the tests for links to a host file
+    line = (f"import os; [os.remove(f) for f in ('code.py', 'test_code.py')]; "
+            f"[os.symlink({str(target)!r}, f) for f in ('code.py', 'test_code.py')]")
+    assert episode.call("edit", f"code.py 3: {line}")[1] == "ok"  # line 3: between two functions
+    episode.call("test", "all")
+    assert (workdir / "code.py").is_symlink()
+    output, status = episode.call("read", "code.py")
+    assert status == "error" and "31337" not in output and "not" in output
+    assert episode.call("edit", "code.py 1: pass")[1] == "error"
+    assert target.read_text() == "host secret 31337\n"  # neither read nor written through the link
+    assert "31337" not in episode.call("read", "test_code.py")[0]  # the task's tests, written afresh
+
+
+def test_rewriting_the_tests_earns_no_reward(tmp_path):
+    env = make_env("repo")
+    env.limits = FAST
+    task = env.tasks(1, seed=0)[0]
+    workdir = tmp_path / "repo"
+    workdir.mkdir()
+    episode = env.open(task, workdir)
+    cheat = "import os; os.remove('test_code.py'); open('test_code.py', 'w').write('def test_ok():\\n    pass\\n')"
+    assert episode.call("edit", f"code.py 3: {cheat}")[1] == "ok"
+    episode.call("test", "all")
+    assert "def test_ok" in (workdir / "test_code.py").read_text()  # the code did rewrite them
+    assert episode.reward("done") == 0.0  # the tests run are the task's, whatever the code wrote
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+def test_programs_it_starts_are_confined_too(episode, host):
+    code = ("import _posixsubprocess, os, subprocess\n"
+            "print(subprocess.run(['/bin/sh', '-c', 'id -u; cat /etc/shadow; touch /pwned-sh; echo x > "
+            f"{host}/pwned'], capture_output=True, text=True))")
+    output, status = attack(episode, host, code)
+    assert status == "ok" and "65534" in output and not (host / "pwned").exists() and not Path("/pwned-sh").exists()
+
+
+def test_a_child_in_a_new_session_dies_with_the_call(episode, host, tmp_path):
+    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        time.sleep(1.5)\n        open('late.txt', 'w').write('survived')\n    os._exit(0)\nprint('left')")
+    assert attack(episode, host, code) == ("left", "ok")
+    time.sleep(2.5)
+    assert not (tmp_path / "work" / "late.txt").exists()
+
+
+def test_processes_outside_cannot_be_seen_signalled_or_traced(episode, host):
+    sleeper = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "60"]
+                               if AS_ROOT else ["sleep", "60"])
+    try:
+        code = (f"import os, ctypes, signal\npids = [p for p in os.listdir('/proc') if p.isdigit()]\nprint(len(pids))\n"
+                f"for pid in ({sleeper.pid}, {os.getpid()}):\n"
+                "    try:\n        os.kill(pid, signal.SIGKILL); print('killed', pid)\n"
+                "    except ProcessLookupError:\n        print('none', pid)\n"
+                "libc = ctypes.CDLL(None, use_errno=True)\n"
+                f"print('ptrace', libc.ptrace(16, {sleeper.pid}, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH
+                "try:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass")
+        output, status = episode.call("python", code)
+        assert sleeper.poll() is None  # alive, and so is this test
+        assert f"none {sleeper.pid}" in output or f"killed {sleeper.pid}" not in output
+        assert "ptrace -1 3" in output  # ESRCH: no such process in its namespace
+        assert int(output.splitlines()[0]) <= 3  # its own processes only (bwrap's init, itself)
+        assert episode.call("python", "print(6 * 7)") == ("42", "ok")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_limits_bind_and_cannot_be_raised(episode, host):
+    output, status = attack(episode, host, "import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (10**6, 10**6))")
+    assert status == "error" and "not allowed to raise" in output
+    output, status = attack(episode, host, "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[1], "
+                                           "resource.getrlimit(resource.RLIMIT_NPROC)[1])")
+    assert output == f"{FAST.memory_bytes} {FAST.processes}"
+
+
+def test_a_fork_bomb_is_stopped_by_the_process_limit(episode, host):
+    output, status = attack(episode, host, "import os\nwhile True:\n    os.fork()")
+    assert status == "error" and "Resource temporarily unavailable" in output
+
+
+def test_an_infinite_loop_is_killed(episode, host):
+    output, status = attack(episode, host, "while True:\n    pass")
+    assert status == "timeout" and "time limit" in output
+
+
+def test_a_10_gb_allocation_fails(episode, host):
+    output, status = attack(episode, host, "x = bytearray(10 * 2**30)\nprint('allocated')")
+    assert status == "error" and "MemoryError" in output
+
+
+def test_its_init_ignores_its_signals(episode, host):
+    output, status = attack(episode, host, "import os, signal\nos.kill(1, signal.SIGKILL)\nprint('init alive')")
+    assert (output, status) == ("init alive", "ok")  # a namespace's init takes no signal from inside
+
+
+def test_no_mounts_namespaces_or_kernel_interfaces(episode, host):
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n"
+            "print(libc.unshare(0x10000000), ctypes.get_errno())\n"  # CLONE_NEWUSER
+            "print(libc.unshare(0x00020000), ctypes.get_errno())\n"  # CLONE_NEWNS
+            "print(libc.setuid(0), ctypes.get_errno())\n"
+            "print(libc.chroot(b'/tmp'), ctypes.get_errno())")
+    output, status = attack(episode, host, code)
+    mount, userns, mountns, setuid, chroot = output.splitlines()
+    assert mount.startswith("-1 ") and userns.startswith("-1 ") and mountns.startswith("-1 ")
+    assert setuid.startswith("-1 ") and chroot.startswith("-1 ")
+
+
+# -- network -------------------------------------------------------------------------------------
+
+def test_the_network_is_unreachable(episode, host):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        code = ("import socket\nprint(socket.if_nameindex())\nprint(repr(open('/proc/net/route').read().splitlines()[1:]))\n"
+                f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    print('connected')\n"
+                "except OSError as e:\n    print('refused', e.errno)\n"
+                "try:\n    socket.getaddrinfo('example.com', 80)\n    print('resolved')\nexcept OSError as e:\n    print('no dns')")
+        output, status = attack(episode, host, code)
+        interfaces, routes, loopback, dns = output.splitlines()
+        assert eval(interfaces) == [(1, "lo")] and routes == "[]"  # its own loopback, no route anywhere
+        assert loopback.startswith("refused") and dns == "no dns"
+    finally:
+        server.close()
+
+
+# -- output, concurrency, configuration -------------------------------------------------------------
+
+def test_output_is_capped(tmp_path):
+    box = Sandbox()
+    work = tmp_path / "w"
+    work.mkdir()
+    result = box.run("print('x' * 100000)", work, SandboxLimits(max_output_bytes=1000))
     assert result.truncated and len(result.stdout) == 1000
+    result = box.run("import sys\nsys.stdout.write('y' * (64 * 2**20))", work, SandboxLimits(file_bytes=2**20))
+    assert result.status == "error" and result.truncated  # the file-size limit stops the flood itself
 
 
-def test_native_escapes_are_refused(run_python, workdir):
-    result = run_python("import ctypes\nctypes.CDLL(None).system(b'echo hi')", workdir, FAST)
-    assert result.status == "error" and "native libraries" in result.stderr
-
-
-def test_signalling_other_processes_is_refused(run_python, workdir):
-    result = run_python("import os\nos.kill(os.getppid(), 0)", workdir, FAST)  # signal 0: harmless if let through
-    assert result.status == "error" and "signalling other processes is not allowed" in result.stderr
-    assert run_python("print('still here')", workdir, FAST).output == "still here"
-
-
-def test_concurrent_calls_each_get_their_own_output(workdir, monkeypatch):
-    monkeypatch.setattr(sandbox, "_ISOLATION", None)  # the first calls of a process race to probe it
-    outputs, isolated = {}, {}
-    here = os.readlink("/proc/self/ns/net")
+def test_concurrent_calls_each_get_their_own_sandbox(tmp_path):
+    box = Sandbox()
+    outputs = {}
 
     def call(i):
-        result = sandbox.run_python(f"import os\nprint({i} * {i})\nprint(os.readlink('/proc/self/ns/net'))", workdir, FAST)
-        outputs[i], namespace = result.output.splitlines()
-        isolated[i] = result.isolation == "audit-hook" or namespace != here
+        work = tmp_path / f"w{i}"
+        work.mkdir()
+        (work / "mine.txt").write_text(str(i))
+        code = "import os\nprint(open('mine.txt').read(), [d for d in os.listdir('/') if d.startswith('w')], os.getpid())"
+        outputs[i] = box.run(code, work, FAST).output
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert outputs == {i: str(i * i) for i in range(12)}
-    assert all(isolated.values())  # none ran before the probe had decided (it once let early calls through)
+    assert outputs == {i: f"{i} ['workspace'] 2" for i in range(12)}  # none sees another's directory; pid 2 in its own
 
 
-def test_a_call_in_flight_when_the_server_dies_is_reported_and_the_next_one_restarts_it(workdir):
-    assert sandbox.run_python("print('up')", workdir, FAST).output == "up"
-    server = sandbox._SERVER
-    killer = threading.Timer(0.5, lambda: os.kill(server.proc.pid, signal.SIGKILL))
-    killer.start()
-    began = time.monotonic()
-    result = sandbox.run_python("open('ran.txt', 'a').write('x')\nwhile True:\n    pass", workdir, FAST)
-    killer.join()
-    assert result.status == "error" and "tool server stopped" in result.stderr
-    assert time.monotonic() - began < FAST.timeout_s + 1
-    assert (workdir / "ran.txt").read_text() == "x"  # it ran once and is not run again
-    assert not server.running  # its process was stopped with the server
-    assert sandbox.run_python("print('again')", workdir, FAST).output == "again"
-    assert sandbox._SERVER is not server
+def test_an_unreachable_working_directory_is_a_clear_error(tmp_path):
+    if not AS_ROOT:
+        pytest.skip("only a root caller hands the directory to another uid")
+    private = tmp_path / "private"
+    (private / "work").mkdir(parents=True)
+    os.chmod(private, 0o700)
+    with pytest.raises(SandboxUnavailable, match="cannot enter .*private.*make_workroot"):
+        Sandbox().run("print(1)", private / "work", FAST)
+
+
+def test_no_isolation_is_refused_loudly_and_none_only_when_asked(tmp_path, monkeypatch):
+    work = tmp_path / "w"
+    work.mkdir()
+    monkeypatch.setattr(sandbox, "bwrap_binary", lambda: None)
+    with pytest.raises(SandboxUnavailable, match="bubblewrap.*sandbox.isolation: none"):
+        Sandbox().run("print(1)", work, FAST)
+    with pytest.raises(SandboxUnavailable, match="could not start a sandbox|bubblewrap"):
+        Sandbox(SandboxConfig(python="/nonexistent/python3")).run("print(1)", work, FAST)
+    monkeypatch.undo()
+    with pytest.raises(SandboxUnavailable, match="could not start a sandbox"):
+        Sandbox(SandboxConfig(python="/nonexistent/python3")).run("print(1)", work, FAST)
+    result = Sandbox(SandboxConfig(isolation="none")).run("import os\nprint(os.getcwd() == os.environ['HOME'])", work, FAST)
+    assert result.isolation == "none" and result.output == "True"
+
+
+def test_an_agent_loop_tool_never_hides_a_missing_sandbox(tmp_path, monkeypatch):
+    from libra.rollout.agent import _act
+    from libra.rollout.engines import Generation
+
+    monkeypatch.setattr(sandbox, "bwrap_binary", lambda: None)
+    env = make_env("math", SandboxConfig(uid=65533))  # a configuration of its own: probed anew
+    task = env.tasks(1, seed=0)[0]
+    work = tmp_path / "w"
+    work.mkdir()
+    gen = Generation(token_ids=[1], text="<tool>python: print(1)</tool>", finish="stop", seconds=0.0, prefill_tokens=0)
+    with pytest.raises(SandboxUnavailable):
+        _act(env, env.open(task, work), gen)
+    shutil.rmtree(work)
