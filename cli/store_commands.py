@@ -18,21 +18,26 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
         parents=[parent],
         help="import a per-turn trace CSV into the store",
         description="Validate a per-turn trace CSV (format: data/traces/README.md) and write its turns and "
-        "trajectories into the store as run NAME. Nothing is written unless the whole file is valid; "
-        "importing the same file into the same run again leaves the same rows.",
+        "trajectories into the store as run NAME. The run appears complete or not at all: nothing is visible "
+        "unless the whole file is valid and every shard is written, and an interrupted import leaves the store as "
+        "it was. Importing into a run that exists is refused unless --replace is given; then the import "
+        "replaces the run whole.",
     )
     imp.add_argument("file", metavar="FILE.csv", help="per-turn trace file")
     imp.add_argument("--run", required=True, help="run name to import into")
     imp.add_argument("--prompts-per-step", type=int, metavar="N", help="prompts per RL step (default: traces.prompts_per_step)")
+    imp.add_argument("--replace", action="store_true", help="replace the run whole if it already exists")
     imp.add_argument("--json", action="store_true", help="print the summary as JSON")
     imp.set_defaults(handler=cmd_traces_import)
 
     query = sub.add_parser(
         "query",
         parents=[parent],
-        help="run DuckDB SQL over a run's store",
-        description="Run DuckDB SQL over a run's tables (trajectories, turns, steps, plans, pool_events), or a "
-        "named query with --named. Prints a table, or JSON rows with --json.",
+        help="run read-only DuckDB SQL over a run's store",
+        description="Run one DuckDB SELECT over a run's tables (trajectories, turns, steps, plans, pool_events, "
+        "timings), or a named query with --named. Prints a table, or JSON rows with --json. Queries only read: "
+        "statements that write or change state (COPY, ATTACH, CREATE, INSERT, INSTALL, SET, ...) are refused, "
+        "and no file but the store's committed shards can be read.",
     )
     query.add_argument("sql", nargs="?", metavar="SQL", help="the query, e.g. \"select count(*) as n from turns\"")
     query.add_argument("--run", help="run whose tables to expose (default: every run; the run column tells them apart)")
@@ -65,13 +70,14 @@ def cmd_traces_import(args: argparse.Namespace, config: LibraConfig) -> int:
     prompts_per_step = args.prompts_per_step if args.prompts_per_step is not None else config.traces.prompts_per_step
     if prompts_per_step < 1:
         raise LibraError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
-    summary = import_trace(args.file, args.run, config.store, prompts_per_step)
+    summary = import_trace(args.file, args.run, config.store, prompts_per_step, replace=args.replace)
     if args.json:
         print(json.dumps(summary.__dict__))
     else:
+        replaced = ", replacing the previous import" if summary.replaced else ""
         print(
             f"imported {summary.turns} turns of {summary.trajectories} trajectories from {summary.path} "
-            f"into run {summary.run!r} ({summary.steps} steps, {summary.shards} shards, store {config.store.root})"
+            f"into run {summary.run!r} ({summary.steps} steps, {summary.shards} shards, store {config.store.root}{replaced})"
         )
     return 0
 

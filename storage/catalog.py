@@ -1,33 +1,77 @@
-"""DuckDB catalog: the store's tables as views over one run's (or every run's) Parquet shards.
+"""DuckDB catalog: read-only SQL over the committed runs of a store.
 
-A `Catalog` opens an in-memory DuckDB connection and defines one view per table, reading only
-files named `part-*.parquet` under the schema version it knows, so temporaries of a writer that
-is still running (or was killed) are never read. A table with no shards for the run is an empty
-view with the right columns, so every query works on every run.
+A `Catalog` exposes one view per table over one run's (or every run's) shards, and nothing else:
+
+- Views read exactly the files the runs' manifests list (`storage.manifest`), so a run appears
+  only once its import or step is committed, and shards that a running, killed or replaced writer
+  left are never read. The file list is given to `read_parquet` with the `run=`/`step=` directories
+  as typed hive partitions, so a filter on `step` (or `run`) skips whole files. A table with no
+  shards is an empty view with the right columns, so every query works on every run.
+- The connection may only read those files: after the views are defined, DuckDB's external access
+  is disabled with the listed shards as its only `allowed_paths`, and the configuration is locked,
+  so a query cannot read other files (`read_csv('/etc/passwd')`), write any (`COPY ... TO`),
+  attach databases, install or load extensions, or turn any of that back on.
+- Only reading statements run: `query` asks DuckDB's parser for the statement's type and refuses
+  everything but one SELECT (WITH, FROM-first, VALUES, DESCRIBE, SHOW and SUMMARIZE are SELECTs to
+  DuckDB) or an EXPLAIN of one, with a one-line `QueryRefused`.
+- Each query reads the runs as last committed: when a commit has replaced a manifest since the
+  views were defined, the catalog defines them again on a fresh connection first (and retries a
+  query whose files a concurrent commit removed mid-query).
 """
 
 from __future__ import annotations
 
+import re
+import tempfile
+import uuid
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
 from libra.errors import LibraError
+from storage.manifest import RunManifest, committed_runs, manifests_signature, read_manifest
 from storage.schemas import TABLES, TableSchema
-from storage.writer import SHARD_GLOB, check_run_name, table_dir
+from storage.writer import check_run_name
+
+_EXPLAIN = re.compile(r"^\s*explain\s+(?:\([^()]*\)\s*)?(?:analy[sz]e\s+)?", re.IGNORECASE)
+_RETRIES = 3
+
+
+class QueryRefused(LibraError):
+    """A statement that would change state, or more than one statement."""
 
 
 def list_runs(root: str | Path) -> list[str]:
-    """Runs that have at least one shard in any table."""
-    runs: set[str] = set()
-    for schema in TABLES.values():
-        base = table_dir(root, schema)
-        if base.is_dir():
-            for run_dir in base.glob("run=*"):
-                if any(run_dir.glob(f"step=*/{SHARD_GLOB}")):
-                    runs.add(run_dir.name.removeprefix("run="))
-    return sorted(runs)
+    """Runs whose data is committed (a manifest exists), sorted."""
+    return committed_runs(root)
+
+
+def check_read_only(sql: str) -> None:
+    """Refuse `sql` unless it is exactly one SELECT, or an EXPLAIN of one (DuckDB parses it)."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise LibraError(f"query failed: {_first_line(exc)}") from None
+    if len(statements) != 1:
+        raise QueryRefused(f"query refused: give exactly one SQL statement, got {len(statements)}")
+    statement = statements[0]
+    if statement.type == duckdb.StatementType.EXPLAIN:
+        match = _EXPLAIN.match(statement.query)
+        try:
+            inner = duckdb.extract_statements(statement.query[match.end():]) if match else []
+        except duckdb.Error:
+            inner = []
+        if len(inner) == 1 and inner[0].type == duckdb.StatementType.SELECT:
+            return
+        raise QueryRefused("query refused: EXPLAIN is allowed of a SELECT only; the store is read-only here")
+    if statement.type != duckdb.StatementType.SELECT:
+        word = re.match(r"\s*([A-Za-z]+)", statement.query)
+        kind = word.group(1).upper() if word else statement.type.name
+        raise QueryRefused(
+            f"query refused: {kind} statements are not allowed; the store is read-only here "
+            "(run a SELECT, or EXPLAIN SELECT)"
+        )
 
 
 class Catalog:
@@ -36,45 +80,97 @@ class Catalog:
     def __init__(self, root: str | Path, run: str | None = None, *, threads: int = 2) -> None:
         self.root = Path(root)
         self.run = run
+        self.threads = threads
         if run is not None:
             check_run_name(run)
-            if run not in list_runs(self.root):
-                known = list_runs(self.root)
-                hint = f"runs in the store: {', '.join(known)}" if known else "the store is empty; import or run something first"
-                raise LibraError(f"no run named {run!r} in store {self.root}; {hint}")
-        self.con = duckdb.connect(database=":memory:", config={"threads": threads})
-        for schema in TABLES.values():
-            self._define_view(schema)
+        self._signature: tuple | None = None
+        self.con: duckdb.DuckDBPyConnection | None = None
+        self._open()
 
-    def _define_view(self, schema: TableSchema) -> None:
-        run_part = f"run={self.run}" if self.run is not None else "run=*"
-        pattern = table_dir(self.root, schema) / run_part / "step=*" / SHARD_GLOB
-        if any(pattern.parent.parent.parent.glob(f"{run_part}/step=*/{SHARD_GLOB}")):
-            literal = str(pattern).replace("'", "''")
-            self.con.execute(
-                f"CREATE VIEW {schema.name} AS SELECT * FROM read_parquet('{literal}', hive_partitioning=false)"
-            )
-        else:
-            empty = pa.Table.from_batches([], schema=schema.arrow)
-            self.con.register(f"_empty_{schema.name}", empty)
-            self.con.execute(f"CREATE VIEW {schema.name} AS SELECT * FROM _empty_{schema.name}")
+    def _manifests(self) -> list[RunManifest]:
+        if self.run is None:
+            found = [read_manifest(self.root, r) for r in committed_runs(self.root)]
+            return [m for m in found if m is not None]
+        manifest = read_manifest(self.root, self.run)
+        if manifest is None:
+            known = committed_runs(self.root)
+            hint = f"runs in the store: {', '.join(known)}" if known else "the store is empty; import or run something first"
+            raise LibraError(f"no run named {self.run!r} in store {self.root}; {hint}")
+        return [manifest]
+
+    def _open(self) -> None:
+        """(Re)define the views on a fresh, locked connection from the manifests as committed now."""
+        signature = manifests_signature(self.root, self.run)  # before reading: a later commit shows as a change
+        manifests = self._manifests()
+        files = {name: [p for m in manifests for p in m.files(self.root, schema)] for name, schema in TABLES.items()}
+        con = duckdb.connect(
+            database=":memory:",
+            config={
+                "threads": self.threads,
+                "python_enable_replacements": False,
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+            },
+        )
+        try:
+            spill = Path(tempfile.gettempdir()) / f"libra-duckdb-{uuid.uuid4().hex}"
+            con.execute("SET temp_directory = $dir", {"dir": str(spill)})  # created on demand, removed on close
+            con.execute("SET allowed_paths = $paths", {"paths": [str(p) for paths in files.values() for p in paths]})
+            for name, schema in TABLES.items():
+                _define_view(con, schema, files[name])
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+        except BaseException:
+            con.close()
+            raise
+        if self.con is not None:
+            self.con.close()
+        self.con = con
+        self._signature = signature
 
     def query(self, sql: str, params: list | dict | None = None) -> pa.Table:
-        """Run SQL; a SQL mistake becomes a one-line LibraError."""
-        try:
-            relation = self.con.sql(sql, params=params)
-            if relation is None:  # a statement with no result set
-                return pa.table({})
-            return relation.to_arrow_table()
-        except duckdb.Error as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise LibraError(f"query failed: {first}") from None
+        """Run one reading statement; a refused statement or a SQL mistake is a one-line LibraError."""
+        check_read_only(sql)
+        for attempt in range(_RETRIES):
+            if manifests_signature(self.root, self.run) != self._signature:
+                self._open()
+            try:
+                relation = self.con.sql(sql, params=params)
+                if relation is None:  # a statement with no result set
+                    return pa.table({})
+                return relation.to_arrow_table()
+            except duckdb.IOException as exc:
+                # a commit removed files this query was about to read: read the new manifests
+                if attempt + 1 < _RETRIES and manifests_signature(self.root, self.run) != self._signature:
+                    continue
+                raise LibraError(f"query failed: {_first_line(exc)}") from None
+            except duckdb.Error as exc:
+                raise LibraError(f"query failed: {_first_line(exc)}") from None
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
-        self.con.close()
+        if self.con is not None:
+            self.con.close()
 
     def __enter__(self) -> Catalog:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _define_view(con: duckdb.DuckDBPyConnection, schema: TableSchema, files: list[Path]) -> None:
+    if files:
+        listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+        con.execute(
+            f"CREATE VIEW {schema.name} AS SELECT * FROM read_parquet([{listed}], "
+            "hive_partitioning = true, hive_types = {'run': VARCHAR, 'step': BIGINT})"
+        )
+    else:
+        con.register(f"_empty_{schema.name}", pa.Table.from_batches([], schema=schema.arrow))
+        con.execute(f"CREATE VIEW {schema.name} AS SELECT * FROM _empty_{schema.name}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,9 +1,15 @@
-"""Importing per-turn trace files into the store.
+"""Importing per-turn trace files into the store: all or nothing, one run at a time.
 
 The whole file is parsed and validated before anything is written (see `libra.traces`), so a
 malformed file writes nothing. Steps follow RL order (`prompts_per_step` prompts per step, each
-with all its samples); each step's shards replace that step's earlier ones, so importing the same
-file into the same run twice leaves the same rows.
+with all its samples). The turns and trajectories of every step are then staged and published by
+one commit (`StoreWriter.transaction`): the run appears complete or not at all, and an import that
+is killed leaves the run as it was (absent if new, the previous import otherwise).
+
+An import creates a run: into a run that exists it is refused (`RunExistsError`, which says to
+pass --replace) unless `replace` is given, and then it replaces the run whole, so re-importing
+with another `prompts_per_step` or another file leaves exactly the new rows. An import does not
+wait for another writer of the same run: it is refused at once (`RunLockedError`).
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ from pathlib import Path
 
 from libra.config import StoreConfig
 from libra.traces import read_trace, steps_by_prompt
+from storage.manifest import read_manifest
 from storage.records import trajectories_table, turns_table
-from storage.writer import StoreWriter, check_run_name
+from storage.writer import StoreWriter, check_run_name, run_exists_error
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,7 @@ class ImportSummary:
     turns: int
     steps: int
     shards: int
+    replaced: bool  # whether the import replaced an existing run
 
 
 def writer_for(store: StoreConfig, root: str | Path | None = None) -> StoreWriter:
@@ -34,16 +42,28 @@ def writer_for(store: StoreConfig, root: str | Path | None = None) -> StoreWrite
 
 
 def import_trace(
-    path: str | Path, run: str, store: StoreConfig, prompts_per_step: int, root: str | Path | None = None
+    path: str | Path,
+    run: str,
+    store: StoreConfig,
+    prompts_per_step: int,
+    root: str | Path | None = None,
+    *,
+    replace: bool = False,
 ) -> ImportSummary:
     check_run_name(run)
+    writer = writer_for(store, root)
+    existing = read_manifest(writer.root, run)
+    if existing is not None and not replace:  # fail before parsing; checked again under the lock
+        raise run_exists_error(writer.root, existing)
     trace = read_trace(path)
     step_of = steps_by_prompt(trace.trajectories, prompts_per_step)
     trajectories = trajectories_table(run, trace.trajectories, step_of)
     turns = turns_table(run, trace.trajectories, step_of)
-    writer = writer_for(store, root)
-    shards = writer.write_run("turns", run, turns)
-    shards += writer.write_run("trajectories", run, trajectories)
+    origin = f"import of {Path(path).name}, prompts_per_step={prompts_per_step}"
+    with writer.transaction(run, mode="replace" if replace else "create", origin=origin, wait_s=0) as tx:
+        shards = tx.write_run("turns", turns)
+        shards += tx.write_run("trajectories", trajectories)
+        replaced = tx.base is not None
     return ImportSummary(
         run=run,
         path=str(path),
@@ -51,4 +71,5 @@ def import_trace(
         turns=trace.rows,
         steps=len(set(step_of.values())),
         shards=len(shards),
+        replaced=replaced,
     )

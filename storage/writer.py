@@ -1,34 +1,77 @@
-"""Append-only Parquet writer, partitioned by table version, run and step.
+"""Parquet writer: every change to a run is staged as new files and published by one manifest commit.
 
-Layout: `<root>/<table>/v<version>/run=<run>/step=<step:08d>/part-<shard:05d>.parquet`.
+Layout (see `storage.manifest`): a run's rows live in
+`<root>/<table>/v<version>/run=<run>/step=<step:08d>/part-<generation:08d>-<shard:05d>.parquet`, and
+the run is what its manifest `<root>/_runs/<run>.json` lists; readers read nothing else.
+
+A change is a `RunTransaction`, made while holding the run's lock (`storage.manifest.RunLock`):
+
+1. stage: each `write_step` writes the step's shards under the transaction's new generation
+   number. No manifest lists them yet, so no reader sees them, and they never overwrite a file
+   that the committed manifest lists.
+2. commit: fsync the shards and the directories that gained entries, then write the new manifest
+   under a temporary name and rename it over the old one. The rename is the commit: the change
+   (one step, or every table and step of an import) appears whole or not at all. Then the files
+   the commit superseded are removed.
+3. abort (an exception inside the transaction): the staged files are removed; the run stays as
+   it was.
+
+Modes: `update` (the default) starts from the committed run and replaces the steps it writes,
+leaving the others; `create` refuses a run that exists (`RunExistsError`); `replace` publishes
+only what it wrote, replacing the run whole.
 
 Guarantees:
-- A shard appears atomically: it is written to a hidden temporary name in the same directory,
-  (optionally) fsynced, then renamed over its final name. A writer killed at any point leaves
-  either the previous shard or the new one visible, never a partial file; readers only match
-  `part-*.parquet`, so stray temporaries are invisible and are removed when the step is rewritten.
-- Shard names are deterministic, so writing the same step again replaces its rows instead of
-  adding to them: re-running an import or a step never duplicates rows.
-- `write_step` replaces a step as a whole: after its shards are in place, shards of an earlier,
-  larger write of that step are removed.
+- A writer killed at any point (SIGKILL included) leaves the run as its last commit left it:
+  absent if it was never committed, else complete. The next writer of the run removes what the
+  killed one left (it finds the dead writer's record in the lock file, see `RunLock`); imports
+  (`create`, `replace`) always remove every file of the run that the manifest does not list.
+- `write_step` is a transaction of its own, for writers that add steps to a run one at a time (a
+  training loop): the step's shards appear together when the step's commit renames the manifest;
+  writing a step again replaces its rows, never adds to them. `write_run` publishes all the steps
+  of its table in one commit. To publish several tables together (a step's trajectories and
+  turns), write them inside one `transaction(run)`.
+- One writer per run at a time: another one waits up to `lock_wait_s` for the lock, then gets a
+  `RunLockedError` naming the holder. Readers never wait.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import uuid
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from libra.errors import LibraError
-from storage.schemas import TableSchema, table_schema
+from storage.manifest import (
+    RUN_NAME,
+    RunExistsError,
+    RunLock,
+    RunManifest,
+    StepFiles,
+    manifest_path,
+    read_manifest,
+    runs_dir,
+    shard_name,
+    step_dir,
+    table_dir,
+    table_key,
+    walk_run_files,
+    write_manifest,
+)
+from storage.schemas import TABLES, TableSchema, table_schema
 
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SHARD_GLOB = "part-*.parquet"
+WriteMode = Literal["update", "create", "replace"]
+
+__all__ = [
+    "RUN_NAME", "SHARD_GLOB", "RunTransaction", "StoreWriter", "WriteMode", "check_run_name", "conform",
+    "run_exists_error", "step_dir", "table_dir",
+]
 
 
 def check_run_name(run: str) -> str:
@@ -39,12 +82,12 @@ def check_run_name(run: str) -> str:
     return run
 
 
-def table_dir(root: str | Path, schema: TableSchema) -> Path:
-    return Path(root) / schema.name / f"v{schema.version}"
-
-
-def step_dir(root: str | Path, schema: TableSchema, run: str, step: int) -> Path:
-    return table_dir(root, schema) / f"run={run}" / f"step={step:08d}"
+def run_exists_error(root: str | Path, manifest: RunManifest) -> RunExistsError:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(manifest.committed_at))
+    return RunExistsError(
+        f"run {manifest.run!r} already exists in store {root} ({manifest.origin}, committed {when}); "
+        "pass --replace to replace it whole"
+    )
 
 
 def conform(schema: TableSchema, data: pa.Table | pa.RecordBatch, run: str, step: int | None) -> pa.Table:
@@ -95,35 +138,114 @@ class StoreWriter:
         compression: str = "zstd",
         row_group_rows: int = 1_048_576,
         fsync: bool = True,
+        lock_wait_s: float = 60.0,
     ) -> None:
         self.root = Path(root)
         self.compression = None if compression == "none" else compression
         self.row_group_rows = row_group_rows
         self.fsync = fsync
+        self.lock_wait_s = lock_wait_s
+
+    @contextmanager
+    def transaction(
+        self, run: str, *, mode: WriteMode = "update", origin: str = "steps", wait_s: float | None = None
+    ) -> Iterator[RunTransaction]:
+        """Hold the run's lock, stage writes, and commit them together when the block ends
+        (abort them if it raises). `origin` says what wrote the run (`libra runs` shows it);
+        `wait_s` overrides `lock_wait_s` (0: refuse at once when another writer holds the run)."""
+        check_run_name(run)
+        if mode not in ("update", "create", "replace"):
+            raise ValueError(f"unknown write mode {mode!r}")
+        purpose = f"{mode} ({origin})"
+        lock = RunLock(self.root, run, purpose=purpose, wait_s=self.lock_wait_s if wait_s is None else wait_s)
+        tx = RunTransaction(self, run, mode, origin, leftovers=lock.previous is not None)
+        try:
+            tx.begin()
+            yield tx
+            tx.commit()
+        except BaseException:
+            tx.abort()
+            raise
+        finally:
+            lock.release(clean=not tx.dirty)
 
     def write_step(
         self, table: str, run: str, step: int, data: pa.Table | pa.RecordBatch, shard_rows: int | None = None
     ) -> list[Path]:
-        """Replace step `step` of `run` in `table` with `data`, split into shards of `shard_rows`."""
+        """Replace step `step` of `run` in `table` with `data`, split into shards of `shard_rows`
+        rows, in a commit of its own: readers see the step's old rows or all its new ones."""
+        with self.transaction(run) as tx:
+            return tx.write_step(table, step, data, shard_rows)
+
+    def write_run(self, table: str, run: str, data: pa.Table, shard_rows: int | None = None) -> list[Path]:
+        """Write rows of many steps (the `step` column decides), replacing each step they touch,
+        in one commit."""
+        with self.transaction(run) as tx:
+            return tx.write_run(table, data, shard_rows)
+
+
+class RunTransaction:
+    """Writes to one run staged under one generation, published by `commit` (see the module
+    docstring). Made by `StoreWriter.transaction`, which holds the run's lock around it."""
+
+    def __init__(self, writer: StoreWriter, run: str, mode: WriteMode, origin: str, *, leftovers: bool) -> None:
+        self.writer = writer
+        self.root = writer.root
+        self.run = run
+        self.mode = mode
+        self.origin = origin
+        self.base: RunManifest | None = None
+        self.generation = 0
+        self.committed: RunManifest | None = None
+        self._leftovers = leftovers  # a writer died holding the lock: its files may remain
+        self._staged: dict[str, dict[int, StepFiles]] = {}
+        self._pending: list[Path] = []  # staged files, until committed or removed
+        self._touched_dirs: set[Path] = set()  # directories that gained entries
+
+    @property
+    def dirty(self) -> bool:
+        """Whether files that no manifest lists may remain (the next writer then sweeps them)."""
+        return self._leftovers or bool(self._pending)
+
+    def begin(self) -> None:
+        self.base = read_manifest(self.root, self.run)
+        if self._leftovers or self.mode != "update" or self.base is None:
+            self._sweep()
+        if self.mode == "create" and self.base is not None:
+            raise run_exists_error(self.root, self.base)
+        self.generation = (self.base.generation if self.base else 0) + 1
+
+    def write_step(self, table: str, step: int, data: pa.Table | pa.RecordBatch, shard_rows: int | None = None) -> list[Path]:
+        """Stage step `step` of `table` (replacing what this transaction staged for it before)."""
         schema = table_schema(table)
-        check_run_name(run)
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
-        conformed = conform(schema, data, run, step)
-        directory = step_dir(self.root, schema, run, step)
-        directory.mkdir(parents=True, exist_ok=True)
+        if self.committed is not None:
+            raise RuntimeError("the transaction is already committed")
+        conformed = conform(schema, data, self.run, step)
+        staged = self._staged.setdefault(table_key(schema), {})
+        directory = step_dir(self.root, schema, self.run, step)
+        if step in staged:
+            replaced = {directory / name for name in staged.pop(step).names()}
+            self._remove(sorted(replaced))
+            self._pending = [p for p in self._pending if p not in replaced]
+        self._makedirs(directory)
         size = shard_rows or max(conformed.num_rows, 1)
         paths = []
         for shard, offset in enumerate(range(0, max(conformed.num_rows, 1), size)):
-            paths.append(self._write_shard(directory, shard, conformed.slice(offset, size)))
-        keep = {p.name for p in paths}
-        for stale in directory.iterdir():
-            if stale.name not in keep and (stale.name.startswith("part-") or stale.name.endswith(".tmp")):
-                stale.unlink(missing_ok=True)
+            path = directory / shard_name(self.generation, shard)
+            self._pending.append(path)  # before writing: an abort removes a partial file too
+            pq.write_table(
+                conformed.slice(offset, size), path, compression=self.writer.compression,
+                row_group_size=self.writer.row_group_rows,
+            )
+            paths.append(path)
+        staged[step] = StepFiles(self.generation, len(paths), conformed.num_rows)
+        self._touched_dirs.add(directory)
         return paths
 
-    def write_run(self, table: str, run: str, data: pa.Table, shard_rows: int | None = None) -> list[Path]:
-        """Write rows of many steps (the `step` column decides), replacing each step they touch."""
+    def write_run(self, table: str, data: pa.Table, shard_rows: int | None = None) -> list[Path]:
+        """Stage rows of many steps (the `step` column decides), each step replacing its rows."""
         if "step" not in data.column_names:
             raise ValueError(f"{table}: write_run needs a 'step' column")
         if data.num_rows == 0:
@@ -138,32 +260,82 @@ class StoreWriter:
         paths: list[Path] = []
         offset = 0
         for step, count in zip(values, counts, strict=True):
-            paths += self.write_step(table, run, int(step), data.slice(offset, count), shard_rows)
+            paths += self.write_step(table, int(step), data.slice(offset, count), shard_rows)
             offset += count
         return paths
 
-    def _write_shard(self, directory: Path, shard: int, table: pa.Table) -> Path:
-        final = directory / f"part-{shard:05d}.parquet"
-        tmp = directory / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            pq.write_table(table, tmp, compression=self.compression, row_group_size=self.row_group_rows)
-            if self.fsync:
-                _fsync_path(tmp)
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        if self.fsync:
-            _fsync_path(directory)
-        return final
+    def commit(self) -> RunManifest | None:
+        """Publish what was staged (see the module docstring); returns the new manifest, or the
+        committed one unchanged when an `update` staged nothing."""
+        if self.committed is not None:
+            return self.committed
+        if not self._staged:
+            if self.mode == "update":
+                return self.base
+            raise ValueError(f"run {self.run!r}: nothing staged to {self.mode}")
+        keep_old = self.mode == "update" and self.base is not None
+        tables = {key: dict(steps) for key, steps in self.base.tables.items()} if keep_old else {}
+        for key, steps in self._staged.items():
+            tables.setdefault(key, {}).update(steps)
+        origin = self.base.origin if keep_old else self.origin
+        manifest = RunManifest(self.run, self.generation, time.time(), origin, tables)
+        write_manifest(self.root, manifest, fsync=self.writer.fsync,
+                       before_rename=[*self._pending, *sorted(self._touched_dirs)])
+        self.committed = manifest
+        self._pending = []
+        if self.base is not None:
+            live = set(_all_files(self.root, manifest))
+            self._leftovers |= not self._remove([p for p in _all_files(self.root, self.base) if p not in live])
+        return manifest
+
+    def abort(self) -> None:
+        """Remove the staged files (nothing was published)."""
+        if self.committed is None and self._pending:
+            if self._remove(self._pending):
+                self._pending = []
+
+    def _sweep(self) -> None:
+        """Remove every file under the run's directories that the committed manifest does not list."""
+        keep = set(_all_files(self.root, self.base)) if self.base is not None else set()
+        stray = [p for schema in TABLES.values() for p in walk_run_files(self.root, schema, self.run) if p not in keep]
+        stray += list(runs_dir(self.root).glob(f".{manifest_path(self.root, self.run).name}.*.tmp"))
+        if self._remove(stray):
+            self._leftovers = False
+
+    def _remove(self, paths: list[Path]) -> bool:
+        """Unlink files, then the step and run directories they leave empty; False if any stays."""
+        ok = True
+        for path in paths:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                ok = False
+        for directory in sorted({p.parent for p in paths}, reverse=True):
+            for empty in (directory, directory.parent):
+                if empty.name.startswith(("step=", "run=")):
+                    try:
+                        empty.rmdir()
+                    except OSError:  # not empty, or gone
+                        pass
+        return ok
+
+    def _makedirs(self, directory: Path) -> None:
+        """Create `directory` and its missing parents, noting each parent that gains an entry."""
+        missing = []
+        current = directory
+        while not current.is_dir():
+            missing.append(current)
+            current = current.parent
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            self._touched_dirs.add(path.parent)
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _all_files(root: Path, manifest: RunManifest) -> list[Path]:
+    return [p for schema in TABLES.values() for p in manifest.files(root, schema)]
 
 
 def _is_sorted(column: pa.ChunkedArray) -> bool:
@@ -180,3 +352,4 @@ def _run_lengths(column: pa.ChunkedArray) -> tuple[list[int], list[int]]:
     values = encoded.values.to_pylist()
     counts = [run_ends[0]] + [b - a for a, b in zip(run_ends, run_ends[1:], strict=False)]
     return values, counts
+

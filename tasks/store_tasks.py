@@ -15,9 +15,11 @@ from storage.queries import run_named
 
 
 @task(name="import-trace", cache_policy=NO_CACHE, retries=0)
-def import_trace_task(path: str, run: str, config: LibraConfig) -> ImportSummary:
-    """Validate a trace file and write it into the store as `run` (idempotent)."""
-    return import_trace(path, run, config.store, config.traces.prompts_per_step)
+def import_trace_task(path: str, run: str, config: LibraConfig, replace: bool = True) -> ImportSummary:
+    """Validate a trace file and write it into the store as `run`, all or nothing. By default the
+    import replaces a run of that name whole, so re-running the flow (or retrying the task)
+    refreshes its runs; `replace=False` refuses a run that exists."""
+    return import_trace(path, run, config.store, config.traces.prompts_per_step, replace=replace)
 
 
 @task(name="summarize-run", cache_policy=NO_CACHE)

@@ -23,13 +23,22 @@ def test_swe_import_then_count(tmp_path: Path, capsys: pytest.CaptureFixture) ->
     store = str(tmp_path / "store")
     code, out, _ = run_cli(capsys, "traces", "import", str(SWE), "--run", "swe", "--store", store, "--json")
     assert code == 0
-    assert json.loads(out) == {"run": "swe", "path": str(SWE), "trajectories": 246, "turns": 10222, "steps": 31, "shards": 62}
+    assert json.loads(out) == {"run": "swe", "path": str(SWE), "trajectories": 246, "turns": 10222, "steps": 31,
+                               "shards": 62, "replaced": False}
     code, out, _ = run_cli(capsys, "query", "--run", "swe", "--store", store, "select count(*) as n from turns", "--json")
     assert (code, json.loads(out)) == (0, [{"n": 10222}])
-    # importing again leaves the same rows
-    run_cli(capsys, "traces", "import", str(SWE), "--run", "swe", "--store", store)
-    code, out, _ = run_cli(capsys, "query", "--store", store, "select count(*) as n from turns", "--json")
-    assert json.loads(out) == [{"n": 10222}]
+    # importing again is refused unless --replace, which replaces the run whole
+    code, out, err = run_cli(capsys, "traces", "import", str(SWE), "--run", "swe", "--store", store)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"libra: error: run 'swe' already exists in store {store} (import of swe_gemini3_mini_A.csv, "
+                          "prompts_per_step=8, committed ")
+    assert err.endswith("); pass --replace to replace it whole\n") and err.count("\n") == 1
+    code, out, _ = run_cli(capsys, "traces", "import", str(SWE), "--run", "swe", "--store", store, "--replace",
+                           "--prompts-per-step", "2")
+    assert code == 0 and out.endswith("(123 steps, 246 shards, store " + store + ", replacing the previous import)\n")
+    code, out, _ = run_cli(capsys, "query", "--store", store, "--json",
+                           "select count(*) as n, count(distinct trajectory_id) as ids, max(step) as last from trajectories")
+    assert json.loads(out) == [{"n": 246, "ids": 246, "last": 122}]
 
 
 def test_table_output_and_named_queries(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -19,9 +19,9 @@ def catalog(tmp_path: Path):
         yield cat
 
 
-def test_import_is_idempotent(tmp_path: Path, catalog: Catalog) -> None:
+def test_replacing_an_import_with_the_same_file_leaves_the_same_rows(tmp_path: Path, catalog: Catalog) -> None:
     store = StoreConfig(root=str(catalog.root), fsync=False)
-    import_trace(small_trace(tmp_path / "t2.csv"), "small", store, prompts_per_step=1)
+    import_trace(small_trace(tmp_path / "t2.csv"), "small", store, prompts_per_step=1, replace=True)
     with Catalog(store.root, "small") as again:
         assert again.query("select count(*) as n from turns").to_pylist() == [{"n": 6}]
         assert again.query("select count(*) as n from trajectories").to_pylist() == [{"n": 3}]

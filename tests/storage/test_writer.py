@@ -1,3 +1,5 @@
+import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -5,9 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from libra.errors import LibraError
-from storage.catalog import Catalog
-from storage.schemas import TABLES, TURNS
-from storage.synthetic import synthetic_turns
+from storage.catalog import Catalog, list_runs
+from storage.manifest import RunExistsError, RunLock, RunLockedError, RunManifest, StepFiles, read_manifest
+from storage.schemas import TABLES, TRAJECTORIES, TURNS
+from storage.synthetic import synthetic_turns, trajectories_of
 from storage.writer import StoreWriter, check_run_name, conform, step_dir
 
 
@@ -16,16 +19,38 @@ def _count(root: Path, run: str) -> int:
         return catalog.query("select count(*) as n from turns").column("n")[0].as_py()
 
 
+def _listing(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
 def test_layout_and_metadata(tmp_path: Path) -> None:
     writer = StoreWriter(tmp_path)
     paths = writer.write_step("turns", "r1", 3, synthetic_turns("r1", 3, 50), shard_rows=20)
     assert [p.relative_to(tmp_path).as_posix() for p in paths] == [
-        f"turns/v1/run=r1/step=00000003/part-0000{i}.parquet" for i in range(3)
+        f"turns/v1/run=r1/step=00000003/part-00000001-0000{i}.parquet" for i in range(3)
     ]
     assert [pq.read_metadata(p).num_rows for p in paths] == [20, 20, 10]
     schema = pq.read_schema(paths[0])
     assert schema.metadata[b"libra.table"] == b"turns" and schema.metadata[b"libra.version"] == b"1"
     assert schema.field("gen_tokens").metadata == {b"doc": b"tokens generated in this turn", b"unit": b"tokens"}
+    manifest = json.loads((tmp_path / "_runs" / "r1.json").read_text())
+    assert manifest == {"format": 1, "run": "r1", "generation": 1, "committed_at": manifest["committed_at"],
+                        "origin": "steps", "tables": {"turns/v1": {"3": [1, 3, 50]}}}
+    assert _listing(tmp_path) == ["_runs/r1.json", "_runs/r1.lock"] + [
+        f"turns/v1/run=r1/step=00000003/part-00000001-0000{i}.parquet" for i in range(3)
+    ]
+    assert (tmp_path / "_runs" / "r1.lock").read_bytes() == b""  # released cleanly
+
+
+def test_manifest_round_trip() -> None:
+    manifest = RunManifest("r", 7, 1.5, "import of x.csv", {"turns/v1": {0: StepFiles(7, 2, 10), 12: StepFiles(3, 1, 0)}})
+    assert RunManifest.from_json(manifest.to_json()) == manifest
+    assert [p.as_posix() for p in manifest.files("/s", TURNS)] == [
+        "/s/turns/v1/run=r/step=00000000/part-00000007-00000.parquet",
+        "/s/turns/v1/run=r/step=00000000/part-00000007-00001.parquet",
+        "/s/turns/v1/run=r/step=00000012/part-00000003-00000.parquet",
+    ]
+    assert manifest.rows(TURNS) == 10 and manifest.files("/s", TRAJECTORIES) == []
 
 
 def test_rewriting_a_step_replaces_its_rows(tmp_path: Path) -> None:
@@ -35,9 +60,10 @@ def test_rewriting_a_step_replaces_its_rows(tmp_path: Path) -> None:
     assert _count(tmp_path, "r") == 140
     writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 100), shard_rows=10)
     assert _count(tmp_path, "r") == 140
-    writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 25), shard_rows=50)  # fewer shards: stale ones go
-    assert sorted(p.name for p in step_dir(tmp_path, TURNS, "r", 0).iterdir()) == ["part-00000.parquet"]
+    writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 25), shard_rows=50)  # fewer shards: the old ones go
+    assert sorted(p.name for p in step_dir(tmp_path, TURNS, "r", 0).iterdir()) == ["part-00000004-00000.parquet"]
     assert _count(tmp_path, "r") == 65
+    assert read_manifest(tmp_path, "r").tables == {"turns/v1": {0: StepFiles(4, 1, 25), 1: StepFiles(2, 1, 40)}}
 
 
 def test_write_run_splits_unsorted_steps(tmp_path: Path) -> None:
@@ -46,16 +72,103 @@ def test_write_run_splits_unsorted_steps(tmp_path: Path) -> None:
     with Catalog(tmp_path, "r") as catalog:
         rows = catalog.query("select step, count(*) as n from turns group by step order by step").to_pylist()
     assert rows == [{"step": 0, "n": 7}, {"step": 1, "n": 7}, {"step": 2, "n": 7}]
+    assert read_manifest(tmp_path, "r").generation == 1  # one commit for the three steps
 
 
-def test_temporaries_are_invisible_and_cleaned(tmp_path: Path) -> None:
+def test_transaction_publishes_tables_together(tmp_path: Path) -> None:
+    writer = StoreWriter(tmp_path, fsync=False)
+    writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 10))
+    turns = synthetic_turns("r", 1, 30)
+    with Catalog(tmp_path, "r") as reader, writer.transaction("r") as tx:
+        tx.write_step("turns", 1, turns)
+        tx.write_step("trajectories", 1, trajectories_of(turns))
+        staged = reader.query("select (select count(*) from turns) as turns, (select count(*) from trajectories) as t")
+        assert staged.to_pylist() == [{"turns": 10, "t": 0}]  # staged shards are not read
+    with Catalog(tmp_path, "r") as catalog:
+        rows = catalog.query("select (select count(*) from turns) as turns, (select count(*) from trajectories) as t")
+    assert rows.to_pylist() == [{"turns": 40, "t": 2}]
+    assert read_manifest(tmp_path, "r").generation == 2
+    assert list_runs(tmp_path) == ["r"]
+
+
+def test_catalog_follows_commits(tmp_path: Path) -> None:
+    writer = StoreWriter(tmp_path, fsync=False)
+    writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 10))
+    with Catalog(tmp_path, "r") as catalog:
+        assert catalog.query("select count(*) as n from turns").to_pylist() == [{"n": 10}]
+        writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 12))  # removes the files the views listed
+        writer.write_step("turns", "r", 1, synthetic_turns("r", 1, 5))
+        assert catalog.query("select count(*) as n from turns").to_pylist() == [{"n": 17}]
+
+
+def test_an_exception_aborts_the_transaction(tmp_path: Path) -> None:
+    writer = StoreWriter(tmp_path, fsync=False)
+    writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 10))
+    before = _listing(tmp_path)
+    with pytest.raises(ValueError, match="required column 'gen_tokens' is missing"):
+        with writer.transaction("r") as tx:
+            tx.write_step("turns", 0, synthetic_turns("r", 0, 99))
+            tx.write_step("turns", 5, synthetic_turns("r", 5, 10))
+            tx.write_step("turns", 6, synthetic_turns("r", 6, 10).drop_columns(["gen_tokens"]))
+    assert _listing(tmp_path) == before  # staged shards and the directories made for them are gone
+    assert (tmp_path / "_runs" / "r.lock").read_bytes() == b""
+    assert _count(tmp_path, "r") == 10
+    with pytest.raises(RuntimeError):  # a new run that fails is not created
+        with writer.transaction("fresh") as tx:
+            tx.write_step("turns", 0, synthetic_turns("fresh", 0, 10))
+            raise RuntimeError("boom")
+    assert list_runs(tmp_path) == ["r"]
+    assert not (tmp_path / "turns" / "v1" / "run=fresh").exists()
+
+
+def test_create_and_replace_modes(tmp_path: Path) -> None:
+    writer = StoreWriter(tmp_path, fsync=False)
+    with writer.transaction("r", mode="create", origin="first") as tx:
+        tx.write_run("turns", pa.concat_tables([synthetic_turns("r", s, 10) for s in range(3)]))
+    with pytest.raises(RunExistsError, match=r"^run 'r' already exists in store .* \(first, committed .*\); "
+                                             r"pass --replace to replace it whole$"):
+        with writer.transaction("r", mode="create") as tx:
+            tx.write_step("turns", 0, synthetic_turns("r", 0, 1))
+    with writer.transaction("r", mode="replace", origin="second") as tx:
+        tx.write_step("turns", 7, synthetic_turns("r", 7, 4))
+    manifest = read_manifest(tmp_path, "r")
+    assert (manifest.origin, manifest.generation, manifest.tables) == ("second", 2, {"turns/v1": {7: StepFiles(2, 1, 4)}})
+    assert _listing(tmp_path / "turns") == ["v1/run=r/step=00000007/part-00000002-00000.parquet"]
+    with pytest.raises(ValueError, match="nothing staged to replace"):
+        with writer.transaction("r", mode="replace"):
+            pass
+    assert read_manifest(tmp_path, "r") == manifest
+
+
+def test_uncommitted_files_are_invisible_and_swept(tmp_path: Path) -> None:
     writer = StoreWriter(tmp_path, fsync=False)
     writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 10))
     directory = step_dir(tmp_path, TURNS, "r", 0)
-    (directory / ".part-00001.parquet.999.deadbeef.tmp").write_bytes(b"PAR1 half a file")
+    # what a writer killed mid-commit leaves: shards of its generation, a half manifest, its record in the lock
+    (directory / "part-00000002-00000.parquet").write_bytes(b"PAR1 half a file")
+    step_dir(tmp_path, TURNS, "r", 3).mkdir()
+    pq.write_table(synthetic_turns("r", 3, 5), step_dir(tmp_path, TURNS, "r", 3) / "part-00000002-00000.parquet")
+    (tmp_path / "_runs" / ".r.json.999.deadbeef.tmp").write_text("{")
+    (tmp_path / "_runs" / "r.lock").write_text(json.dumps({"pid": 999999, "purpose": "update (steps)", "since": 0}))
     assert _count(tmp_path, "r") == 10
+    writer.write_step("turns", "r", 1, synthetic_turns("r", 1, 10))  # not blocked; sweeps what the dead writer left
+    assert _listing(tmp_path) == ["_runs/r.json", "_runs/r.lock",
+                                  "turns/v1/run=r/step=00000000/part-00000001-00000.parquet",
+                                  "turns/v1/run=r/step=00000001/part-00000002-00000.parquet"]
+    assert _count(tmp_path, "r") == 20
+
+
+def test_one_writer_per_run(tmp_path: Path) -> None:
+    writer = StoreWriter(tmp_path, fsync=False, lock_wait_s=0.2)
     writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 10))
-    assert sorted(p.name for p in directory.iterdir()) == ["part-00000.parquet"]
+    with RunLock(tmp_path, "r", purpose="import (test)", wait_s=0):
+        with pytest.raises(RunLockedError, match=rf"^run 'r' is being written by another process \(pid {os.getpid()}, "
+                                                 r"import \(test\), since \d\d:\d\d:\d\d\); try again when it has "
+                                                 r"finished after waiting 0.2 s$"):
+            writer.write_step("turns", "r", 1, synthetic_turns("r", 1, 10))
+        writer.write_step("turns", "other", 0, synthetic_turns("other", 0, 3))  # other runs are not blocked
+    writer.write_step("turns", "r", 1, synthetic_turns("r", 1, 10))
+    assert _count(tmp_path, "r") == 20
 
 
 def test_conform_fills_and_checks() -> None:

@@ -1,0 +1,99 @@
+"""Import rules: a run is created whole; importing into it again is refused unless replace, which
+replaces it whole; an import does not wait for another writer of the run."""
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+
+from libra.config import StoreConfig
+from storage.catalog import Catalog, list_runs
+from storage.ingest import import_trace
+from storage.manifest import RunExistsError, RunLock, RunLockedError, read_manifest
+from tests.builders import small_trace, trace_rows, write_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+SWE = ROOT / "data" / "traces" / "swe_gemini3_mini_A.csv"
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file of the store with the hash of its bytes."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def shape(root: Path, run: str) -> dict:
+    with Catalog(root, run) as catalog:
+        return catalog.query("""
+            select (select count(*) from trajectories) as trajectories,
+                   (select count(distinct trajectory_id) from trajectories) as trajectory_ids,
+                   (select count(*) from turns) as turns,
+                   (select count(distinct (trajectory_id, turn_idx)) from turns) as turn_keys,
+                   (select count(distinct step) from trajectories) as steps,
+                   (select max(step) from turns) as last_step,
+                   (select max(n) from (select count(distinct prompt_id) as n from trajectories group by step)) as prompts_max
+        """).to_pylist()[0]
+
+
+def test_reimport_is_refused_without_replace(tmp_path: Path) -> None:
+    store = StoreConfig(root=str(tmp_path / "store"), fsync=False)
+    first = import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
+    assert first.replaced is False
+    before = snapshot(tmp_path / "store")
+    with pytest.raises(RunExistsError, match=r"^run 's' already exists in store .*/store \(import of t.csv, "
+                                             r"prompts_per_step=1, committed \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\); "
+                                             r"pass --replace to replace it whole$"):
+        import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=2)
+    assert snapshot(tmp_path / "store") == before
+
+
+def test_replace_with_another_prompts_per_step_gives_exactly_the_new_rows(tmp_path: Path) -> None:
+    store = StoreConfig(root=str(tmp_path / "store"), fsync=False)
+    root = tmp_path / "store"
+    import_trace(SWE, "swe", store, prompts_per_step=8)
+    assert shape(root, "swe") == {"trajectories": 246, "trajectory_ids": 246, "turns": 10222, "turn_keys": 10222,
+                                  "steps": 31, "last_step": 30, "prompts_max": 8}
+    summary = import_trace(SWE, "swe", store, prompts_per_step=2, replace=True)
+    assert (summary.steps, summary.shards, summary.replaced) == (123, 246, True)
+    assert shape(root, "swe") == {"trajectories": 246, "trajectory_ids": 246, "turns": 10222, "turn_keys": 10222,
+                                  "steps": 123, "last_step": 122, "prompts_max": 2}
+    manifest = read_manifest(root, "swe")
+    assert (manifest.generation, manifest.origin) == (2, "import of swe_gemini3_mini_A.csv, prompts_per_step=2")
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.parquet"))
+    assert len(files) == 246 and all("/part-00000002-" in f for f in files)  # the first import's files are gone
+
+
+def test_replace_with_another_file_drops_the_old_trajectories(tmp_path: Path) -> None:
+    store = StoreConfig(root=str(tmp_path / "store"), fsync=False)
+    import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
+    other = write_trace(tmp_path / "other.csv", trace_rows("q9", "z", 4, [(3, "none", 0, "")]))
+    import_trace(other, "s", store, prompts_per_step=1, replace=True)
+    with Catalog(store.root, "s") as catalog:
+        assert catalog.query("select trajectory_id, step from trajectories").to_pylist() == [{"trajectory_id": "q9/z", "step": 0}]
+        assert catalog.query("select trajectory_id, turn_idx from turns").to_pylist() == [{"trajectory_id": "q9/z", "turn_idx": 0}]
+
+
+def test_a_failed_import_leaves_the_previous_run(tmp_path: Path) -> None:
+    store = StoreConfig(root=str(tmp_path / "store"), fsync=False)
+    import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
+    before = snapshot(tmp_path / "store")
+    rows = trace_rows("p", "s", 5, [(1, "search", 3, "ok"), (2, "none", 0, "")])
+    rows[1]["gen_tokens"] = "many"
+    with pytest.raises(Exception, match="gen_tokens must be a non-negative integer"):
+        import_trace(write_trace(tmp_path / "bad.csv", rows), "s", store, prompts_per_step=1, replace=True)
+    assert snapshot(tmp_path / "store") == before
+
+
+def test_an_import_does_not_wait_for_another_writer(tmp_path: Path) -> None:
+    store = StoreConfig(root=str(tmp_path / "store"), fsync=False)
+    with RunLock(tmp_path / "store", "s", purpose="replace (import of x.csv)", wait_s=0):
+        started = time.monotonic()
+        with pytest.raises(RunLockedError, match=r"^run 's' is being written by another process \(pid \d+, replace "
+                                                 r"\(import of x.csv\), since \d\d:\d\d:\d\d\); try again when it "
+                                                 r"has finished$"):
+            import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
+        assert time.monotonic() - started < 1.0
+    assert list_runs(tmp_path / "store") == []
+    import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
+    assert list_runs(tmp_path / "store") == ["s"]
