@@ -6,7 +6,7 @@ A `Catalog` exposes one view per table over one run's (or every run's) shards, a
   only once its import or step is committed, and shards that a running, killed or replaced writer
   left are never read. The file list is given to `read_parquet` with the `run=`/`step=` directories
   as typed hive partitions, so a filter on `step` (or `run`) skips whole files. A table with no
-  shards is an empty view with the right columns, so every query works on every run.
+  shards is an empty table with the right columns, so every query works on every run.
 - The connection may only read those files: after the views are defined, DuckDB's external access
   is disabled with the listed shards as its only `allowed_paths`, and the configuration is locked,
   so a query cannot read other files (`read_csv('/etc/passwd')`), write any (`COPY ... TO`),
@@ -53,6 +53,8 @@ def check_read_only(sql: str) -> None:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
         raise LibraError(f"query failed: {_first_line(exc)}") from None
+    if not statements:
+        raise QueryRefused("query refused: no SQL statement given")
     if len(statements) != 1:
         raise QueryRefused(f"query refused: give exactly one SQL statement, got {len(statements)}")
     statement = statements[0]
@@ -139,8 +141,9 @@ class Catalog:
                 if relation is None:  # a statement with no result set
                     return pa.table({})
                 return relation.to_arrow_table()
-            except duckdb.IOException as exc:
-                # a commit removed files this query was about to read: read the new manifests
+            except (duckdb.IOException, duckdb.PermissionException) as exc:
+                # a commit removed files this query was about to read (DuckDB then looks for a
+                # directory of that name, which the locked configuration refuses): read the new manifests
                 if attempt + 1 < _RETRIES and manifests_signature(self.root, self.run) != self._signature:
                     continue
                 raise LibraError(f"query failed: {_first_line(exc)}") from None
@@ -166,9 +169,10 @@ def _define_view(con: duckdb.DuckDBPyConnection, schema: TableSchema, files: lis
             f"CREATE VIEW {schema.name} AS SELECT * FROM read_parquet([{listed}], "
             "hive_partitioning = true, hive_types = {'run': VARCHAR, 'step': BIGINT})"
         )
-    else:
+    else:  # an empty table with the schema's columns, so that queries of it work on every run
         con.register(f"_empty_{schema.name}", pa.Table.from_batches([], schema=schema.arrow))
-        con.execute(f"CREATE VIEW {schema.name} AS SELECT * FROM _empty_{schema.name}")
+        con.execute(f"CREATE TABLE {schema.name} AS SELECT * FROM _empty_{schema.name}")
+        con.unregister(f"_empty_{schema.name}")
 
 
 def _first_line(exc: BaseException) -> str:

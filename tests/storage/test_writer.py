@@ -101,6 +101,25 @@ def test_catalog_follows_commits(tmp_path: Path) -> None:
         assert catalog.query("select count(*) as n from turns").to_pylist() == [{"n": 17}]
 
 
+def test_a_query_racing_a_commit_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.catalog
+
+    writer = StoreWriter(tmp_path, fsync=False)
+    writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 10))
+    with Catalog(tmp_path, "r") as catalog:
+        writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 12))
+        real = storage.catalog.manifests_signature
+        calls = []
+
+        def late(root: Path, run: str | None) -> tuple:  # the commit lands after the check, before the read
+            calls.append(run)
+            return catalog._signature if len(calls) == 1 else real(root, run)
+
+        monkeypatch.setattr(storage.catalog, "manifests_signature", late)
+        assert catalog.query("select count(*) as n from turns").to_pylist() == [{"n": 12}]
+        assert len(calls) >= 2
+
+
 def test_an_exception_aborts_the_transaction(tmp_path: Path) -> None:
     writer = StoreWriter(tmp_path, fsync=False)
     writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 10))
