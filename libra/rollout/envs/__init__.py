@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.rollout.envs.base import Env, Task, demonstration, prompt
 from libra.rollout.envs.math_env import MathEnv
 from libra.rollout.envs.repo_env import RepoEnv
 from libra.rollout.envs.search_env import SearchEnv
+from libra.rollout.sandbox import temporary_workroot
 
 ENVS = ("search", "math", "repo")
 
@@ -29,8 +27,8 @@ def expert_bounds(env: Env, instances: int, tokenizer, tasks: int = 24) -> tuple
     after the prompt) on `tasks` held-out tasks: the buckets a router starts from."""
     lengths = []
     for task in env.tasks(tasks, seed=20_000):
-        with tempfile.TemporaryDirectory() as workdir:
-            text, _ = demonstration(env, task, Path(workdir))
+        with temporary_workroot("libra-bounds-") as workdir:
+            text, _ = demonstration(env, task, workdir)
         lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"])
                        - len(tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"]))
     lengths.sort()

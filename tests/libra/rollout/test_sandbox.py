@@ -1,14 +1,16 @@
 """The sandbox against deliberate escape.
 
 Every attempt runs through an environment's real tool path (the math environment's `python` tool,
-or the repo environment's `edit` then `test`), as a policy's code would. Each is stopped, the same
-episode's next call works, and nothing outside the working directory changed on the host (a
-sentinel directory beside it, with a secret file, is compared before and after)."""
+or the repo environment's `edit` then `test`), as a policy's code would, both ways a call can start
+(from the sandbox server, and in a bwrap of its own). Each is stopped, the same episode's next call
+works, and nothing outside the working directory changed on the host (a sentinel directory beside
+it, with a secret file, is compared before and after)."""
 
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,9 +38,14 @@ def host(tmp_path):
     return sentinel
 
 
+@pytest.fixture(params=[True, False], ids=["server", "bwrap-per-call"])
+def config(request):
+    return SandboxConfig(server=request.param)
+
+
 @pytest.fixture
-def episode(tmp_path):
-    env = make_env("math")
+def episode(tmp_path, config):
+    env = make_env("math", config)
     env.limits = FAST
     task = env.tasks(1, seed=0)[0]
     workdir = tmp_path / "work"
@@ -80,7 +87,7 @@ def test_only_the_system_the_interpreter_and_the_working_directory_are_visible(e
                                       "print(sorted(os.environ))")
     root, cwd, env = output.splitlines()
     assert set(eval(root)) <= {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "proc", "dev", "tmp", "workspace",
-                               "root", "home", "opt"}  # (root/home/opt only as the way to the interpreter)
+                               "root", "home", "opt", "roots"}  # root/home/opt only on the way to the interpreter; roots empty
     assert "etc" not in root and cwd == "/workspace"
     assert set(eval(env)) == {"PATH", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "HOME", "TMPDIR", "PWD"}
 
@@ -114,8 +121,8 @@ def test_the_system_is_read_only_and_tmp_is_private_and_capped(episode, host):
     assert episode.call("python", "import os\nprint(os.path.exists('/tmp/mark'))") == ("False", "ok")  # a fresh /tmp per call
 
 
-def test_a_link_planted_in_the_working_directory_is_never_followed_by_the_host(tmp_path, host):
-    env = make_env("repo")
+def test_a_link_planted_in_the_working_directory_is_never_followed_by_the_host(tmp_path, host, config):
+    env = make_env("repo", config)
     env.limits = FAST
     task = env.tasks(1, seed=0)[0]
     workdir = tmp_path / "repo"
@@ -135,8 +142,8 @@ def test_a_link_planted_in_the_working_directory_is_never_followed_by_the_host(t
     assert "31337" not in episode.call("read", "test_code.py")[0]  # the task's tests, written afresh
 
 
-def test_rewriting_the_tests_earns_no_reward(tmp_path):
-    env = make_env("repo")
+def test_rewriting_the_tests_earns_no_reward(tmp_path, config):
+    env = make_env("repo", config)
     env.limits = FAST
     task = env.tasks(1, seed=0)[0]
     workdir = tmp_path / "repo"
@@ -252,8 +259,8 @@ def test_the_network_is_unreachable(episode, host):
 
 # -- output, concurrency, configuration -------------------------------------------------------------
 
-def test_output_is_capped(tmp_path):
-    box = Sandbox()
+def test_output_is_capped(tmp_path, config):
+    box = Sandbox(config)
     work = tmp_path / "w"
     work.mkdir()
     result = box.run("print('x' * 100000)", work, SandboxLimits(max_output_bytes=1000))
@@ -262,15 +269,16 @@ def test_output_is_capped(tmp_path):
     assert result.status == "error" and result.truncated  # the file-size limit stops the flood itself
 
 
-def test_concurrent_calls_each_get_their_own_sandbox(tmp_path):
-    box = Sandbox()
+def test_concurrent_calls_each_get_their_own_sandbox(tmp_path, config):
+    box = Sandbox(config)
     outputs = {}
 
     def call(i):
         work = tmp_path / f"w{i}"
         work.mkdir()
         (work / "mine.txt").write_text(str(i))
-        code = "import os\nprint(open('mine.txt').read(), [d for d in os.listdir('/') if d.startswith('w')], os.getpid())"
+        code = ("import os\nprint(open('mine.txt').read(), [d for d in os.listdir('/') if d.startswith('w')], os.getpid(),"
+                " os.listdir('/roots') if os.path.exists('/roots') else [])")
         outputs[i] = box.run(code, work, FAST).output
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
@@ -278,7 +286,7 @@ def test_concurrent_calls_each_get_their_own_sandbox(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert outputs == {i: f"{i} ['workspace'] 2" for i in range(12)}  # none sees another's directory; pid 2 in its own
+    assert outputs == {i: f"{i} ['workspace'] 2 []" for i in range(12)}  # none sees another's directory; pid 2 in its own
 
 
 def test_an_unreachable_working_directory_is_a_clear_error(tmp_path):
@@ -319,3 +327,32 @@ def test_an_agent_loop_tool_never_hides_a_missing_sandbox(tmp_path, monkeypatch)
     with pytest.raises(SandboxUnavailable):
         _act(env, env.open(task, work), gen)
     shutil.rmtree(work)
+
+
+def test_a_call_in_flight_when_the_server_dies_is_reported_and_the_next_one_restarts_it(tmp_path):
+    box = Sandbox(SandboxConfig(uid=65532))  # a server of its own
+    work = tmp_path / "w"
+    work.mkdir()
+    assert box.run("print('up')", work, FAST).output == "up"
+    server = box._host
+    killer = threading.Timer(0.5, lambda: os.killpg(server.proc.pid, 9))
+    killer.start()
+    began = time.monotonic()
+    result = box.run("open('ran.txt', 'a').write('x')\nwhile True:\n    pass", work, FAST)
+    killer.join()
+    assert result.status == "error" and "tool server stopped" in result.stderr
+    assert time.monotonic() - began < FAST.timeout_s + 1
+    assert (work / "ran.txt").read_text() == "x"  # it ran once and is not run again
+    assert box.run("print('again')", work, FAST).output == "again"
+    assert box._host is not server
+
+
+def test_working_directories_outside_the_servers_root_get_a_bwrap_of_their_own(tmp_path):
+    outside = Path(tempfile.mkdtemp(prefix="libra-outside-"))
+    try:
+        os.chmod(outside, 0o711)
+        (outside / "w").mkdir()
+        result = Sandbox().run("import os\nprint(os.path.exists('/roots'), os.getcwd())", outside / "w", FAST)
+        assert result.output == "False /workspace"  # the same isolation, started by bwrap for the call
+    finally:
+        shutil.rmtree(outside)
