@@ -33,7 +33,7 @@ Two ways to start a call, the same isolation:
   mounts /proc and /tmp afresh, and forks the namespace's init, which forks the code's process; that
   one drops every capability before the code runs. About 4 ms of CPU a call here;
 - a bwrap per call (`sandbox.server: false`, and for working directories outside `make_workroot`'s
-  root or code over 128 KB): a fresh bwrap sandbox and interpreter, about 13 ms of CPU a call.
+  root): a fresh bwrap sandbox and interpreter, about 13 ms of CPU a call.
 
 With `isolation: none` the code runs without namespaces (limits, its own session and directory only);
 nothing ever falls back to that silently: where bwrap cannot run, the first call raises
@@ -68,7 +68,6 @@ from libra.errors import LibraError
 
 INSIDE = "/workspace"  # where the task's working directory appears inside the sandbox
 ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hidden from every call)
-MAX_SERVER_CODE = 128 * 1024  # longer code starts a bwrap of its own (a request is one socket message)
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         "HOME": INSIDE, "PWD": INSIDE, "TMPDIR": "/tmp"}
 
@@ -96,8 +95,9 @@ except BaseException as _error:  # the tool's traceback, without this prelude's 
 
 
 # The sandbox server: runs inside a bwrap sandbox (uid 65534, no capabilities), reads one request a
-# message from its socket (fd argv[1]; {"id", "rel", "code", "limits", "tmp_bytes"} with the call's
-# stdout and stderr descriptors attached, or {"kill": id}) and answers {"id", "status"} (the wait
+# message from its socket (fd argv[1]; {"id", "rel", "limits", "tmp_bytes"} with three descriptors
+# attached: the code to run (an anonymous file the server never reads), the call's stdout and its
+# stderr; or {"kill": id}) and answers {"id", "status"} (the wait
 # status of the call's first child) when a call has ended. Per call: child C makes the namespaces,
 # init G (PID 1 there) mounts /proc and /tmp, worker W drops its capabilities and runs the code.
 _SERVE = r'''
@@ -148,10 +148,11 @@ def call(request, fds, alive):  # C, forked from the server
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         die_with_parent(alive)
         os.setsid()
+        source_fd, out, err = fds
         null = os.open("/dev/null", os.O_RDONLY)
-        for target, fd in enumerate([null, *fds]):
+        for target, fd in ((0, null), (1, out), (2, err), (3, source_fd)):
             os.dup2(fd, target)
-        os.closerange(3, 1 << 16)  # the server's socket included
+        os.closerange(4, 1 << 16)  # the server's socket included
         source = os.path.join(ROOTS, request["rel"])
         if os.path.realpath(source) != source or not os.path.isdir(source):
             raise OSError(f"the working directory {request['rel']} is not a plain directory under the root")
@@ -213,9 +214,11 @@ def run_code(request):  # W: the tool's code, without capabilities, under the li
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        with open(3, "rb") as source:  # the code comes from the caller, never through the server
+            text = source.read()
         scope = {"__name__": "__main__", "__builtins__": __builtins__}
         try:
-            exec(compile(request["code"], "<tool>", "exec"), scope)
+            exec(compile(text, "<tool>", "exec"), scope)
             code = 0
         except SystemExit as exc:
             if exc.code is None or isinstance(exc.code, int):
@@ -273,7 +276,7 @@ while True:
     reap()
     if sock not in readable:
         continue
-    message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+    message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
     if not message:  # the caller went away: so does every call
         for pid in children:
             os.kill(pid, signal.SIGKILL)
@@ -507,8 +510,7 @@ class Sandbox:
         if launcher.uid is not None:
             _give(workdir, launcher.uid)
         base = workroot_base()
-        served = (launcher.isolation == "bwrap" and self.config.server and workdir.is_relative_to(base)
-                  and workdir != base and len(code.encode()) <= MAX_SERVER_CODE)
+        served = launcher.isolation == "bwrap" and self.config.server and workdir.is_relative_to(base) and workdir != base
         # bwrap enters the directory itself (as INSIDE); without isolation the code runs in it
         cwd, env = (Path("/"), {}) if launcher.isolation == "bwrap" else (workdir, {**_ENV, "HOME": str(workdir), "PWD": str(workdir)})
         began = time.monotonic()
@@ -701,15 +703,24 @@ class _Server:
 
     def run(self, code: str, rel: Path, limits: SandboxLimits, out, err) -> tuple[int, bool]:
         """(exit code, timed out) of one call in the working directory `rel` under the root."""
+        source = os.memfd_create("libra-tool-code", os.MFD_CLOEXEC)  # the server never holds the code
+        try:
+            os.write(source, code.encode())
+            os.lseek(source, 0, os.SEEK_SET)
+            return self._call(source, rel, limits, out, err)
+        finally:
+            os.close(source)
+
+    def _call(self, source: int, rel: Path, limits: SandboxLimits, out, err) -> tuple[int, bool]:
         box: queue.SimpleQueue = queue.SimpleQueue()
         with self.lock:
             if not self.alive:
                 raise ServerStopped("the tool server stopped before the call; it restarts for the next one")
             ident, self.next_id = self.next_id, self.next_id + 1
             self.waiting[ident] = box
-            request = {"id": ident, "rel": str(rel), "code": code, "limits": _rlimits(limits), "tmp_bytes": limits.tmp_bytes}
+            request = {"id": ident, "rel": str(rel), "limits": _rlimits(limits), "tmp_bytes": limits.tmp_bytes}
             try:
-                socket.send_fds(self.sock, [json.dumps(request).encode()], [out.fileno(), err.fileno()])
+                socket.send_fds(self.sock, [json.dumps(request).encode()], [source, out.fileno(), err.fileno()])
             except OSError as exc:
                 self.waiting.pop(ident, None)
                 raise ServerStopped(f"the tool server stopped ({exc}); it restarts for the next one") from exc

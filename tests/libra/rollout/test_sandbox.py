@@ -356,3 +356,8 @@ def test_working_directories_outside_the_servers_root_get_a_bwrap_of_their_own(t
         assert result.output == "False /workspace"  # the same isolation, started by bwrap for the call
     finally:
         shutil.rmtree(outside)
+
+
+def test_long_code_runs_too(episode):
+    code = "x = 0\n" + "x += 1\n" * 100_000 + "print(x)"  # about 700 KB
+    assert episode.call("python", code) == ("100000", "ok")
