@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from libra.errors import LibraError, TraceFormatError
-from libra.traces import group_by_step, read_trace, steps_by_prompt
+from libra.traces import MAX_COUNT, PROGRESS_ROWS, bundled_traces, group_by_step, read_trace, steps_by_prompt
 from libra.types import ToolStatus
 from tests.builders import HEADER, small_trace, trace_rows, write_trace
 
@@ -118,3 +118,98 @@ def test_ragged_row_and_bad_reward(tmp_path: Path) -> None:
     rows = trace_rows("p", "s", 5, [(1, "none", 0, "")])
     rows[0]["final_reward"] = "good"
     assert _error(tmp_path, rows).reason == "final_reward must be a number or empty, got 'good'"
+
+
+def _write(tmp_path: Path, data: bytes) -> Path:
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    return path
+
+
+def _header_and(rows: str) -> bytes:
+    return (",".join(HEADER) + "\n" + rows).encode()
+
+
+def test_a_byte_order_mark_is_read_as_utf8(tmp_path: Path) -> None:
+    plain = small_trace(tmp_path / "plain.csv")
+    with_bom = _write(tmp_path, b"\xef\xbb\xbf" + plain.read_bytes())
+    assert read_trace(with_bom).trajectories == read_trace(plain).trajectories
+
+
+def test_bytes_that_are_not_utf8_name_the_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, _header_and("x,p,s,0,1,none,0,,5,,api_usage\n") + b"x,p\xe9,s,0,1,none,0,,5,,api_usage\n")
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(path)
+    assert (info.value.line, info.value.reason) == (3, "not UTF-8 text (byte 0xe9 at column 4); a trace is a UTF-8 CSV file")
+    with pytest.raises(TraceFormatError, match=r":1: not UTF-8 text \(byte 0x89 at column 1\)"):
+        read_trace(_write(tmp_path, b"\x89PNG\r\n\x1a\n\x00\x00"))
+
+
+def test_counts_beyond_the_largest_are_refused(tmp_path: Path) -> None:
+    rows = trace_rows("p", "s", 5, [(1, "none", 0, "")])
+    rows[0]["gen_tokens"] = str(2**64 + 1)
+    assert _error(tmp_path, rows).reason == (
+        "gen_tokens = '18446744073709551617' is more than 2,147,483,647, the largest count a trace may hold")
+    rows[0]["gen_tokens"] = "9" * 5000  # past Python's int-from-string limit
+    assert _error(tmp_path, rows).reason == (
+        f"gen_tokens = {'9' * 40!r}... (5,000 characters) is more than 2,147,483,647, the largest count a trace may hold")
+    rows[0]["gen_tokens"] = str(MAX_COUNT)
+    path = write_trace(tmp_path / "max.csv", rows)
+    assert read_trace(path).trajectories[0].gen_tokens == 2**31 - 1
+
+
+@pytest.mark.parametrize("text", ["+3", "1_000", "\u0663", " 1 2", "0x10"])
+def test_counts_are_plain_ascii_digits(tmp_path: Path, text: str) -> None:
+    rows = trace_rows("p", "s", 5, [(1, "none", 0, "")])
+    rows[0]["gen_tokens"] = text
+    assert _error(tmp_path, rows).reason == f"gen_tokens must be a non-negative integer, got {text.strip()!r}"
+
+
+def test_a_field_over_the_csv_limit_is_a_format_error(tmp_path: Path) -> None:
+    rows = trace_rows("p", "s", 5, [(1, "none", 0, "")])
+    rows[0]["source"] = "s" * 200_000
+    err = _error(tmp_path, rows)
+    assert (err.line, err.reason) == (2, "a field is longer than 131,072 characters (an unclosed quote?); "
+                                         "a trace's fields are ids, names and numbers")
+    path = _write(tmp_path, _header_and('x,"p,s,0,1,none,0,,5,,api_usage\n' + ("y" * 99 + "\n") * 2000))  # never closed
+    with pytest.raises(TraceFormatError, match=r":1313: a field is longer than 131,072 characters"):
+        read_trace(path)
+
+
+def test_a_trajectory_without_tokens_is_refused(tmp_path: Path) -> None:
+    rows = trace_rows("p", "s", 5, [(1, "none", 0, "")]) + trace_rows("q", "s", 0, [(0, "none", 0, "")])
+    err = _error(tmp_path, rows)
+    assert (err.line, err.reason) == (3, "trajectory q/s has no tokens (prompt_tokens, gen_tokens and "
+                                         "tool_payload_tokens are all 0); a trajectory holds at least one token")
+    rows = trace_rows("q", "s", 0, [(1, "none", 0, "")])  # one generated token is enough
+    assert read_trace(write_trace(tmp_path / "one.csv", rows)).trajectories[0].total_tokens == 1
+
+
+def test_directories_and_repeated_columns(tmp_path: Path) -> None:
+    with pytest.raises(LibraError) as info:
+        read_trace(tmp_path)
+    assert str(info.value) == f"{tmp_path}: is a directory; pass a CSV file in the per-turn trace format"
+    rows = trace_rows("p", "s", 5, [(1, "none", 0, "")])
+    err = _error(tmp_path, rows, HEADER + ["gen_tokens"])
+    assert (err.line, err.reason) == (1, "column(s) gen_tokens appear more than once in the header")
+
+
+def test_values_quoted_in_errors_are_cut_short(tmp_path: Path) -> None:
+    rows = trace_rows("p", "s", 5, [(1, "none", 0, "")])
+    rows[0]["final_reward"] = "x" * 1000
+    assert _error(tmp_path, rows).reason == f"final_reward must be a number or empty, got {'x' * 40!r}... (1,000 characters)"
+
+
+def test_progress_hears_bytes_read(tmp_path: Path) -> None:
+    path = Path(__file__).resolve().parents[2] / "data" / "traces" / "tora_gsm8k.csv"
+    heard: list[tuple[int, int]] = []
+    trace = read_trace(path, progress=lambda done, total: heard.append((done, total)))
+    size = path.stat().st_size
+    assert trace.rows == 5274 and len(heard) == 5274 // PROGRESS_ROWS + 1
+    assert heard[-1] == (size, size) and all(0 < done <= size and total == size for done, total in heard)
+    assert [done for done, _ in heard] == sorted(done for done, _ in heard)
+
+
+def test_bundled_traces_are_found() -> None:
+    assert [p.name for p in bundled_traces()] == [
+        "fireact_hotpotqa.csv", "swe_gemini3_mini_A.csv", "taubench_airline.csv", "tora_gsm8k.csv"]
