@@ -1,10 +1,11 @@
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from libra.config import LibraConfig, load_config
+from libra.config import MAX_CONFIG_BYTES, LibraConfig, StoreConfig, load_config
 from libra.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +75,69 @@ def test_configs_are_frozen() -> None:
     config = LibraConfig()
     with pytest.raises(ValidationError):
         config.store.root = "/elsewhere"  # type: ignore[misc]
+
+
+def _error(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    return message[len(f"{path}: "):]
+
+
+def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    assert _error(tmp_path / "c.yaml", b"store:\n  root: \xff\xfe\n") == (
+        "not UTF-8 text (byte 0xff at offset 15); a config is a YAML file")
+    assert load_config(_write(tmp_path / "bom.yaml", b"\xef\xbb\xbfstore: {root: /b}\n")).store.root == "/b"
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_duplicate_keys_are_refused_but_merges_may_override(tmp_path: Path) -> None:
+    assert _error(tmp_path / "c.yaml", b"store: {root: /a}\ntraces: {}\nstore: {root: /b}\n") == (
+        "not valid YAML (duplicate key 'store' at line 3, column 1)")
+    assert _error(tmp_path / "c.yaml", b"store:\n  root: /a\n  fsync: false\n  root: /b\n") == (
+        "not valid YAML (duplicate key 'root' at line 4, column 3)")
+    merged = _write(tmp_path / "m.yaml", b"store: &s {root: /a, fsync: false}\ntracking: {}\n"
+                    b"orchestration:\n  prefect_home: /p\n")
+    assert load_config(merged).store == StoreConfig(root="/a", fsync=False)
+    merged.write_bytes(b"store:\n  <<: {root: /a, fsync: false}\n  root: /b\n")
+    assert load_config(merged).store == StoreConfig(root="/b", fsync=False)
+
+
+def test_alias_bombs_are_refused_at_once(tmp_path: Path) -> None:
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for name, previous in zip("bcdefghi", "abcdefgh", strict=True):
+        lines.append(f"{name}: &{name} [{', '.join(['*' + previous] * 9)}]")
+    lines.append("store: {root: *i}")  # 9**9 strings once expanded
+    started = time.perf_counter()
+    assert _error(tmp_path / "c.yaml", "\n".join(lines).encode()) == (
+        "the document expands to more than 100,000 values (aliases repeating aliases?); a config is a short YAML file")
+    assert time.perf_counter() - started < 2.0
+    assert _error(tmp_path / "c.yaml", b"store: &s [*s]\n").startswith("the document expands to more than 100,000 values")
+
+
+def test_large_deep_and_nul_documents(tmp_path: Path) -> None:
+    assert _error(tmp_path / "c.yaml", b"#" * (MAX_CONFIG_BYTES + 1)) == (
+        "larger than 1,048,576 bytes; a config is a short YAML file")
+    assert _error(tmp_path / "c.yaml", b"store: " + b"[" * 5000 + b"]" * 5000).startswith("not valid YAML (")
+    assert _error(tmp_path / "c.yaml", b'store: {root: "/a\\0b"}\n') == "'store.root': a value holds a NUL character"
+    assert _error(tmp_path / "c.yaml", b"42\n") == "the top level must be a mapping of sections, got int"
+    assert _error(tmp_path / "c.yaml", b"store: !!python/object/apply:os.system [ls]\n") == (
+        "not valid YAML (could not determine a constructor for the tag 'tag:yaml.org,2002:python/object/apply:os.system' "
+        "at line 1, column 8)")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert str(info.value) == f"{tmp_path}: cannot read config (Is a directory); pass an existing YAML file"
+
+
+def test_long_values_are_cut_short_in_errors(tmp_path: Path) -> None:
+    assert _error(tmp_path / "c.yaml", f"store: {{compression: {'z' * 500}}}\n".encode()) == (
+        f"store.compression = {repr('z' * 500)[:60]}...: Input should be 'zstd', 'snappy', 'lz4', 'gzip' or 'none' "
+        "(allowed: one of zstd, snappy, lz4, gzip, none)")
+    assert _error(tmp_path / "c.yaml", b"store: {root: [[1, 2, 3, 4, 5, 6], {a: 1}]}\n") == (
+        "store.root = [[1, 2, 3, 4, ...], {'a': 1}]: Input should be a valid string")
