@@ -43,14 +43,16 @@ def config(request):
     return SandboxConfig(server=request.param)
 
 
+def open_episode(name: str, config: SandboxConfig, workdir: Path):
+    env = make_env(name, config)
+    env.limits = FAST
+    workdir.mkdir()
+    return env.open(env.tasks(1, seed=0)[0], workdir)
+
+
 @pytest.fixture
 def episode(tmp_path, config):
-    env = make_env("math", config)
-    env.limits = FAST
-    task = env.tasks(1, seed=0)[0]
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    return env.open(task, workdir)
+    return open_episode("math", config, tmp_path / "work")
 
 
 def snapshot(directory: Path) -> dict:
@@ -122,12 +124,8 @@ def test_the_system_is_read_only_and_tmp_is_private_and_capped(episode, host):
 
 
 def test_a_link_planted_in_the_working_directory_is_never_followed_by_the_host(tmp_path, host, config):
-    env = make_env("repo", config)
-    env.limits = FAST
-    task = env.tasks(1, seed=0)[0]
     workdir = tmp_path / "repo"
-    workdir.mkdir()
-    episode = env.open(task, workdir)
+    episode = open_episode("repo", config, workdir)
     target = host / "secret.txt"
     # code.py runs when the tests import it: it swaps itself and the tests for links to a host file
     line = (f"import os; [os.remove(f) for f in ('code.py', 'test_code.py')]; "
@@ -143,12 +141,8 @@ def test_a_link_planted_in_the_working_directory_is_never_followed_by_the_host(t
 
 
 def test_rewriting_the_tests_earns_no_reward(tmp_path, config):
-    env = make_env("repo", config)
-    env.limits = FAST
-    task = env.tasks(1, seed=0)[0]
     workdir = tmp_path / "repo"
-    workdir.mkdir()
-    episode = env.open(task, workdir)
+    episode = open_episode("repo", config, workdir)
     cheat = "import os; os.remove('test_code.py'); open('test_code.py', 'w').write('def test_ok():\\n    pass\\n')"
     assert episode.call("edit", f"code.py 3: {cheat}")[1] == "ok"
     episode.call("test", "all")
