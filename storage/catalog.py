@@ -14,7 +14,7 @@ A `Catalog` exposes one view per table over one run's (or every run's) shards, a
 - Only reading statements run: `query` asks DuckDB's parser for the statement's type and refuses
   everything but one SELECT (WITH, FROM-first, VALUES, DESCRIBE, SHOW and SUMMARIZE are SELECTs to
   DuckDB) or an EXPLAIN of one, with a one-line `QueryRefused`.
-- Each query reads the runs as last committed: when a commit has replaced a manifest since the
+- Each query reads the runs as last committed: when a commit has changed a manifest since the
   views were defined, the catalog defines them again on a fresh connection first (and retries a
   query whose files a concurrent commit removed mid-query).
 """

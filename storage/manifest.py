@@ -1,6 +1,6 @@
 """Run manifests and run locks: what a committed run is made of, and who may change it.
 
-A run is exactly what its manifest lists. The manifest `<root>/_runs/<run>.json` names, for each
+A run is exactly what its manifest lists. The manifest names, for each
 table (and schema version) and each step, the generation that wrote the step, its number of shards
 and rows; the files themselves are
 
@@ -8,10 +8,22 @@ and rows; the files themselves are
 
 Readers (`storage.catalog`) read only the files a manifest lists, so a file that no manifest
 lists (a shard of an import that is still running, or was killed, or was replaced) is never read.
-A writer publishes a change by writing a whole new manifest under a temporary name, fsyncing it
-and renaming it over the old one: the rename is the commit, so every change (one step, a whole
-import of many steps and tables) becomes visible at once or not at all. Every commit takes a new
-generation number, so the files of a commit never overwrite files that a committed manifest lists.
+Every commit takes a new generation number, so the files of a commit never overwrite files that
+a committed manifest lists.
+
+The manifest file `<root>/_runs/<run>.manifest` holds two slots (double buffering, as LMDB keeps
+two meta pages). A slot is a 64-byte header (magic, format, slot capacity, generation, payload
+length, SHA-256 of all of them and the payload) followed by the manifest as JSON; the committed
+manifest is the valid slot with the highest generation. A writer commits by writing the new
+manifest into the other slot, payload first and header last, then (with fsync) one fdatasync: a
+writer killed mid-write, or a power loss, leaves that slot invalid and the previous manifest in
+force, and a reader that reads while a slot is being written finds it invalid and takes the other
+one. So every change (one step, or every table and step of an import) becomes visible at once or
+not at all. The run's first commit, and a manifest outgrowing its slots, write a whole new file
+(capacity doubled) under a temporary name and rename it into place. With fsync the new shards
+and the directories that gained entries are fsynced before the slot is written, so a committed
+manifest never lists a file a power loss could take away; a commit then costs one fsync round
+for the data and one for the slot, as a shard renamed into place did before manifests.
 
 One writer at a time changes a run: it holds an exclusive `flock` on `<root>/_runs/<run>.lock`.
 The kernel releases the lock when its holder dies (even by SIGKILL), so a dead writer never blocks
@@ -27,9 +39,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
+import struct
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -139,46 +153,122 @@ def runs_dir(root: str | Path) -> Path:
 
 
 def manifest_path(root: str | Path, run: str) -> Path:
-    return runs_dir(root) / f"{run}.json"
+    return runs_dir(root) / f"{run}.manifest"
 
 
 def lock_path(root: str | Path, run: str) -> Path:
     return runs_dir(root) / f"{run}.lock"
 
 
+_MAGIC = b"LIBRAMAN"
+_HEADER = struct.Struct("<8sIQQI32s")  # magic, format, capacity, generation, length, sha256
+_PAGE = 4096
+
+
+def _slot_digest(capacity: int, generation: int, payload: bytes) -> bytes:
+    head = _HEADER.pack(_MAGIC, MANIFEST_FORMAT, capacity, generation, len(payload), b"\0" * 32)
+    return hashlib.sha256(head + payload).digest()
+
+
+def _slot(capacity: int, generation: int, payload: bytes) -> tuple[bytes, bytes]:
+    """(header, payload) of a slot."""
+    digest = _slot_digest(capacity, generation, payload)
+    return _HEADER.pack(_MAGIC, MANIFEST_FORMAT, capacity, generation, len(payload), digest), payload
+
+
+def _parse_slot(data: bytes, index: int) -> tuple[int, bytes] | None:
+    """(generation, payload) of a valid slot, None for a torn, empty or foreign one."""
+    capacity = len(data) // 2
+    offset = index * capacity
+    if capacity < _HEADER.size or len(data) % _PAGE:
+        return None
+    magic, fmt, cap, generation, length, digest = _HEADER.unpack_from(data, offset)
+    if magic != _MAGIC or fmt != MANIFEST_FORMAT or cap != capacity or length > capacity - _HEADER.size:
+        return None
+    payload = data[offset + _HEADER.size: offset + _HEADER.size + length]
+    if _slot_digest(capacity, generation, payload) != digest:
+        return None
+    return generation, payload
+
+
+def _newest_slot(data: bytes) -> tuple[int, int, bytes] | None:
+    """(index, generation, payload) of the committed slot."""
+    slots = [(i, *slot) for i in (0, 1) if (slot := _parse_slot(data, i)) is not None]
+    return max(slots, key=lambda s: s[1]) if slots else None
+
+
 def read_manifest(root: str | Path, run: str) -> RunManifest | None:
     """The run's committed manifest, or None when the run has never been committed."""
     path = manifest_path(root, run)
+    for attempt in range(20):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        newest = _newest_slot(data)
+        if newest is not None:
+            break
+        time.sleep(0.01 * (attempt + 1))  # two commits overlapped this read: read again
+    else:
+        raise LibraError(f"run {run!r}: manifest {path} has no valid slot; re-import the run with --replace")
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        manifest = RunManifest.from_json(text)
+        manifest = RunManifest.from_json(newest[2].decode())
     except (ValueError, KeyError, TypeError) as exc:
         raise LibraError(f"run {run!r}: manifest {path} is unreadable ({exc}); re-import the run with --replace") from None
-    if manifest.run != run:
-        raise LibraError(f"run {run!r}: manifest {path} is for run {manifest.run!r}")
+    if manifest.run != run or manifest.generation != newest[1]:
+        raise LibraError(f"run {run!r}: manifest {path} is for run {manifest.run!r}, generation {manifest.generation}")
     return manifest
 
 
-def write_manifest(root: str | Path, manifest: RunManifest, *, fsync: bool, before_rename: Sequence[Path] = ()) -> None:
-    """Commit `manifest`: write it under a temporary name, fsync it together with `before_rename`
-    (the new shards and the directories that gained entries), rename it over the run's manifest,
-    then fsync the directory that holds it."""
-    final = manifest_path(root, manifest.run)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+def write_manifest(root: str | Path, manifest: RunManifest, *, fsync: bool, before: Sequence[Path] = ()) -> None:
+    """Commit `manifest` (see the module docstring). With `fsync`, the files and directories in
+    `before` (the new shards, the directories that gained entries) are made durable first."""
+    path = manifest_path(root, manifest.run)
+    payload = manifest.to_json().encode()
     try:
-        tmp.write_text(manifest.to_json())
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        fd = None
+    if fd is not None:
+        try:
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            newest = _newest_slot(data)
+            capacity = len(data) // 2
+            if newest is not None and _HEADER.size + len(payload) <= capacity:
+                if fsync:
+                    fsync_paths(before)
+                header, body = _slot(capacity, manifest.generation, payload)
+                offset = (1 - newest[0]) * capacity  # the slot that is not in force
+                _pwrite_all(fd, body, offset + _HEADER.size)
+                _pwrite_all(fd, header, offset)  # last: until it is whole, the slot is invalid
+                if fsync:
+                    os.fdatasync(fd)
+                return
+        finally:
+            os.close(fd)
+    # the run's first commit, or a manifest that outgrew its slots: a new file, renamed into place
+    capacity = -(-2 * (_HEADER.size + len(payload)) // _PAGE) * _PAGE
+    header, body = _slot(capacity, manifest.generation, payload)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(header + body + b"\0" * (2 * capacity - len(header) - len(body)))
         if fsync:
-            fsync_paths([tmp, *before_rename])
-        os.replace(tmp, final)
+            fsync_paths([tmp, *before])
+        os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if fsync:
-        fsync_paths([final.parent])
+        fsync_paths([path.parent])
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def committed_runs(root: str | Path) -> list[str]:
@@ -186,20 +276,27 @@ def committed_runs(root: str | Path) -> list[str]:
     base = runs_dir(root)
     if not base.is_dir():
         return []
-    return sorted(p.name[: -len(".json")] for p in base.iterdir() if p.name.endswith(".json") and RUN_NAME.match(p.name[:-5]))
+    suffix = ".manifest"
+    return sorted(p.name[: -len(suffix)] for p in base.iterdir()
+                  if p.name.endswith(suffix) and RUN_NAME.match(p.name[: -len(suffix)]))
 
 
 def manifests_signature(root: str | Path, run: str | None) -> tuple:
-    """Changes whenever a commit replaces the manifest of `run` (of any run when None): each commit
-    renames a new file into place, so its inode and modification time change."""
+    """Changes whenever a commit changes the manifest of `run` (of any run when None): a commit
+    writes a slot's header last, or renames a new file into place."""
     paths = [manifest_path(root, run)] if run is not None else [manifest_path(root, r) for r in committed_runs(root)]
     out = []
     for path in paths:
         try:
-            st = path.stat()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             continue
-        out.append((path.name, st.st_ino, st.st_mtime_ns, st.st_size))
+        try:
+            st = os.fstat(fd)
+            capacity = st.st_size // 2
+            out.append((path.name, st.st_ino, os.pread(fd, _HEADER.size, 0), os.pread(fd, _HEADER.size, capacity)))
+        finally:
+            os.close(fd)
     return tuple(out)
 
 
@@ -243,7 +340,7 @@ def _fsync(path: Path) -> None:
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a run's lock, as recorded in the lock file."""
+    """Who holds a run's lock, as recorded in the lock file (blanks when nobody does)."""
 
     pid: int
     purpose: str
@@ -252,13 +349,23 @@ class Holder:
     def describe(self) -> str:
         return f"pid {self.pid}, {self.purpose}, since {time.strftime('%H:%M:%S', time.localtime(self.since))}"
 
+    def record(self) -> bytes:
+        raw = json.dumps({"pid": self.pid, "purpose": self.purpose[:300], "since": self.since}).encode()
+        return raw.ljust(_RECORD_BYTES)
+
     @staticmethod
     def parse(raw: bytes) -> Holder | None:
+        raw = raw.strip(b" \0\n")
+        if not raw:
+            return None
         try:
             data = json.loads(raw.decode())
             return Holder(int(data["pid"]), str(data["purpose"]), float(data["since"]))
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            return Holder(0, "unknown writer", 0.0) if raw.strip() else None
+            return Holder(0, "unknown writer", 0.0)
+
+
+_RECORD_BYTES = 512  # the lock file keeps this size: records are rewritten in place, never truncated
 
 
 class RunLock:
@@ -275,10 +382,8 @@ class RunLock:
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             self._acquire(run, wait_s)
-            self.previous = Holder.parse(os.pread(self._fd, 4096, 0))
-            record = json.dumps({"pid": os.getpid(), "purpose": purpose, "since": time.time()}).encode()
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, record, 0)
+            self.previous = Holder.parse(os.pread(self._fd, _RECORD_BYTES, 0))
+            os.pwrite(self._fd, Holder(os.getpid(), purpose, time.time()).record(), 0)
         except BaseException:
             os.close(self._fd)
             self._fd = None
@@ -295,7 +400,7 @@ class RunLock:
                     raise
             left = deadline - time.monotonic()
             if left <= 0:
-                holder = Holder.parse(os.pread(self._fd, 4096, 0))
+                holder = Holder.parse(os.pread(self._fd, _RECORD_BYTES, 0))
                 who = f" ({holder.describe()})" if holder else ""
                 waited = f" after waiting {wait_s:g} s" if wait_s > 0 else ""
                 raise RunLockedError(
@@ -310,7 +415,7 @@ class RunLock:
             return
         try:
             if clean:
-                os.ftruncate(self._fd, 0)
+                os.pwrite(self._fd, b" " * _RECORD_BYTES, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             os.close(self._fd)

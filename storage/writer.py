@@ -2,17 +2,18 @@
 
 Layout (see `storage.manifest`): a run's rows live in
 `<root>/<table>/v<version>/run=<run>/step=<step:08d>/part-<generation:08d>-<shard:05d>.parquet`, and
-the run is what its manifest `<root>/_runs/<run>.json` lists; readers read nothing else.
+the run is what its manifest `<root>/_runs/<run>.manifest` lists; readers read nothing else.
 
 A change is a `RunTransaction`, made while holding the run's lock (`storage.manifest.RunLock`):
 
 1. stage: each `write_step` writes the step's shards under the transaction's new generation
    number. No manifest lists them yet, so no reader sees them, and they never overwrite a file
    that the committed manifest lists.
-2. commit: fsync the shards and the directories that gained entries, then write the new manifest
-   under a temporary name and rename it over the old one. The rename is the commit: the change
-   (one step, or every table and step of an import) appears whole or not at all. Then the files
-   the commit superseded are removed.
+2. commit: fsync the shards and the directories that gained entries (those start in the
+   background as soon as the entries exist, while the shard is encoded), then write the new manifest
+   into the manifest file's slot that is not in force, header last (`storage.manifest`). That
+   write is the commit: the change (one step, or every table and step of an import) appears whole
+   or not at all. Then the files the commit superseded are removed.
 3. abort (an exception inside the transaction): the staged files are removed; the run stays as
    it was.
 
@@ -26,7 +27,7 @@ Guarantees:
   killed one left (it finds the dead writer's record in the lock file, see `RunLock`); imports
   (`create`, `replace`) always remove every file of the run that the manifest does not list.
 - `write_step` is a transaction of its own, for writers that add steps to a run one at a time (a
-  training loop): the step's shards appear together when the step's commit renames the manifest;
+  training loop): the step's shards appear together when the step's commit writes the manifest;
   writing a step again replaces its rows, never adds to them. `write_run` publishes all the steps
   of its table in one commit. To publish several tables together (a step's trajectories and
   turns), write them inside one `transaction(run)`.
@@ -36,6 +37,8 @@ Guarantees:
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,6 +56,7 @@ from storage.manifest import (
     RunLock,
     RunManifest,
     StepFiles,
+    fsync_paths,
     manifest_path,
     read_manifest,
     runs_dir,
@@ -200,7 +204,8 @@ class RunTransaction:
         self._leftovers = leftovers  # a writer died holding the lock: its files may remain
         self._staged: dict[str, dict[int, StepFiles]] = {}
         self._pending: list[Path] = []  # staged files, until committed or removed
-        self._touched_dirs: set[Path] = set()  # directories that gained entries
+        self._early_syncs: list[threading.Thread] = []  # fsyncs of directories that gained entries
+        self._early_errors: list[BaseException] = []
 
     @property
     def dirty(self) -> bool:
@@ -229,19 +234,21 @@ class RunTransaction:
             replaced = {directory / name for name in staged.pop(step).names()}
             self._remove(sorted(replaced))
             self._pending = [p for p in self._pending if p not in replaced]
-        self._makedirs(directory)
+        gained = self._makedirs(directory)  # directories that gained a subdirectory
         size = shard_rows or max(conformed.num_rows, 1)
         paths = []
         for shard, offset in enumerate(range(0, max(conformed.num_rows, 1), size)):
             path = directory / shard_name(self.generation, shard)
             self._pending.append(path)  # before writing: an abort removes a partial file too
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+            self._sync_soon([directory, *gained])  # the new entries, while the shard is encoded
+            gained = []
             pq.write_table(
                 conformed.slice(offset, size), path, compression=self.writer.compression,
                 row_group_size=self.writer.row_group_rows,
             )
             paths.append(path)
         staged[step] = StepFiles(self.generation, len(paths), conformed.num_rows)
-        self._touched_dirs.add(directory)
         return paths
 
     def write_run(self, table: str, data: pa.Table, shard_rows: int | None = None) -> list[Path]:
@@ -279,8 +286,10 @@ class RunTransaction:
             tables.setdefault(key, {}).update(steps)
         origin = self.base.origin if keep_old else self.origin
         manifest = RunManifest(self.run, self.generation, time.time(), origin, tables)
-        write_manifest(self.root, manifest, fsync=self.writer.fsync,
-                       before_rename=[*self._pending, *sorted(self._touched_dirs)])
+        if self.writer.fsync:
+            fsync_paths(self._pending)  # side by side with the directories' fsyncs still running
+        self._join_early_syncs()
+        write_manifest(self.root, manifest, fsync=self.writer.fsync)
         self.committed = manifest
         self._pending = []
         if self.base is not None:
@@ -290,6 +299,10 @@ class RunTransaction:
 
     def abort(self) -> None:
         """Remove the staged files (nothing was published)."""
+        try:
+            self._join_early_syncs()
+        except OSError:
+            pass  # the files go anyway
         if self.committed is None and self._pending:
             if self._remove(self._pending):
                 self._pending = []
@@ -319,19 +332,45 @@ class RunTransaction:
                         pass
         return ok
 
-    def _makedirs(self, directory: Path) -> None:
-        """Create `directory` and its missing parents, noting each parent that gains an entry."""
+    def _makedirs(self, directory: Path) -> list[Path]:
+        """Create `directory` and its missing parents; returns the parents that gained an entry."""
         missing = []
         current = directory
         while not current.is_dir():
             missing.append(current)
             current = current.parent
+        gained = []
         for path in reversed(missing):
             try:
                 path.mkdir()
             except FileExistsError:
                 continue
-            self._touched_dirs.add(path.parent)
+            gained.append(path.parent)
+        return gained
+
+    def _sync_soon(self, directories: list[Path]) -> None:
+        """With fsync, make directories' new entries durable in a background thread, overlapping
+        the encoding of the shard; `commit` waits for them before it writes the manifest. Each
+        starts after the entries it must cover exist."""
+        if not self.writer.fsync:
+            return
+
+        def work() -> None:
+            try:
+                fsync_paths(directories)
+            except BaseException as exc:  # re-raised by _join_early_syncs
+                self._early_errors.append(exc)
+
+        thread = threading.Thread(target=work, name="libra-dir-fsync", daemon=True)
+        thread.start()
+        self._early_syncs.append(thread)
+
+    def _join_early_syncs(self) -> None:
+        for thread in self._early_syncs:
+            thread.join()
+        self._early_syncs = []
+        if self._early_errors:
+            raise self._early_errors[0]
 
 
 def _all_files(root: Path, manifest: RunManifest) -> list[Path]:

@@ -118,7 +118,7 @@ def test_sigkill_at_random_points_of_an_import(tmp_path: Path) -> None:
     assert final.returncode == 0, err
     assert fingerprint(store) == expected[2]
     assert leftovers(store) == []
-    assert sorted(p.name for p in (store / "_runs").iterdir()) == ["crash.json", "crash.lock"]
+    assert sorted(p.name for p in (store / "_runs").iterdir()) == ["crash.lock", "crash.manifest"]
     print(f"import {duration:.2f} s; {KILLS} kills: {outcomes}")
 
 

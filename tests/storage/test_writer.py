@@ -33,13 +33,13 @@ def test_layout_and_metadata(tmp_path: Path) -> None:
     schema = pq.read_schema(paths[0])
     assert schema.metadata[b"libra.table"] == b"turns" and schema.metadata[b"libra.version"] == b"1"
     assert schema.field("gen_tokens").metadata == {b"doc": b"tokens generated in this turn", b"unit": b"tokens"}
-    manifest = json.loads((tmp_path / "_runs" / "r1.json").read_text())
+    manifest = json.loads(read_manifest(tmp_path, "r1").to_json())
     assert manifest == {"format": 1, "run": "r1", "generation": 1, "committed_at": manifest["committed_at"],
                         "origin": "steps", "tables": {"turns/v1": {"3": [1, 3, 50]}}}
-    assert _listing(tmp_path) == ["_runs/r1.json", "_runs/r1.lock"] + [
+    assert _listing(tmp_path) == ["_runs/r1.lock", "_runs/r1.manifest"] + [
         f"turns/v1/run=r1/step=00000003/part-00000001-0000{i}.parquet" for i in range(3)
     ]
-    assert (tmp_path / "_runs" / "r1.lock").read_bytes() == b""  # released cleanly
+    assert (tmp_path / "_runs" / "r1.lock").read_bytes() == b" " * 512  # released cleanly
 
 
 def test_manifest_round_trip() -> None:
@@ -51,6 +51,55 @@ def test_manifest_round_trip() -> None:
         "/s/turns/v1/run=r/step=00000012/part-00000003-00000.parquet",
     ]
     assert manifest.rows(TURNS) == 10 and manifest.files("/s", TRAJECTORIES) == []
+
+
+def test_manifest_slots(tmp_path: Path) -> None:
+    """Two slots, written in turn; a torn slot is ignored; a manifest that outgrows its slots moves
+    to a new file with twice the room."""
+    writer = StoreWriter(tmp_path, fsync=False)
+    path = tmp_path / "_runs" / "r.manifest"
+    writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 5))
+    assert path.stat().st_size == 8192  # two 4 KiB slots
+    writer.write_step("turns", "r", 1, synthetic_turns("r", 1, 5))
+    data = path.read_bytes()
+    assert data[:8] == data[4096:4104] == b"LIBRAMAN"  # generation 1 in slot 0, generation 2 in slot 1
+    assert read_manifest(tmp_path, "r").generation == 2
+    torn = bytearray(data)
+    torn[4096 + 100] ^= 0xFF  # a write of slot 1 cut short: generation 1 is in force again
+    path.write_bytes(bytes(torn))
+    assert (read_manifest(tmp_path, "r").generation, sorted(read_manifest(tmp_path, "r").steps(TURNS))) == (1, [0])
+    path.write_bytes(data)
+    inode = path.stat().st_ino
+    writer.write_run("turns", "r", pa.concat_tables([synthetic_turns("r", s, 1) for s in range(2, 400)]))
+    payload = len(read_manifest(tmp_path, "r").to_json())
+    assert 4096 < payload < 8192
+    room = -(-2 * (64 + payload) // 4096) * 4096  # outgrew 4 KiB: twice the room it needs, in whole pages
+    assert path.stat().st_ino != inode and path.stat().st_size == 2 * room == 2 * 12288
+    assert (read_manifest(tmp_path, "r").generation, len(read_manifest(tmp_path, "r").steps(TURNS))) == (3, 400)
+    with pytest.raises(LibraError, match="has no valid slot; re-import the run with --replace"):
+        path.write_bytes(b"\0" * 8192)
+        read_manifest(tmp_path, "r")
+
+
+def test_a_commit_cut_short_leaves_the_previous_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.manifest
+
+    writer = StoreWriter(tmp_path, fsync=False)
+    writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 5))
+    writer.write_step("turns", "r", 1, synthetic_turns("r", 1, 5))
+
+    def cut(fd: int, data: bytes, offset: int) -> int:  # the process dies half way through the slot
+        os.pwrite(fd, bytes(data)[: len(data) // 2], offset)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(storage.manifest, "_pwrite_all", cut)
+    with pytest.raises(KeyboardInterrupt):
+        writer.write_step("turns", "r", 0, synthetic_turns("r", 0, 50))
+    monkeypatch.undo()
+    assert _count(tmp_path, "r") == 10
+    assert sorted(read_manifest(tmp_path, "r").steps(TURNS).items()) == [(0, StepFiles(1, 1, 5)), (1, StepFiles(2, 1, 5))]
+    writer.write_step("turns", "r", 2, synthetic_turns("r", 2, 5))
+    assert _count(tmp_path, "r") == 15
 
 
 def test_rewriting_a_step_replaces_its_rows(tmp_path: Path) -> None:
@@ -130,7 +179,7 @@ def test_an_exception_aborts_the_transaction(tmp_path: Path) -> None:
             tx.write_step("turns", 5, synthetic_turns("r", 5, 10))
             tx.write_step("turns", 6, synthetic_turns("r", 6, 10).drop_columns(["gen_tokens"]))
     assert _listing(tmp_path) == before  # staged shards and the directories made for them are gone
-    assert (tmp_path / "_runs" / "r.lock").read_bytes() == b""
+    assert (tmp_path / "_runs" / "r.lock").read_bytes() == b" " * 512
     assert _count(tmp_path, "r") == 10
     with pytest.raises(RuntimeError):  # a new run that fails is not created
         with writer.transaction("fresh") as tx:
@@ -167,11 +216,11 @@ def test_uncommitted_files_are_invisible_and_swept(tmp_path: Path) -> None:
     (directory / "part-00000002-00000.parquet").write_bytes(b"PAR1 half a file")
     step_dir(tmp_path, TURNS, "r", 3).mkdir()
     pq.write_table(synthetic_turns("r", 3, 5), step_dir(tmp_path, TURNS, "r", 3) / "part-00000002-00000.parquet")
-    (tmp_path / "_runs" / ".r.json.999.deadbeef.tmp").write_text("{")
+    (tmp_path / "_runs" / ".r.manifest.999.deadbeef.tmp").write_text("{")
     (tmp_path / "_runs" / "r.lock").write_text(json.dumps({"pid": 999999, "purpose": "update (steps)", "since": 0}))
     assert _count(tmp_path, "r") == 10
     writer.write_step("turns", "r", 1, synthetic_turns("r", 1, 10))  # not blocked; sweeps what the dead writer left
-    assert _listing(tmp_path) == ["_runs/r.json", "_runs/r.lock",
+    assert _listing(tmp_path) == ["_runs/r.lock", "_runs/r.manifest",
                                   "turns/v1/run=r/step=00000000/part-00000001-00000.parquet",
                                   "turns/v1/run=r/step=00000001/part-00000002-00000.parquet"]
     assert _count(tmp_path, "r") == 20
