@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from cli.format import render_table, rows_json
 from libra.config import LibraConfig, default_config_yaml
@@ -48,7 +49,10 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     query.add_argument("--max-rows", type=int, default=100, metavar="N", help="rows to show in table output (default 100)")
     query.set_defaults(handler=cmd_query)
 
-    runs = sub.add_parser("runs", parents=[parent], help="list the runs in the store", description="List the runs in the store.")
+    runs = sub.add_parser(
+        "runs", parents=[parent], help="list the runs in the store",
+        description="List the runs in the store whose data is committed (what queries see).",
+    )
     runs.add_argument("--json", action="store_true", help="print a JSON list")
     runs.set_defaults(handler=cmd_runs)
 
@@ -118,9 +122,13 @@ def cmd_query(args: argparse.Namespace, config: LibraConfig) -> int:
 
 
 def cmd_runs(args: argparse.Namespace, config: LibraConfig) -> int:
-    from storage.catalog import list_runs
+    from storage.catalog import list_runs, uncommitted_runs
 
     runs = list_runs(config.store.root)
+    hidden = uncommitted_runs(config.store.root)
+    if hidden:
+        print(f"libra: note: not listed, no committed import: {', '.join(hidden)} (an import still running or killed, "
+              "or written before run manifests; import again to use)", file=sys.stderr)
     if args.json:
         print(json.dumps(runs))
     elif runs:

@@ -30,7 +30,7 @@ import duckdb
 import pyarrow as pa
 
 from libra.errors import LibraError
-from storage.manifest import RunManifest, committed_runs, manifests_signature, read_manifest
+from storage.manifest import RunManifest, committed_runs, manifests_signature, read_manifest, table_dir
 from storage.schemas import TABLES, TableSchema
 from storage.writer import check_run_name
 
@@ -45,6 +45,15 @@ class QueryRefused(LibraError):
 def list_runs(root: str | Path) -> list[str]:
     """Runs whose data is committed (a manifest exists), sorted."""
     return committed_runs(root)
+
+
+def uncommitted_runs(root: str | Path) -> list[str]:
+    """Runs that have files but no committed manifest, sorted: an import still running or killed
+    before its commit, or a store written before manifests existed. Nothing reads them."""
+    committed = set(committed_runs(root))
+    found = {d.name.removeprefix("run=") for schema in TABLES.values() if (base := table_dir(root, schema)).is_dir()
+             for d in base.glob("run=*") if d.is_dir()}
+    return sorted(found - committed)
 
 
 def check_read_only(sql: str) -> None:

@@ -350,8 +350,12 @@ class Holder:
         return f"pid {self.pid}, {self.purpose}, since {time.strftime('%H:%M:%S', time.localtime(self.since))}"
 
     def record(self) -> bytes:
-        raw = json.dumps({"pid": self.pid, "purpose": self.purpose[:300], "since": self.since}).encode()
-        return raw.ljust(_RECORD_BYTES)
+        purpose = self.purpose
+        while True:  # a record fills exactly _RECORD_BYTES: shorten a long purpose
+            raw = json.dumps({"pid": self.pid, "purpose": purpose, "since": self.since}).encode()
+            if len(raw) <= _RECORD_BYTES:
+                return raw.ljust(_RECORD_BYTES)
+            purpose = purpose[: len(purpose) // 2]
 
     @staticmethod
     def parse(raw: bytes) -> Holder | None:

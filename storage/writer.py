@@ -358,6 +358,8 @@ class RunTransaction:
         def work() -> None:
             try:
                 fsync_paths(directories)
+            except FileNotFoundError:
+                pass  # removed since (a step staged again): the directory made again is synced anew
             except BaseException as exc:  # re-raised by _join_early_syncs
                 self._early_errors.append(exc)
 

@@ -2,6 +2,7 @@
 replaces it whole; an import does not wait for another writer of the run."""
 
 import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -97,3 +98,22 @@ def test_an_import_does_not_wait_for_another_writer(tmp_path: Path) -> None:
     assert list_runs(tmp_path / "store") == []
     import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
     assert list_runs(tmp_path / "store") == ["s"]
+
+
+def test_runs_lists_committed_runs_and_notes_the_others(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from cli.main import main
+
+    store = tmp_path / "store"
+    import_trace(small_trace(tmp_path / "t.csv"), "s", StoreConfig(root=str(store), fsync=False), prompts_per_step=1)
+    legacy = store / "turns" / "v1" / "run=old" / "step=00000000"  # a store written before manifests
+    legacy.mkdir(parents=True)
+    (legacy / "part-00000.parquet").write_bytes((next((store / "turns").rglob("*.parquet"))).read_bytes())
+    assert main(["runs", "--store", str(store), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == ["s"]
+    assert err == ("libra: note: not listed, no committed import: old (an import still running or killed, or written "
+                   "before run manifests; import again to use)\n")
+    import_trace(small_trace(tmp_path / "t.csv"), "old", StoreConfig(root=str(store), fsync=False), prompts_per_step=1)
+    assert sorted(p.name for p in legacy.iterdir()) == ["part-00000001-00000.parquet"]  # the old file was swept
+    assert main(["runs", "--store", str(store)]) == 0
+    assert capsys.readouterr() == ("old\ns\n", "")
