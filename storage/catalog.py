@@ -113,7 +113,8 @@ class Catalog:
         """(Re)define the views on a fresh, locked connection from the manifests as committed now."""
         signature = manifests_signature(self.root, self.run)  # before reading: a later commit shows as a change
         manifests = self._manifests()
-        files = {name: [p for m in manifests for p in m.files(self.root, schema)] for name, schema in TABLES.items()}
+        root = self.root.absolute()  # the views keep working if the process changes directory
+        files = {name: [p for m in manifests for p in m.files(root, schema)] for name, schema in TABLES.items()}
         con = duckdb.connect(
             database=":memory:",
             config={

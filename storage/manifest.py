@@ -1,8 +1,8 @@
 """Run manifests and run locks: what a committed run is made of, and who may change it.
 
-A run is exactly what its manifest lists. The manifest names, for each
-table (and schema version) and each step, the generation that wrote the step, its number of shards
-and rows; the files themselves are
+A run is exactly what its manifest lists. The manifest names, for each table (and schema
+version) and each step, the generation that wrote the step, its number of shards and rows; the
+files themselves are
 
     <root>/<table>/v<version>/run=<run>/step=<step:08d>/part-<generation:08d>-<shard:05d>.parquet
 
@@ -20,7 +20,7 @@ writer killed mid-write, or a power loss, leaves that slot invalid and the previ
 force, and a reader that reads while a slot is being written finds it invalid and takes the other
 one. So every change (one step, or every table and step of an import) becomes visible at once or
 not at all. The run's first commit, and a manifest outgrowing its slots, write a whole new file
-(capacity doubled) under a temporary name and rename it into place. With fsync the new shards
+(with twice the room the manifest needs) under a temporary name and rename it into place. With fsync the new shards
 and the directories that gained entries are fsynced before the slot is written, so a committed
 manifest never lists a file a power loss could take away; a commit then costs one fsync round
 for the data and one for the slot, as a shard renamed into place did before manifests.
@@ -85,7 +85,7 @@ class RunManifest:
     run: str
     generation: int  # the commit that wrote this manifest; 1 for a run's first commit
     committed_at: float  # Unix time of the commit
-    origin: str  # what wrote the run ("import data/x.csv (prompts_per_step=8)", "steps", ...)
+    origin: str  # what wrote the run: "import of x.csv, prompts_per_step=8", "steps", ...
     tables: Mapping[str, Mapping[int, StepFiles]] = field(default_factory=dict)
 
     def steps(self, schema: TableSchema) -> Mapping[int, StepFiles]:

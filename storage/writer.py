@@ -155,7 +155,7 @@ class StoreWriter:
         self, run: str, *, mode: WriteMode = "update", origin: str = "steps", wait_s: float | None = None
     ) -> Iterator[RunTransaction]:
         """Hold the run's lock, stage writes, and commit them together when the block ends
-        (abort them if it raises). `origin` says what wrote the run (`libra runs` shows it);
+        (abort them if it raises). `origin` says what wrote the run (a refused import names it);
         `wait_s` overrides `lock_wait_s` (0: refuse at once when another writer holds the run)."""
         check_run_name(run)
         if mode not in ("update", "create", "replace"):
