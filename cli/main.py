@@ -1,42 +1,73 @@
 """`libra`: one command, a subcommand per capability, `--help` everywhere.
 
-User mistakes (bad arguments, configs, input files, SQL) print one line, `libra: error: ...`, and
-exit with status 2. Heavy imports (Prefect, MLflow) happen inside the subcommands that need them.
+Every bad input ends the same way: one line on stderr, `libra: error: <what is wrong>`, exit status
+2, no traceback, nothing written. That covers argparse's own complaints (this parser prints one line
+instead of the usage block), `LibraError`s raised anywhere (bad configs, input files, SQL, arguments
+out of range) and the operating system's refusals (`OSError`: a store on a read-only disk, a path
+that is a directory). The message is printed on one line whatever it quotes (control characters are
+escaped). Ctrl-C prints `libra: interrupted` and exits with 130, also while heavy modules are still
+being imported: this module imports nothing heavy at the top, the subcommands are imported inside
+`main`. Python drops a KeyboardInterrupt that lands in a weakref callback or a finalizer (it can,
+during imports) and prints "Exception ignored"; `main` delivers such a one again, in the main thread,
+and a second Ctrl-C ends the process at once, with the same line. Anything else is a bug and keeps
+its traceback; `LIBRA_DEBUG=1` shows tracebacks for the mapped errors too.
 """
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
 
-from cli import (
-    plan_command,
-    pool_command,
-    rollout_command,
-    router_command,
-    run_command,
-    simulate_command,
-    store_commands,
-    tree_command,
-)
-from libra import __version__
-from libra.config import LibraConfig, load_config
-from libra.errors import LibraError
+if TYPE_CHECKING:
+    from libra.config import LibraConfig
 
-Handler = Callable[[argparse.Namespace, LibraConfig], int]
+MAX_MESSAGE_CHARS = 2_000
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the subcommand's --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"libra: error: {one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters escaped (a newline in a quoted file name stays on the line), cut
+    to MAX_MESSAGE_CHARS."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
 
 
 def common_options() -> argparse.ArgumentParser:
     """Options every subcommand takes."""
-    parent = argparse.ArgumentParser(add_help=False)
+    parent = Parser(add_help=False)
     parent.add_argument("--config", metavar="FILE", help="YAML config (default: the embedded defaults, as in configs/default.yaml)")
     parent.add_argument("--store", metavar="DIR", help="store root directory (overrides store.root)")
     return parent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from cli import (
+        plan_command,
+        pool_command,
+        rollout_command,
+        router_command,
+        run_command,
+        simulate_command,
+        store_commands,
+        tree_command,
+    )
+    from libra import __version__
+
+    parser = Parser(
         prog="libra",
         description="Libra manages GPUs for agentic RL post-training: a resource planner, causal routing "
         "of trajectories at tool returns, and an elastic hybrid pool. Trajectory statistics live in a "
@@ -57,25 +88,94 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> LibraConfig:
+    from libra.config import load_config
+
     overrides = {"store.root": args.store} if getattr(args, "store", None) else {}
     return load_config(getattr(args, "config", None), overrides)
 
 
+def fail(message: str, code: int = 2) -> int:
+    print(f"libra: {one_line(message)}", file=sys.stderr, flush=True)
+    return code
+
+
+class _Interrupts:
+    """SIGINT handler: the first raises KeyboardInterrupt, as Python's does; the next exits at once.
+    Also the unraisable hook: a KeyboardInterrupt Python had to drop is delivered again."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.hook = sys.unraisablehook
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.seen += 1
+        if self.seen > 1:
+            os.write(2, b"libra: interrupted\n")
+            os._exit(130)
+        raise KeyboardInterrupt
+
+    def unraisable(self, unraisable: sys.UnraisableHookArgs) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            self.seen -= 1  # it did not stop anything: the next delivery is the first again
+            # from another thread, a moment later, so that it lands once the main thread is back in
+            # ordinary code (raised from here, it would be dropped again)
+            _thread.start_new_thread(_interrupt_soon, ())
+            return
+        self.hook(unraisable)
+
+
+def _interrupt_soon() -> None:
+    time.sleep(0.01)
+    _thread.interrupt_main(signal.SIGINT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    interrupts = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        interrupts = _Interrupts()
+        signal.signal(signal.SIGINT, interrupts)
+        sys.unraisablehook = interrupts.unraisable
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    except BrokenPipeError:
+        # the reader of stdout went away (`libra query ... | head`): stop quietly, and keep Python from
+        # complaining when it flushes stdout at exit
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
+    finally:
+        if interrupts is not None:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            sys.unraisablehook = interrupts.hook
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from libra.errors import LibraError
+
+    args = build_parser().parse_args(argv)
+    debug = bool(os.environ.get("LIBRA_DEBUG"))
     try:
         config = config_from_args(args)
-        handler: Handler = args.handler
-        return handler(args, config)
+        return args.handler(args, config)
     except LibraError as exc:
-        print(f"libra: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("libra: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
+        if debug:
+            raise
+        return fail(f"error: {exc}")
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except OSError as exc:
+        if debug:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        return fail(f"error: {exc.strerror or exc}{where}")
+    except MemoryError:
+        if debug:
+            raise
+        return fail("error: out of memory; the input is too large for this machine")
 
 
 if __name__ == "__main__":

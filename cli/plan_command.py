@@ -34,13 +34,20 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     plan.set_defaults(handler=cmd_plan)
 
 
+def read_trace_with_progress(path: str, quiet: bool):
+    """`libra.traces.read_trace` with a progress bar on a terminal (in MiB read)."""
+    from cli.progress import progress
+    from libra.traces import read_trace
+
+    with progress(f"reading {path}", quiet=quiet) as bar:
+        return read_trace(path, progress=lambda done, total: bar.update(done / 2**20, total / 2**20, "MiB"))
+
+
 def _lengths(args: argparse.Namespace, config: LibraConfig) -> tuple[list, str]:
     from libra.planner.workload import lengths_from_rows, lengths_from_trajectories
 
     if args.trace:
-        from libra.traces import read_trace
-
-        trace = read_trace(args.trace)
+        trace = read_trace_with_progress(args.trace, quiet=args.json)
         return lengths_from_trajectories(trace.trajectories), f"trace {args.trace}"
     from storage.catalog import Catalog
     from storage.queries import run_named
@@ -62,6 +69,16 @@ def _timing_samples(args: argparse.Namespace, config: LibraConfig) -> list:
 
 
 def cmd_plan(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.streams import json_stdout
+
+    with json_stdout(args.json) as out:
+        payload = make_plan(args, config)
+        print(json.dumps(payload) if args.json else render_plan(payload), file=out)
+    return 0
+
+
+def make_plan(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
+    from cli.checks import in_range
     from libra.planner.planner import Planner
     from libra.planner.profiles import model_profile, parse_cluster
     from libra.planner.settings import cost_model, planner_settings
@@ -73,11 +90,12 @@ def cmd_plan(args: argparse.Namespace, config: LibraConfig) -> int:
     settings = planner_settings(config.planner)
     if args.mode:
         settings = replace(settings, mode=args.mode)
+    in_range("--batch", args.batch, 1, 1_000_000)  # planner.batch_trajectories' range
     batch = args.batch if args.batch is not None else config.planner.batch_trajectories
-    if batch < 1:
-        raise LibraError(f"--batch must be >= 1, got {batch}")
     lengths, source = _lengths(args, config)
     workload = build_workload(lengths, batch)
+    if workload.tokens <= 0:
+        raise LibraError(f"{source}: every trajectory has 0 tokens; there is nothing to plan for")
     cost = cost_model(cluster, model, config.planner)
     calibration = None
     if args.calibrate:
@@ -94,8 +112,7 @@ def cmd_plan(args: argparse.Namespace, config: LibraConfig) -> int:
     if calibration is not None:
         payload["calibration"] = {"coefficients": asdict(calibration.coefficients), "samples": calibration.samples,
                                   "mean_abs_rel_error": calibration.mean_abs_rel_error}
-    print(json.dumps(payload) if args.json else render_plan(payload))
-    return 0
+    return payload
 
 
 def _check_feasible(plan: Any, cost: Any, workload: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from typing import Any
 
@@ -67,12 +68,26 @@ def parse_kills(items: list[str], hybrids: int) -> list[tuple[str, int]]:
 
 
 def cmd_pool(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.streams import json_stdout
+
+    with json_stdout(args.json) as out:
+        summary, result = run_pool(args, config)
+        print(json.dumps(summary) if args.json else render(summary, result), file=out)
+    return 0
+
+
+def run_pool(args: argparse.Namespace, config: LibraConfig) -> tuple[dict[str, Any], Any]:
+    from cli.checks import in_range
     from libra.pools.pool import ElasticPool, events_table
     from libra.pools.task import RegressionTask
     from storage.ingest import writer_for
     from storage.writer import check_run_name
 
     settings = config.pool
+    for flag, value, high in (("--steps", args.steps, 1_000_000), ("--core", args.core, 4_096),
+                              ("--hybrids", args.hybrids, 4_096), ("--hidden", args.hidden, 65_536),
+                              ("--batch", args.batch, 1_000_000), ("--pace", args.pace, 60.0)):
+        in_range(flag, value, -math.inf, high)  # the least values are checked below, together
     core = args.core if args.core is not None else settings.core_ranks
     hybrids = args.hybrids if args.hybrids is not None else settings.hybrids
     if args.steps < 1 or core < 1 or hybrids < 0 or args.hidden < 1 or args.batch < core + hybrids or args.pace < 0:
@@ -120,8 +135,7 @@ def cmd_pool(args: argparse.Namespace, config: LibraConfig) -> int:
             (result.model[k] - reference.model[k]).abs().max().item() for k in result.model)
     if not args.no_track:
         summary["mlflow_run_id"] = track(summary, result, args, config, schedule)
-    print(json.dumps(summary) if args.json else render(summary, result))
-    return 0
+    return summary, result
 
 
 def summarize(result: Any, run: str, wall: float, core: int, hybrids: int) -> dict[str, Any]:

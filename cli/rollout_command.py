@@ -56,18 +56,20 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
     from dataclasses import replace
 
+    from cli.checks import in_range
+    from cli.progress import progress
     from libra.rollout.policy import PolicySettings, init_policy
 
     settings = PolicySettings()
+    in_range("--steps", args.steps, 1, 1_000_000)
+    in_range("--demos", args.demos, settings.batch, 1_000_000)
     if args.steps is not None:
-        if args.steps < 1:
-            raise LibraError(f"--steps must be >= 1, got {args.steps}")
         settings = replace(settings, steps=args.steps)
     if args.demos is not None:
-        if args.demos < settings.batch:
-            raise LibraError(f"--demos must be >= {settings.batch}, got {args.demos}")
         settings = replace(settings, demos_per_env=args.demos)
-    record = init_policy(args.out, settings)
+    with progress("training the policy") as bar:
+        record = init_policy(args.out, settings, log=bar.echo,
+                             progress=lambda done, steps, loss: bar.update(done, steps, f"loss {loss:.3f}"))
     print(f"policy in {args.out}: {record['parameters']:,} parameters, {record['demonstrations']} demonstrations, "
           f"final loss {record['final_loss']:.3f}, built in {record['train_s']:.0f} s")
     return 0
@@ -94,6 +96,16 @@ def split_gpus(instances: int) -> list[list[int]]:
 
 
 def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.streams import json_stdout
+
+    with json_stdout(args.json) as out:
+        summary = roll_out(args, config)
+        print(json.dumps(summary) if args.json else render(summary), file=out)
+    return 0
+
+
+def roll_out(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
+    from cli.checks import in_range
     from libra.rollout.envs import ENVS, expert_bounds, make_env
     from libra.scheduler.policies import Buckets
     from libra.scheduler.replay import POLICIES, make_router
@@ -101,32 +113,30 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
 
     if args.env not in ENVS:
         raise LibraError(f"unknown environment {args.env!r}; environments: {', '.join(ENVS)}")
-    for flag, value in (("--prompts", args.prompts), ("--samples", args.samples), ("--batches", args.batches),
-                        ("--instances", args.instances), ("--max-turns", args.max_turns)):
-        if value < 1:
-            raise LibraError(f"{flag} must be >= 1, got {value}")
+    for flag, value, high in (("--prompts", args.prompts, 10_000), ("--samples", args.samples, 1_024),
+                              ("--batches", args.batches, 10_000), ("--instances", args.instances, 256),
+                              ("--max-turns", args.max_turns, 1_000)):
+        in_range(flag, value, 1, high)
+    in_range("--temperature", args.temperature, 0.0, 100.0)
     if args.router not in POLICIES or args.router == "oracle":
         raise LibraError(f"unknown router {args.router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
-    if args.temperature < 0:
-        raise LibraError(f"--temperature must be >= 0, got {args.temperature}")
     policy = Path(args.policy)
-    if not (policy / "config.json").exists():
+    if not (policy / "config.json").is_file():
         raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` first (or pass --policy DIR "
                          "with an HF-format checkpoint)")
     run_name = check_run_name(args.run or time.strftime(f"rollout-{args.env}-%Y%m%d-%H%M%S"))
+    buckets_given = None
+    if args.buckets != "auto":
+        from cli.router_command import parse_buckets
+
+        buckets_given = Buckets(tuple(parse_buckets(args.buckets) or ()))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    if args.buckets == "auto":
-        buckets = Buckets(expert_bounds(make_env(args.env, config.sandbox), args.instances, tokenizer))
-    else:
-        try:
-            buckets = Buckets(tuple(int(b) for b in args.buckets.split(",")))
-        except ValueError as exc:
-            raise LibraError(f"--buckets {args.buckets!r}: expected 'auto' or increasing token counts B1,B2,...") from exc
+    buckets = buckets_given or Buckets(expert_bounds(make_env(args.env), args.instances, tokenizer))
     engines = make_engines(args.engine, policy, args.instances, args.device)
     try:
-        summary = run_batches(args, config, engines, tokenizer, make_env(args.env, config.sandbox),
+        summary = run_batches(args, config, engines, tokenizer, make_env(args.env),
                               make_router(args.router, buckets, {}, config.scheduler), run_name)
     finally:
         for engine in engines:
@@ -134,8 +144,7 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
     summary["buckets"] = list(buckets.bounds)
     if not args.no_track:
         summary["mlflow_run_id"] = track(summary, args, config)
-    print(json.dumps(summary) if args.json else render(summary))
-    return 0
+    return summary
 
 
 def make_engines(kind: str, policy: Path, instances: int, device: str = "cpu") -> list:

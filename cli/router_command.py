@@ -12,6 +12,8 @@ from typing import Any
 from libra.config import LibraConfig
 from libra.errors import LibraError
 
+MAX_DECISIONS = 20_000_000  # routing decisions one router's replay may record (about 100 bytes each)
+
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     cmd = sub.add_parser(
@@ -45,16 +47,33 @@ def parse_buckets(text: str) -> list[int] | None:
 
 
 def evaluate_trace(path: str, config: LibraConfig, buckets: str = "auto", order: str = "group",
-                   policies: list[str] | None = None, prompts_per_step: int | None = None) -> dict[str, Any]:
-    from libra.scheduler.replay import POLICIES, replay
-    from libra.traces import read_trace
+                   policies: list[str] | None = None, prompts_per_step: int | None = None,
+                   quiet: bool = True) -> dict[str, Any]:
+    """Replay the trace through the routers; progress on a terminal unless `quiet`."""
+    from cli.checks import in_range
+    from cli.plan_command import read_trace_with_progress
+    from cli.progress import progress
+    from libra.scheduler.replay import POLICIES, parse_order, replay
 
-    trace = read_trace(path)
+    in_range("--prompts-per-step", prompts_per_step, 1, 100_000)  # traces.prompts_per_step's range
     per_step = prompts_per_step if prompts_per_step is not None else config.traces.prompts_per_step
-    if per_step < 1:
-        raise LibraError(f"--prompts-per-step must be >= 1, got {per_step}")
-    result = replay(trace.trajectories, prompts_per_step=per_step, order=order, bounds=parse_buckets(buckets),
-                    policies=policies or list(POLICIES), settings=config.scheduler, timer=time.perf_counter_ns)
+    epochs = parse_order(order)
+    bounds = parse_buckets(buckets)
+    names = policies or list(POLICIES)
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise LibraError(f"unknown router(s) {', '.join(unknown)}; routers: {', '.join(POLICIES)}")
+    trace = read_trace_with_progress(path, quiet)
+    if epochs * trace.rows > MAX_DECISIONS:
+        raise LibraError(f"--order {order}: {epochs:,} epochs of {trace.rows:,} turns make up to {epochs * trace.rows:,} "
+                         f"routing decisions per router, more than the {MAX_DECISIONS:,} a replay may hold; "
+                         "use fewer epochs")
+    with progress("replaying", quiet=quiet) as bar:
+        def step_done(name: str, done: int, steps: int) -> None:
+            bar.update(names.index(name) * steps + done, len(names) * steps, f"{name} step {done}/{steps}")
+
+        result = replay(trace.trajectories, prompts_per_step=per_step, order=order, bounds=bounds,
+                        policies=names, settings=config.scheduler, timer=time.perf_counter_ns, progress=step_done)
 
     def clean(value: Any) -> Any:
         return None if isinstance(value, float) and math.isnan(value) else value
@@ -71,11 +90,17 @@ def evaluate_trace(path: str, config: LibraConfig, buckets: str = "auto", order:
 
 
 def cmd_eval_router(args: argparse.Namespace, config: LibraConfig) -> int:
-    policies = [p.strip() for p in args.policies.split(",")] if args.policies else None
-    report = evaluate_trace(args.trace, config, args.buckets, args.order, policies, args.prompts_per_step)
-    if args.json:
-        print(json.dumps(report))
-        return 0
+    from cli.streams import json_stdout
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies is not None else None
+    if policies == []:
+        raise LibraError(f"--policies {args.policies!r}: name at least one router, or leave --policies out for all")
+    with json_stdout(args.json) as out:
+        report = evaluate_trace(args.trace, config, args.buckets, args.order, policies, args.prompts_per_step,
+                                quiet=args.json)
+        if args.json:
+            print(json.dumps(report), file=out)
+            return 0
     print(f"{report['trace']}: {report['steps']} steps ({report['warmup_steps']} warm-up), order {report['order']}, "
           f"bucket bounds {report['buckets']} tokens")
     print(f"{'router':<27} {'accuracy':>8} {'balanced':>8} {'rank':>6} {'migrated':>8} {'decisions':>9} {'p50 us':>7} {'p99 us':>7}")

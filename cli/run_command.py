@@ -1,4 +1,9 @@
-"""`libra run`: the main job on embedded defaults."""
+"""`libra run`: the main job on embedded defaults.
+
+Every trace is read and validated before Prefect starts, so a bad trace is one line and nothing is
+written (not even the traces before it). The flow's log lines are held while it runs (see
+`cli.runtime.held_logs`): an expected error is the one line it makes, not Prefect's log of it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,9 @@ import json
 import os
 
 from libra.config import LibraConfig
+from libra.errors import LibraError
+
+EXPECTED = (LibraError, OSError, MemoryError, KeyboardInterrupt)  # what cli.main turns into one line
 
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -24,24 +32,38 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_run(args: argparse.Namespace, config: LibraConfig) -> int:
-    from cli.runtime import prepare_runtime
+    from cli.plan_command import read_trace_with_progress
+    from cli.runtime import held_logs, prepare_runtime, start_prefect
+    from cli.streams import json_stdout
 
-    prepare_runtime(config)
-    from flows.trace_analysis import bundled_traces, experiment_name, trace_analysis_flow
+    with json_stdout(args.json) as out:
+        traces = args.traces
+        if not traces:
+            from libra.traces import bundled_traces
 
-    traces = args.traces or [str(p) for p in bundled_traces()]
-    summaries = trace_analysis_flow(traces=traces, config_json=config.model_dump_json())
-    if args.json:
-        print(json.dumps(summaries))
-    else:
+            traces = [str(p) for p in bundled_traces()]
+        if not traces:
+            raise LibraError("no trace files: pass --traces FILE.csv ... (the bundled data/traces/*.csv are missing)")
+        for path in traces:
+            read_trace_with_progress(path, quiet=args.json)
+        prepare_runtime(config)
+        from flows.trace_analysis import experiment_name, trace_analysis_flow
+
+        start_prefect()
+        with held_logs(EXPECTED):
+            summaries = trace_analysis_flow(traces=traces, config_json=config.model_dump_json())
+        if args.json:
+            print(json.dumps(summaries), file=out)
+            return 0
         import pyarrow as pa
 
         from cli.format import render_table
 
-        print(render_table(pa.Table.from_pylist(summaries)))
+        print(render_table(pa.Table.from_pylist(summaries)), file=out)
         print(
             f"store: {config.store.root} (try: libra query --run {summaries[0]['run']} --named tool_statistics)\n"
             f"MLflow: {os.environ['MLFLOW_TRACKING_URI']}, experiment {experiment_name(config)!r} "
-            f"(browse: mlflow ui --backend-store-uri {os.environ['MLFLOW_TRACKING_URI']})"
+            f"(browse: mlflow ui --backend-store-uri {os.environ['MLFLOW_TRACKING_URI']})",
+            file=out,
         )
     return 0

@@ -1,12 +1,28 @@
 """Process environment for Prefect and MLflow on embedded defaults: local files, no server, no telemetry.
 
-Called once by CLI commands that run flows, before Prefect or MLflow is imported. Values already set
-in the environment win, so a user pointing at a Prefect server or MLflow server keeps them.
+`prepare_runtime` is called by CLI commands that track runs, before Prefect or MLflow is imported.
+Values already set in the environment win, so a user pointing at a Prefect server or MLflow server
+keeps them. Both libraries log at WARNING (to stderr, like every log line of `libra`).
+
+Two `libra` processes may start at once in a fresh directory, and both libraries create and migrate
+their SQLite databases on first use, which is not safe twice at once (MLflow's migration fails with
+"Online migration expected to match one row", Prefect's servers race likewise). So the first use is
+serialised with a file lock: `prepare_runtime` opens MLflow's store (creating its tables) under a
+lock beside the database file, and `start_prefect` starts Prefect's temporary server (which migrates
+Prefect's database before it answers) under a lock in PREFECT_HOME, before any flow needs it. A
+second process waits on the lock and then finds the databases ready.
+
+`held_logs` keeps the log lines of a flow from the terminal while it runs, and prints them after
+it, unless it ended with an expected error: then the CLI's one line says all (Prefect otherwise
+logs the exception, with its traceback, before the CLI gets to say anything).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from libra.config import LibraConfig
@@ -19,12 +35,17 @@ def prepare_runtime(config: LibraConfig) -> None:
         "PREFECT_HOME": str(prefect_home),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "WARNING",
+        # Prefect gives its temporary server 20 s to answer; a loaded machine (or a second run
+        # starting beside the first) can take longer
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "MLFLOW_TRACKING_URI": absolute_tracking_uri(config.tracking.tracking_uri),
+        "MLFLOW_LOGGING_LEVEL": "WARNING",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "DO_NOT_TRACK": "1",
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    open_mlflow_store(os.environ["MLFLOW_TRACKING_URI"])
 
 
 def absolute_tracking_uri(uri: str) -> str:
@@ -36,3 +57,93 @@ def absolute_tracking_uri(uri: str) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         return prefix + str(path)
     return uri
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (created if missing) for the block; other processes wait. The
+    kernel releases it if the process dies. Without fcntl (not POSIX) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def open_mlflow_store(uri: str) -> None:
+    """Open MLflow's tracking store once, creating a SQLite database's tables under a lock."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return  # a server or another backend: nothing to create here
+    import mlflow
+
+    with file_lock(Path(uri[len(prefix):] + ".lock")):
+        mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+
+
+def start_prefect() -> None:
+    """Start Prefect's temporary server (when no PREFECT_API_URL is set) under a lock in PREFECT_HOME;
+    the flows of this process then use it. Call after `prepare_runtime`."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    with file_lock(Path(os.environ["PREFECT_HOME"]) / "libra-start.lock"):
+        SubprocessASGIServer().start()
+
+
+class _Hold(logging.Filter):
+    """Attached to a handler: keeps each record it sees for later instead of letting it through."""
+
+    def __init__(self, handler: logging.Handler, held: list[tuple[logging.Handler, logging.LogRecord]]) -> None:
+        super().__init__()
+        self.handler = handler
+        self.held = held
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.held.append((self.handler, record))
+        return False
+
+
+def _stream_handlers() -> list[logging.Handler]:
+    """Every handler that writes to a stream, on the root logger or any logger created so far."""
+    loggers = [logging.getLogger()] + [
+        logger for logger in list(logging.Logger.manager.loggerDict.values()) if isinstance(logger, logging.Logger)]
+    found: dict[int, logging.Handler] = {}
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler):
+                found[id(handler)] = handler
+    return list(found.values())
+
+
+@contextmanager
+def held_logs(expected: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """Hold back what stream handlers would print while the block runs (configure logging first:
+    handlers added later are not held). If the block ends with one of `expected`, the held lines
+    are dropped; otherwise (success, or a bug) they are printed after it, in order."""
+    held: list[tuple[logging.Handler, logging.LogRecord]] = []
+    holds = [_Hold(handler, held) for handler in _stream_handlers()]
+    for hold in holds:
+        hold.handler.addFilter(hold)
+    drop = False
+    try:
+        yield
+    except expected:
+        drop = True
+        raise
+    finally:
+        for hold in holds:
+            hold.handler.removeFilter(hold)
+        if not drop:
+            for handler, record in held:
+                handler.handle(record)

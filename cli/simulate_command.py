@@ -10,6 +10,8 @@ from typing import Any
 from libra.config import LibraConfig
 from libra.errors import LibraError
 
+MAX_TRAJECTORIES = 5_000_000  # simulated trajectories of a whole run (all held in memory)
+
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     cmd = sub.add_parser(
@@ -67,6 +69,19 @@ def render(summary: dict[str, Any]) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.streams import json_stdout
+
+    with json_stdout(args.json) as out:
+        summary, wall, run_name = run_simulation(args, config)
+        print(json.dumps(summary) if args.json else render(summary) +
+              f"\nsimulated in {wall:.1f} s; store run {run_name!r}", file=out)
+    return 0
+
+
+def run_simulation(args: argparse.Namespace, config: LibraConfig) -> tuple[dict[str, Any], float, str]:
+    from cli.checks import in_range
+    from cli.progress import progress
+    from libra.errors import InfeasibleError
     from libra.planner.profiles import model_profile, parse_cluster
     from libra.planner.settings import cost_model, planner_settings, trigger_settings
     from libra.sim.policies import POLICIES
@@ -74,22 +89,36 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
     from libra.sim.workloads import workload_spec
     from storage.writer import check_run_name
 
-    if args.steps < 1:
-        raise LibraError(f"--steps must be >= 1, got {args.steps}")
-    for flag, value in (("--group-size", args.group_size), ("--prompts-per-step", args.prompts_per_step)):
-        if value is not None and value < 1:
-            raise LibraError(f"{flag} must be >= 1, got {value}")
-    policies = list(POLICIES) if args.policies == "all" else [p.strip() for p in args.policies.split(",") if p.strip()]
+    in_range("--steps", args.steps, 1, 100_000)
+    in_range("--group-size", args.group_size, 1, 4_096)
+    in_range("--prompts-per-step", args.prompts_per_step, 1, 100_000)
+    policies = list(POLICIES) if args.policies == "all" else list(dict.fromkeys(
+        p.strip() for p in args.policies.split(",") if p.strip()))
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise LibraError(f"unknown policies {', '.join(unknown) or '(none given)'}; policies: all, {', '.join(POLICIES)}")
     cluster, model = parse_cluster(args.cluster), model_profile(args.model)
     spec = workload_spec(args.workload, args.group_size, args.prompts_per_step)
+    if not spec.name.startswith("trace:"):
+        total = args.steps * spec.group_size * spec.prompts_per_step
+        if total > MAX_TRAJECTORIES:
+            raise LibraError(f"{args.steps:,} steps of {spec.prompts_per_step:,} prompts x {spec.group_size:,} samples are "
+                             f"{total:,} trajectories, more than the {MAX_TRAJECTORIES:,} a simulation may hold; "
+                             "use fewer steps, prompts or samples")
     run_name = check_run_name(args.run or f"sim-{args.workload.replace(':', '-').replace('/', '-')}-{args.seed}"[:128])
     cost = cost_model(cluster, model, config.planner)
     started = time.perf_counter()
-    runs = simulate(spec, cost, args.steps, policies, args.seed, planner_settings(config.planner),
-                    trigger_settings(config.planner))
+    with progress("simulating", quiet=args.json) as bar:
+        def step_done(policy: str, step: int) -> None:
+            bar.update(policies.index(policy) * args.steps + step + 1, len(policies) * args.steps,
+                       f"{policy} step {step + 1}/{args.steps}")
+
+        try:
+            runs = simulate(spec, cost, args.steps, policies, args.seed, planner_settings(config.planner),
+                            trigger_settings(config.planner), progress=step_done)
+        except InfeasibleError as exc:
+            raise LibraError(f"{model.name} cannot run on {args.cluster} with workload {args.workload}: {exc}; "
+                             "use more or larger GPUs, a smaller model or shorter trajectories") from None
     wall = time.perf_counter() - started
     summary = summarize(runs, cluster.gpus, args.workload)
     summary["simulation_wall_s"] = wall
@@ -104,6 +133,4 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
 
         summary["mlflow_parent_run_id"] = record_mlflow(runs, summary, args, config)
     summary["store_run"] = run_name
-    print(json.dumps(summary) if args.json else render(summary) +
-          f"\nsimulated in {wall:.1f} s; store run {run_name!r}")
-    return 0
+    return summary, wall, run_name

@@ -26,27 +26,29 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_tree(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.checks import in_range
+    from cli.streams import json_stdout
     from libra.errors import LibraError
     from libra.scheduler.causal_tree import GLOBAL, CausalTree, paths_from_rows
     from libra.scheduler.keys import KeyScheme
     from storage.catalog import Catalog
     from storage.queries import run_named
 
-    if args.last_steps < 0:
-        raise LibraError(f"--last-steps must be >= 0, got {args.last_steps}")
+    in_range("--last-steps", args.last_steps, 0, 1_000_000_000)
     s = config.scheduler
-    with Catalog(config.store.root, args.run, threads=config.store.duckdb_threads) as catalog:
-        rows = run_named(catalog, "trajectory_lengths", last_steps=args.last_steps).to_pylist()
-        returns = run_named(catalog, "remaining_length_paths", last_steps=args.last_steps).to_pylist()
-    tree = CausalTree(KeyScheme(args.granularity, tuple(s.payload_bounds)), s.window, s.max_nodes, size_roots=True)
-    tree.rebuild(paths_from_rows(rows, returns))
-    try:
-        tree.save(args.out)
-    except OSError as exc:
-        raise LibraError(f"cannot write {args.out}: {exc.strerror}") from None
-    summary = {"run": args.run, "out": args.out, "trajectories": len(rows), "tool_returns": len(returns),
-               "nodes": tree.nodes, "roots": len(tree.roots), "global_root_samples": tree.roots[GLOBAL].count}
-    print(json.dumps(summary) if args.json else
-          f"saved a {tree.nodes:,}-node tree ({len(tree.roots):,} roots) from {len(rows):,} trajectories and "
-          f"{len(returns):,} tool returns of run {args.run!r} to {args.out}")
+    with json_stdout(args.json) as out:
+        with Catalog(config.store.root, args.run, threads=config.store.duckdb_threads) as catalog:
+            rows = run_named(catalog, "trajectory_lengths", last_steps=args.last_steps).to_pylist()
+            returns = run_named(catalog, "remaining_length_paths", last_steps=args.last_steps).to_pylist()
+        tree = CausalTree(KeyScheme(args.granularity, tuple(s.payload_bounds)), s.window, s.max_nodes, size_roots=True)
+        tree.rebuild(paths_from_rows(rows, returns))
+        try:
+            tree.save(args.out)
+        except OSError as exc:
+            raise LibraError(f"cannot write {args.out}: {exc.strerror}") from None
+        summary = {"run": args.run, "out": args.out, "trajectories": len(rows), "tool_returns": len(returns),
+                   "nodes": tree.nodes, "roots": len(tree.roots), "global_root_samples": tree.roots[GLOBAL].count}
+        print(json.dumps(summary) if args.json else
+              f"saved a {tree.nodes:,}-node tree ({len(tree.roots):,} roots) from {len(rows):,} trajectories and "
+              f"{len(returns):,} tool returns of run {args.run!r} to {args.out}", file=out)
     return 0

@@ -13,14 +13,12 @@ from typing import Any
 from prefect import flow
 
 from libra.config import LibraConfig
+from libra.traces import BUNDLED as TRACE_DIR
+from libra.traces import bundled_traces
 from tasks.store_tasks import import_trace_task, summarize_run_task
 from tasks.tracking_tasks import log_trace_run_task
 
-TRACE_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
-
-
-def bundled_traces() -> list[Path]:
-    return sorted(TRACE_DIR.glob("*.csv"))
+__all__ = ["TRACE_DIR", "bundled_traces", "experiment_name", "run_name_for", "trace_analysis_flow"]
 
 
 def experiment_name(config: LibraConfig) -> str:

@@ -1,7 +1,12 @@
 """Errors a user can act on.
 
 A `LibraError` carries one line that says what is wrong and what to do. The CLI prints it as
-`libra: error: <message>` and exits with status 2; everything else is a bug and keeps its traceback.
+`libra: error: <message>` and exits with status 2; everything else is a bug and keeps its traceback
+(`cli/main.py` also turns the operating system's refusals, `OSError`, into one line).
+
+The readers of user files promise to raise nothing else on any input: `libra.traces.read_trace`
+raises `LibraError` (a `TraceFormatError` naming file, line and reason when the content is at fault)
+and `libra.config.load_config` raises `ConfigError`. A fuzz test holds them to it.
 """
 
 
@@ -11,6 +16,11 @@ class LibraError(Exception):
 
 class ConfigError(LibraError):
     """A configuration value or key that the config models refuse."""
+
+
+class InfeasibleError(LibraError, ValueError):
+    """A cluster, model and workload that cannot run together: no configuration fits. (A ValueError
+    too, for callers that caught the ValueError the simulator raised before.)"""
 
 
 class TraceFormatError(LibraError):

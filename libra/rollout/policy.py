@@ -17,6 +17,7 @@ import math
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -107,8 +108,10 @@ def encode(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int
     return enc["input_ids"] + [eos], labels + [eos]
 
 
-def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), log=print) -> dict:
-    """Build (or reuse) the policy in `out`; returns its record."""
+def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), log=print,
+                progress: Callable[[int, int, float], None] | None = None) -> dict:
+    """Build (or reuse) the policy in `out`; returns its record. `progress` hears (training steps done,
+    steps, the step's loss) after each step."""
     out = Path(out)
     record_path = out / "libra_policy.json"
     if record_path.exists():
@@ -144,6 +147,8 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if progress:
+            progress(step + 1, settings.steps, losses[-1])
         if step % 100 == 0 or step == settings.steps - 1:
             log(f"step {step:5d}  loss {sum(losses[-50:]) / len(losses[-50:]):.4f}  ({time.perf_counter() - began:.0f} s)")
     out.mkdir(parents=True, exist_ok=True)

@@ -153,9 +153,11 @@ def replay(
     settings: SchedulerConfig | None = None,
     timer: Callable[[], int] | None = None,
     with_bound: bool = True,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> ReplayResult:
     """Replay `trajectories` through each router; `timer` (nanoseconds) measures decision latency;
-    `with_bound=False` skips the clairvoyant bound."""
+    `with_bound=False` skips the clairvoyant bound; `progress` hears (router, steps replayed, steps)
+    after each step."""
     settings = settings or SchedulerConfig()
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -167,7 +169,7 @@ def replay(
     buckets = Buckets(tuple(bounds)) if bounds else auto_buckets([t for s in steps[:warmup] for t in s])
     results = {}
     for name in policies:
-        records = _run(name, steps, warmup, buckets, settings, timer)
+        records = _run(name, steps, warmup, buckets, settings, timer, progress)
         total_tokens = sum(t.total_tokens for s in steps[warmup:] for t in s)
         latencies = [r.latency_ns / 1000 for r in records]
         results[name] = PolicyResult(
@@ -250,7 +252,7 @@ def clairvoyant_bound(trajectories: Sequence[Trajectory], buckets: Buckets, budg
 
 
 def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets, settings: SchedulerConfig,
-         timer: Callable[[], int] | None) -> list[DecisionRecord]:
+         timer: Callable[[], int] | None, progress: Callable[[str, int, int], None] | None = None) -> list[DecisionRecord]:
     records: list[DecisionRecord] = []
     clock = timer or (lambda: 0)
     truth: dict[str, list[int]] = {}
@@ -292,4 +294,6 @@ def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets
                 records.append(DecisionRecord(decision.bucket, buckets.of(remaining), decision.estimate,
                                               remaining, migrated, elapsed))
         router.observe_step(paths, {t.prompt_id: t.prompt_tokens for t in step})
+        if progress:
+            progress(name, index + 1, len(steps))
     return records

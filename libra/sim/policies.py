@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from libra.errors import LibraError
+from libra.errors import InfeasibleError, LibraError
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import Plan, Planner, PlannerSettings, fixed_layout_time
@@ -64,7 +64,7 @@ def smallest_fitting_tp(cost: CostModel, max_tokens: int) -> int:
     for tp in (1, 2, 4, 8):
         if tp <= cost.cluster.gpus_per_node and cost.instance_fits(tp, max_tokens):
             return tp
-    raise ValueError(f"no instance size holds {max_tokens} tokens")
+    raise InfeasibleError(f"no instance size holds {max_tokens} tokens")
 
 
 def uniform_layout(cost: CostModel, gpus: int, max_tokens: int) -> tuple[InstanceSpec, ...]:
@@ -141,7 +141,7 @@ class SystemPolicy:
     def _best_train(self, workload: Workload, gpus: int) -> TrainConfig:
         best = Planner(self.cost, workload, self.planner_settings).training.best(gpus)
         if best is None:
-            raise ValueError(f"no training configuration fits {gpus} GPUs")
+            raise InfeasibleError(f"no training configuration fits {gpus} GPUs")
         return best.config
 
 

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from libra.errors import InfeasibleError
 from libra.planner.cost_model import CostModel
 from libra.scheduler.causal_tree import TrajectoryPath, path_from_turns
 from libra.scheduler.keys import ToolReturn
@@ -198,7 +199,7 @@ class RolloutSim:
         if not candidates:  # too long for this bucket's instances (or they left): the smallest that holds it
             candidates = [i for i in self.instances if i.fits(need) and not i.draining]
             if not candidates:
-                raise ValueError(f"a context of {need} tokens fits no rollout instance")
+                raise InfeasibleError(f"a context of {need} tokens fits no rollout instance")
             smallest = min(i.tp for i in candidates)
             candidates = [i for i in candidates if i.tp == smallest]
         chosen = min(candidates, key=lambda i: (i.load, i.index))

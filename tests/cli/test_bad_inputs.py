@@ -1,0 +1,240 @@
+"""Every bad input is one line on stderr, `libra: error: ...`, exit status 2, no traceback, and
+nothing written: no store, no MLflow database, no Prefect home."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli.main import main, one_line
+from tests.builders import HEADER, small_trace, trace_rows, write_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+TAU = ROOT / "data" / "traces" / "taubench_airline.csv"
+
+
+@pytest.fixture
+def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory of bad (and some good) inputs; libra runs in it, so .libra would land there."""
+    monkeypatch.chdir(tmp_path)
+    small_trace(tmp_path / "small.csv")
+    (tmp_path / "binary.csv").write_bytes(bytes(range(255, -1, -1)) * 4)
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "dir.csv").mkdir()
+    rows = trace_rows("p", "s", 5, [(1, "none", 0, "")])
+    write_trace(tmp_path / "huge_int.csv", [{**rows[0], "gen_tokens": str(2**64)}])
+    write_trace(tmp_path / "wide.csv", [{**rows[0], "source": "s" * 200_000}])
+    write_trace(tmp_path / "zero.csv", trace_rows("p", "s", 0, [(0, "none", 0, "")])
+                + trace_rows("q", "s", 0, [(0, "none", 0, "")]))
+    (tmp_path / "binary.yaml").write_bytes(b"store:\n  root: \xff\xfe\n")
+    (tmp_path / "list.yaml").write_text("- store\n- traces\n")
+    (tmp_path / "scalar.yaml").write_text("42\n")
+    (tmp_path / "dup.yaml").write_text("store: {root: a}\nstore: {root: b}\n")
+    (tmp_path / "big.yaml").write_text("# " + "x" * (1 << 20) + "\n")
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"{n}: &{n} [{', '.join(['*' + p] * 9)}]" for n, p in zip("bcdefghi", "abcdefgh", strict=True)]
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\nstore: {root: *i}\n")
+    return tmp_path
+
+
+def nothing_written(where: Path) -> None:
+    assert not (where / ".libra").exists()
+    assert not (where / "store").exists()
+    assert sorted(p.name for p in where.iterdir() if p.name.endswith(".db")) == []
+
+
+BAD = [
+    # trace files, through every command that reads one
+    (["traces", "import", "binary.csv", "--run", "r", "--store", "store"],
+     "binary.csv:1: not UTF-8 text (byte 0xff at column 1); a trace is a UTF-8 CSV file"),
+    (["traces", "import", "huge_int.csv", "--run", "r", "--store", "store"],
+     "huge_int.csv:2: gen_tokens = '18446744073709551616' is more than 2,147,483,647, the largest count a trace may hold"),
+    (["traces", "import", "wide.csv", "--run", "r", "--store", "store"],
+     "wide.csv:2: a field is longer than 131,072 characters (an unclosed quote?); a trace's fields are ids, names and numbers"),
+    (["traces", "import", "empty.csv", "--run", "r", "--store", "store"],
+     "empty.csv:1: empty file: expected a header row " + ",".join(HEADER[:10])),
+    (["traces", "import", "dir.csv", "--run", "r", "--store", "store"],
+     "dir.csv: is a directory; pass a CSV file in the per-turn trace format"),
+    (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "zero.csv"],
+     "zero.csv:2: trajectory p/s has no tokens (prompt_tokens, gen_tokens and tool_payload_tokens are all 0); "
+     "a trajectory holds at least one token"),
+    (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "binary.csv", "--json"],
+     "binary.csv:1: not UTF-8 text"),
+    (["eval-router", "--trace", "huge_int.csv"], "huge_int.csv:2: gen_tokens = '18446744073709551616' is more than"),
+    (["simulate", "--workload", "trace:zero.csv", "--steps", "2", "--no-track", "--store", "store"],
+     "zero.csv:2: trajectory p/s has no tokens"),
+    (["run", "--traces", "small.csv", "binary.csv"], "binary.csv:1: not UTF-8 text"),
+    (["run", "--traces", "missing.csv", "--json"], "missing.csv: no such trace file"),
+    # config files
+    (["config", "--config", "binary.yaml"], "binary.yaml: not UTF-8 text (byte 0xff at offset 15); a config is a YAML file"),
+    (["config", "--config", "list.yaml"], "list.yaml: the top level must be a mapping of sections, got list"),
+    (["config", "--config", "scalar.yaml"], "scalar.yaml: the top level must be a mapping of sections, got int"),
+    (["config", "--config", "dup.yaml"], "dup.yaml: not valid YAML (duplicate key 'store' at line 2, column 1)"),
+    (["config", "--config", "big.yaml"], "big.yaml: larger than 1,048,576 bytes; a config is a short YAML file"),
+    (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "small.csv", "--config", "bomb.yaml"],
+     "bomb.yaml: the document expands to more than 100,000 values (aliases repeating aliases?); a config is a short YAML file"),
+    (["config", "--config", "dir.csv"], "dir.csv: cannot read config (Is a directory); pass an existing YAML file"),
+    # numbers out of range
+    (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "small.csv", "--batch", "1000000000000"],
+     "--batch must be <= 1,000,000, got 1,000,000,000,000"),
+    (["eval-router", "--trace", str(TAU), "--order", "epochs:1000000000"],
+     "--order epochs:1000000000: 1,000,000,000 epochs of 2,454 turns make up to 2,454,000,000,000 routing decisions per "
+     "router, more than the 20,000,000 a replay may hold; use fewer epochs"),
+    (["eval-router", "--trace", str(TAU), "--prompts-per-step", "-4"], "--prompts-per-step must be >= 1, got -4"),
+    (["eval-router", "--trace", str(TAU), "--policies", ","], "--policies ',': name at least one router"),
+    (["simulate", "--workload", "search-r1", "--group-size", "99999999", "--no-track"],
+     "--group-size must be <= 4,096, got 99,999,999"),
+    (["simulate", "--workload", "search-r1", "--steps", "1000", "--group-size", "1000", "--no-track"],
+     "1,000 steps of 32 prompts x 1,000 samples are 32,000,000 trajectories, more than the 5,000,000 a simulation may hold"),
+    (["simulate", "--workload", "search-r1", "--steps", "1", "--cluster", "1x1:cpu", "--no-track", "--store", "store"],
+     "Qwen3-14B cannot run on 1x1:cpu with workload search-r1: no training configuration fits 1 GPUs; use more or "
+     "larger GPUs, a smaller model or shorter trajectories"),
+    (["simulate", "--workload", "chess", "--no-track"], "unknown workload 'chess'"),
+    (["pool", "--pace", "nan", "--no-track"], "--pace must be a finite number, got nan"),
+    (["pool", "--hidden", "1000000000", "--no-track"], "--hidden must be <= 65,536, got 1,000,000,000"),
+    (["rollout", "--env", "math", "--temperature", "inf", "--no-track"], "--temperature must be a finite number, got inf"),
+    (["rollout", "--env", "math", "--prompts", "-1", "--no-track"], "--prompts must be >= 1, got -1"),
+    (["rollout", "--env", "chess", "--no-track"], "unknown environment 'chess'; environments: search, math, repo"),
+    (["policy", "init", "--demos", "1000000000"], "--demos must be <= 1,000,000, got 1,000,000,000"),
+    (["tree", "--run", "r", "--out", "t.json", "--last-steps", "-1"], "--last-steps must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD, ids=[" ".join(a)[:60] for a, _ in BAD])
+def test_bad_input_is_one_line_and_writes_nothing(files: Path, capsys: pytest.CaptureFixture, argv: list[str],
+                                                   message: str) -> None:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err.startswith("libra: error: " + message) and err.count("\n") == 1, err
+    nothing_written(files)
+
+
+def test_a_trace_with_a_byte_order_mark_is_imported(files: Path, capsys: pytest.CaptureFixture) -> None:
+    bom = files / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + (files / "small.csv").read_bytes())
+    assert main(["traces", "import", str(bom), "--run", "bom", "--store", "store", "--json"]) == 0
+    assert '"trajectories": 3, "turns": 6' in capsys.readouterr().out
+
+
+def test_messages_stay_on_one_line(files: Path, capsys: pytest.CaptureFixture) -> None:
+    odd = files / "two\nlines.csv"
+    odd.write_bytes(b"\xff")
+    assert main(["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", str(odd)]) == 2
+    assert capsys.readouterr().err == f"libra: error: {files}/two\\nlines.csv:1: not UTF-8 text (byte 0xff at column 1); a trace is a UTF-8 CSV file\n"
+    escaped = "a\\r\\nb\\x00c\\u2028d" + "e" * 3000
+    assert one_line("a\r\nb\x00c\u2028d" + "e" * 3000) == escaped[:2000] + "..."
+
+
+def test_the_operating_systems_refusals_are_one_line(files: Path, capsys: pytest.CaptureFixture) -> None:
+    (files / "a_file").write_text("")
+    assert main(["simulate", "--workload", "search-r1", "--steps", "1", "--cluster", "2x8:a800", "--model", "qwen3-8b",
+                 "--policies", "libra", "--group-size", "2", "--prompts-per-step", "2", "--no-track",
+                 "--store", "a_file/store"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("libra: error: Not a directory: a_file/store") and err.count("\n") == 1
+
+
+def libra(*argv: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    """The real command in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "cli.main", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["traces", "import", "binary.csv", "--run", "r"], "libra: error: binary.csv:1: not UTF-8 text"),
+    (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "zero.csv", "--json"],
+     "libra: error: zero.csv:2: trajectory p/s has no tokens"),
+    (["config", "--config", "bomb.yaml"], "libra: error: bomb.yaml: the document expands to more than 100,000 values"),
+    (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "small.csv", "--batch", "x"],
+     "libra: error: argument --batch: invalid int value: 'x' (see `libra plan --help`)"),
+    (["simulate"], "libra: error: the following arguments are required: --workload (see `libra simulate --help`)"),
+])
+def test_the_console_command_prints_one_line_and_no_traceback(files: Path, argv: list[str], message: str) -> None:
+    started = time.perf_counter()
+    proc = libra(*argv, cwd=files)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert time.perf_counter() - started < 60
+    nothing_written(files)
+
+
+# --- Ctrl-C -------------------------------------------------------------------------------------
+
+INTERRUPT_IMPORT = """
+import sys
+class Interrupt:  # Ctrl-C while Prefect, the heaviest module, is being imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "prefect":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+from cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+INTERRUPT_DROPPED = """
+import sys, time, weakref
+import cli.main
+load = cli.main.config_from_args
+def dropped(args):  # Ctrl-C inside a weakref callback, where Python drops it ("Exception ignored")
+    class Thing:
+        pass
+    thing = Thing()
+    ref = weakref.ref(thing, lambda _: (_ for _ in ()).throw(KeyboardInterrupt()))
+    del thing
+    time.sleep(1)
+    print("not interrupted", file=sys.stderr)
+    return load(args)
+cli.main.config_from_args = dropped
+sys.exit(cli.main.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("script", [INTERRUPT_IMPORT, INTERRUPT_DROPPED], ids=["during-import", "dropped-by-python"])
+def test_ctrl_c_is_one_line_and_exit_130(files: Path, script: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", script, "run", "--traces", "small.csv", "--json"], cwd=files,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "libra: interrupted\n")
+    assert not (files / ".libra" / "store").exists()
+
+
+@pytest.mark.parametrize("delay_s", [0.4, 2.0])
+def test_sigint_early_in_a_real_run(files: Path, delay_s: float) -> None:
+    """SIGINT to the installed `libra` command while it imports (0.4 s) and reads its trace or starts
+    Prefect (2 s)."""
+    command = Path(sys.executable).parent / "libra"
+    proc = subprocess.Popen([str(command), "run", "--traces", "small.csv", "--json"], cwd=files,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    time.sleep(delay_s)
+    proc.send_signal(2)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out, err) == (130, "", "libra: interrupted\n")
+
+
+# --- two runs at once -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_two_runs_at_once_in_a_fresh_directory(files: Path) -> None:
+    """Both create Prefect's and MLflow's databases in the same .libra at the same moment (each its own
+    store, so the store's run locks do not meet); both succeed, with JSON only on stdout and nothing
+    on stderr."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = [subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--traces", "small.csv", "--json", "--store",
+                              f"store{i}"], cwd=files, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for i in range(2)]
+    results = [(p.wait(timeout=600), p.stdout.read(), p.stderr.read()) for p in runs]
+    for code, out, err in results:
+        assert (code, err) == (0, "")
+        summary = json.loads(out)
+        assert [(s["run"], s["trajectories"], s["turns"]) for s in summary] == [("small", 3, 6)]
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{files / '.libra' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("libra-traces")
+    assert len(client.search_runs([experiment.experiment_id])) == 2
+

@@ -1,0 +1,74 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+NOISY = """
+import json, os, subprocess, sys
+from cli.streams import json_stdout
+sys.__stdout__.write("before the block\\n")  # still in the buffer when the block starts
+with json_stdout({enabled}) as out:
+    print("python noise")
+    os.write(1, b"fd noise\\n")
+    subprocess.run([sys.executable, "-c", "print('child noise')"], check=True)
+    sys.__stdout__.write("buffered noise\\n")  # into the original stdout's buffer
+    print(json.dumps({{"ok": True}}), file=out)
+print("after the block")
+"""
+
+
+def run_script(source: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", source], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_inside_json_stdout_only_the_json_reaches_stdout() -> None:
+    proc = run_script(NOISY.format(enabled=True))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == 'before the block\n{"ok": true}\nafter the block\n'
+    assert proc.stderr.splitlines() == ["python noise", "fd noise", "child noise", "buffered noise"]
+
+
+def test_without_json_the_block_runs_unchanged() -> None:
+    proc = run_script(NOISY.format(enabled=False))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == sorted(["before the block", "python noise", "fd noise", "child noise",
+                                                       "buffered noise", '{"ok": true}', "after the block"])
+    assert proc.stderr == ""
+
+
+def test_json_stdout_under_a_capturing_test(capsys: pytest.CaptureFixture) -> None:
+    from cli.streams import json_stdout
+
+    with json_stdout() as out:
+        print("noise")
+        print("[1]", file=out)
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("[1]\n", "noise\n")
+
+
+def config_file(tmp_path: Path) -> Path:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
+                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
+                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n")
+    return config
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", str(ROOT / "data/traces/tora_gsm8k.csv")],
+    ["eval-router", "--trace", str(ROOT / "data/traces/taubench_airline.csv"), "--policies", "libra"],
+    ["simulate", "--workload", "search-r1", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--steps", "2",
+     "--policies", "libra", "--group-size", "2", "--prompts-per-step", "4", "--no-track"],
+], ids=["plan", "eval-router", "simulate"])
+def test_json_commands_print_one_json_document(tmp_path: Path, argv: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", *argv, "--json", "--config", str(config_file(tmp_path))],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and isinstance(json.loads(proc.stdout), dict)
