@@ -74,7 +74,11 @@ def cmd_traces_import(args: argparse.Namespace, config: LibraConfig) -> int:
     prompts_per_step = args.prompts_per_step if args.prompts_per_step is not None else config.traces.prompts_per_step
     if prompts_per_step < 1:
         raise LibraError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
-    summary = import_trace(args.file, args.run, config.store, prompts_per_step, replace=args.replace)
+    from cli.progress import progress
+
+    with progress(f"reading {args.file}", quiet=args.json) as bar:  # a bar on a terminal, for large files
+        summary = import_trace(args.file, args.run, config.store, prompts_per_step, replace=args.replace,
+                               progress=lambda done, total: bar.update(done / 2**20, total / 2**20, "MiB"))
     if args.json:
         print(json.dumps(summary.__dict__))
     else:

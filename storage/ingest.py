@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libra.config import StoreConfig
-from libra.traces import read_trace, steps_by_prompt
+from libra.traces import ReadProgress, read_trace, steps_by_prompt
 from storage.manifest import read_manifest
 from storage.records import trajectories_table, turns_table
 from storage.writer import StoreWriter, check_run_name, run_exists_error
@@ -49,13 +49,14 @@ def import_trace(
     root: str | Path | None = None,
     *,
     replace: bool = False,
+    progress: ReadProgress | None = None,  # hears the bytes of the file read so far (libra.traces.read_trace)
 ) -> ImportSummary:
     check_run_name(run)
     writer = writer_for(store, root)
     existing = read_manifest(writer.root, run)
     if existing is not None and not replace:  # fail before parsing; checked again under the lock
         raise run_exists_error(writer.root, existing)
-    trace = read_trace(path)
+    trace = read_trace(path, progress=progress)
     step_of = steps_by_prompt(trace.trajectories, prompts_per_step)
     trajectories = trajectories_table(run, trace.trajectories, step_of)
     turns = turns_table(run, trace.trajectories, step_of)

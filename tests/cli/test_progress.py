@@ -1,5 +1,6 @@
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,15 @@ def test_policy_init_shows_training_progress(monkeypatch: pytest.MonkeyPatch, tm
     assert code == 0
     assert "training the policy [" in drawn and "] 100% 3/3 loss " in drawn
     assert "step     0  loss" in out and "demonstrations" in out  # the log lines go on, above the bar
+
+
+def test_traces_import_shows_reading_progress(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    swe = ROOT / "data" / "traces" / "swe_gemini3_mini_A.csv"
+    code, out, drawn = on_terminal(monkeypatch, "traces", "import", str(swe), "--run", "swe", "--store", str(tmp_path))
+    assert code == 0 and out.startswith("imported 10222 turns")
+    size = swe.stat().st_size / 2**20
+    assert drawn.startswith(CLEAR + f"reading {swe} [")
+    assert re.search(rf"\] 100% {size:,.1f}/{size:,.1f} MiB \d+ s\n$", drawn)
+    code, out, drawn = on_terminal(monkeypatch, "traces", "import", str(swe), "--run", "swe2", "--store", str(tmp_path),
+                                   "--json")
+    assert (code, drawn) == (0, "") and json.loads(out)["turns"] == 10222
