@@ -238,3 +238,12 @@ def test_two_runs_at_once_in_a_fresh_directory(files: Path) -> None:
     experiment = client.get_experiment_by_name("libra-traces")
     assert len(client.search_runs([experiment.experiment_id])) == 2
 
+
+
+def test_an_error_inside_the_flow_is_one_line_without_prefects_logs(files: Path) -> None:
+    """The store is a file: the flow's import task fails, and Prefect would log the failure, with
+    its traceback, twice; the held log lines are dropped and the error is the one line."""
+    (files / "a_file").write_text("")
+    proc = libra("run", "--traces", "small.csv", "--store", "a_file/store", cwd=files)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith("libra: error: Not a directory: a_file/store") and proc.stderr.count("\n") == 1
