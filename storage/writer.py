@@ -70,6 +70,7 @@ from storage.manifest import (
 from storage.schemas import TABLES, TableSchema, table_schema
 
 SHARD_GLOB = "part-*.parquet"
+TABLES_BY_KEY = {table_key(schema): schema for schema in TABLES.values()}
 WriteMode = Literal["update", "create", "replace"]
 
 __all__ = [
@@ -293,8 +294,7 @@ class RunTransaction:
         self.committed = manifest
         self._pending = []
         if self.base is not None:
-            live = set(_all_files(self.root, manifest))
-            self._leftovers |= not self._remove([p for p in _all_files(self.root, self.base) if p not in live])
+            self._leftovers |= not self._remove(self._superseded(manifest))
         return manifest
 
     def abort(self) -> None:
@@ -306,6 +306,22 @@ class RunTransaction:
         if self.committed is None and self._pending:
             if self._remove(self._pending):
                 self._pending = []
+
+    def _superseded(self, manifest: RunManifest) -> list[Path]:
+        """Files of the previous manifest that `manifest` no longer lists. An update looks only at
+        the steps it wrote, so a step's commit costs the same at step 10 and at step 10,000."""
+        if self.mode != "update":
+            live = set(_all_files(self.root, manifest))
+            return [p for p in _all_files(self.root, self.base) if p not in live]
+        out = []
+        for key, steps in self._staged.items():
+            old_steps = self.base.tables.get(key, {})
+            schema = TABLES_BY_KEY.get(key)
+            for step in steps:
+                if schema is not None and step in old_steps:
+                    directory = step_dir(self.root, schema, self.run, step)
+                    out += [directory / name for name in old_steps[step].names()]
+        return out
 
     def _sweep(self) -> None:
         """Remove every file under the run's directories that the committed manifest does not list."""
