@@ -69,12 +69,11 @@ from storage.manifest import (
 )
 from storage.schemas import TABLES, TableSchema, table_schema
 
-SHARD_GLOB = "part-*.parquet"
 TABLES_BY_KEY = {table_key(schema): schema for schema in TABLES.values()}
 WriteMode = Literal["update", "create", "replace"]
 
 __all__ = [
-    "RUN_NAME", "SHARD_GLOB", "RunTransaction", "StoreWriter", "WriteMode", "check_run_name", "conform",
+    "RUN_NAME", "RunTransaction", "StoreWriter", "WriteMode", "check_run_name", "conform",
     "run_exists_error", "step_dir", "table_dir",
 ]
 
