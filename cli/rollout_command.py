@@ -125,6 +125,7 @@ def roll_out(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
         raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` first (or pass --policy DIR "
                          "with an HF-format checkpoint)")
     run_name = check_run_name(args.run or time.strftime(f"rollout-{args.env}-%Y%m%d-%H%M%S"))
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout by default
     buckets_given = None
     if args.buckets != "auto":
         from cli.router_command import parse_buckets
