@@ -69,7 +69,8 @@ def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
         settings = replace(settings, demos_per_env=args.demos)
     with progress("training the policy") as bar:
         record = init_policy(args.out, settings, log=bar.echo,
-                             progress=lambda done, steps, loss: bar.update(done, steps, f"loss {loss:.3f}"))
+                             progress=lambda done, steps, loss: bar.update(done, steps, f"loss {loss:.3f}"),
+                             sandbox=config.sandbox)
     print(f"policy in {args.out}: {record['parameters']:,} parameters, {record['demonstrations']} demonstrations, "
           f"final loss {record['final_loss']:.3f}, built in {record['train_s']:.0f} s")
     return 0
@@ -134,10 +135,10 @@ def roll_out(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    buckets = buckets_given or Buckets(expert_bounds(make_env(args.env), args.instances, tokenizer))
+    buckets = buckets_given or Buckets(expert_bounds(make_env(args.env, config.sandbox), args.instances, tokenizer))
     engines = make_engines(args.engine, policy, args.instances, args.device)
     try:
-        summary = run_batches(args, config, engines, tokenizer, make_env(args.env),
+        summary = run_batches(args, config, engines, tokenizer, make_env(args.env, config.sandbox),
                               make_router(args.router, buckets, {}, config.scheduler), run_name)
     finally:
         for engine in engines:
@@ -169,8 +170,9 @@ def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, to
         result = rollout(env, env.tasks(args.prompts, seed=args.seed + batch), args.samples, engines, router, tokenizer,
                          max_turns=args.max_turns, temperature=args.temperature, seed=args.seed * 1000 + batch)
         trajectories, turns = rollout_tables(run_name, batch, result, model_version=0)
-        writer.write_step("trajectories", run_name, batch, trajectories)
-        writer.write_step("turns", run_name, batch, turns)
+        with writer.transaction(run_name, origin="rollout") as tx:  # a batch's trajectories and turns appear together
+            tx.write_step("trajectories", batch, trajectories)
+            tx.write_step("turns", batch, turns)
         results.append(result)
     generated = sum(r.generated_tokens for r in results)
     wall = sum(r.wall_s for r in results)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,9 +22,11 @@ from pathlib import Path
 
 import torch
 
+from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.rollout.envs import ENVS, demonstration, make_env
 from libra.rollout.protocol import SPECIAL
+from libra.rollout.sandbox import temporary_workroot
 
 PAD, EOS = "<|pad|>", "<|eos|>"
 
@@ -56,13 +57,13 @@ class PolicySettings:
                              "supports (32, 64, 80, 96, 112, 128)")
 
 
-def demonstrations(settings: PolicySettings) -> list[tuple[str, list[tuple[int, int]]]]:
+def demonstrations(settings: PolicySettings, sandbox: SandboxConfig | None = None) -> list[tuple[str, list[tuple[int, int]]]]:
     demos = []
     for name in settings.envs:
-        env = make_env(name)
+        env = make_env(name, sandbox)
         for task in env.tasks(settings.demos_per_env, seed=10_000 + settings.seed):  # train seeds; evaluation uses others
-            with tempfile.TemporaryDirectory(prefix="libra-demo-") as workdir:
-                demos.append(demonstration(env, task, Path(workdir)))
+            with temporary_workroot("libra-demo-") as workdir:
+                demos.append(demonstration(env, task, workdir))
     random.Random(settings.seed).shuffle(demos)
     return demos
 
@@ -109,9 +110,11 @@ def encode(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int
 
 
 def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), log=print,
-                progress: Callable[[int, int, float], None] | None = None) -> dict:
+                progress: Callable[[int, int, float], None] | None = None,
+                sandbox: SandboxConfig | None = None) -> dict:
     """Build (or reuse) the policy in `out`; returns its record. `progress` hears (training steps done,
-    steps, the step's loss) after each step."""
+    steps, the step's loss) after each step; the demonstrations' tools run in the sandbox `sandbox`
+    configures."""
     out = Path(out)
     record_path = out / "libra_policy.json"
     if record_path.exists():
@@ -121,7 +124,7 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
             return record
     torch.set_num_threads(max(1, torch.get_num_threads()))
     began = time.perf_counter()
-    demos = demonstrations(settings)
+    demos = demonstrations(settings, sandbox)
     tokenizer = train_tokenizer([text for text, _ in demos], settings.vocab_size)
     examples = [encode(tokenizer, text, spans) for text, spans in demos]
     longest = max(len(ids) for ids, _ in examples)

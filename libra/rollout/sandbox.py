@@ -101,13 +101,15 @@ except BaseException as _error:  # the tool's traceback, without this prelude's 
 # status of the call's first child) when a call has ended. Per call: child C makes the namespaces,
 # init G (PID 1 there) mounts /proc and /tmp, worker W drops its capabilities and runs the code.
 _SERVE = r'''
-import ctypes, json, os, resource, select, signal, socket, sys, traceback
+import ctypes, gc, json, os, resource, select, signal, socket, sys, traceback
 sock = socket.socket(fileno=int(sys.argv[1]))
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS = 0x10000000, 0x20000, 0x20000000, 0x40000000, 0x08000000, 0x04000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 UID, GID = os.getuid(), os.getgid()
+with open("/proc/sys/kernel/cap_last_cap") as f:
+    LAST_CAP = int(f.read())
 ENV = json.loads(sys.argv[2])
 
 class CapHeader(ctypes.Structure):
@@ -203,8 +205,8 @@ def run_code(request):  # W: the tool's code, without capabilities, under the li
     code = 1
     try:
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        for cap in range(64):
-            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+        for cap in range(LAST_CAP + 1):
+            check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "capbset")
         check(libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), (CapData * 2)()), "capset")
         os.chdir(INSIDE)
         os.environ.clear()
@@ -264,6 +266,7 @@ def reap():
             pids.pop(ident, None)
             send({"id": ident, "status": status})
 
+gc.freeze()  # the server's objects are never collected: a forked call does not copy pages to scan them
 send({"ready": True})
 while True:
     readable, _, _ = select.select([sock, wake_r], [], [])
