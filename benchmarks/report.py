@@ -212,6 +212,15 @@ def rollout_section(result: dict) -> list[str]:
                      f"{r['efficiency']:.2f}{each(r)} | {r['uniform_tokens_per_s']:.0f} | {r['efficiency_uniform']:.2f} | "
                      f"{r['loop_prefill_tokens']:,} / {r['raw_prefill_tokens']:,} ({r['loop_tokens']:,}) | "
                      f"{r['work_efficiency']:.2f} | {r['solved_fraction']:.0%} |")
+    if "sandbox" in result:
+        box = result["sandbox"]
+        lines += ["", f"The sandbox's cost (tools run in it above): a call (`pass`) from the sandbox server, in user, mount, "
+                  f"PID, network, IPC and UTS namespaces of its own, {box['sandbox']['wall_ms_median']:.1f} ms "
+                  f"({box['sandbox']['cpu_ms_per_call']:.1f} ms of the machine's CPU) against "
+                  f"{box['bare']['wall_ms_median']:.1f} ms ({box['bare']['cpu_ms_per_call']:.1f} ms) to start the same "
+                  f"interpreter bare: ratio {box['wall_ratio']:.2f} (CPU {box['cpu_ratio']:.2f}); {box['in_flight']} calls "
+                  f"in flight: {box['sandbox']['calls_per_s_in_flight']:.0f} calls/s against "
+                  f"{box['bare']['calls_per_s_in_flight']:.0f}."]
     route = result["routing"]
     bound = f", bucket bound {route['buckets'][0]} tokens (the expert's median length)" if "buckets" in route else ""
     lines += ["", f"Routing a repo batch on two vLLM instances (one core each){bound}, {route['repeats']} batches per router "
