@@ -40,6 +40,13 @@ def _log_length(tokens: float) -> float:
     return math.log(max(tokens, 1.0))
 
 
+def from_log(log_length: float) -> float:
+    """exp of a log length, capped at exp(700) (about 1e304 tokens: past any context, as good as
+    infinite). A log-log fit over a few prompts of very different sizes can extrapolate past what
+    exp takes."""
+    return math.exp(min(log_length, 700.0))
+
+
 class LogLogFit:
     """Least squares log(length) = a + b log(prompt tokens), from running sums (O(1) per sample)."""
 
@@ -161,7 +168,7 @@ class PromptLengths:
                 above = beyond
             shares[-1] += weight * above
             tail = erfc((log_spent - mu - variance) * inv) if spent > 0 else 2.0
-            mean += weight * math.exp(mu + variance / 2) * tail  # 2 E[length; length > spent]
+            mean += weight * from_log(mu + variance / 2) * tail  # 2 E[length; length > spent]
         if alive <= 0.0:
             return None
         return [share / alive for share in shares], mean / alive - spent

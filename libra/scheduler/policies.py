@@ -29,7 +29,7 @@ from typing import NamedTuple
 from libra.config import SchedulerConfig
 from libra.scheduler.causal_tree import CausalTree, Cursor, Node, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
-from libra.scheduler.lengths import LogLogFit, PromptLengths
+from libra.scheduler.lengths import LogLogFit, PromptLengths, from_log
 from libra.scheduler.metrics import DecisionRecord, balanced_accuracy
 
 
@@ -164,7 +164,7 @@ class LengthPredictor(Router):
         if self.fit is None:
             return None
         a, b = self.fit
-        return math.exp(a + b * math.log(max(prompt_tokens, 1)))
+        return from_log(a + b * math.log(max(prompt_tokens, 1)))
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         prediction = self._predict(prompt_id, prompt_tokens)

@@ -107,3 +107,10 @@ def test_router_uses_a_finished_sibling() -> None:
     tree_only.start("r/1", "r", 10)
     tree_only.finish("r/1", 110)
     assert tree_only.start("r/2", "r", 10) == tree_only.start("r/3", "r", 10)  # the tree alone learns nothing in a step
+
+
+def test_lengths_from_logs_are_capped_instead_of_overflowing():
+    from libra.scheduler.lengths import from_log
+
+    assert from_log(math.log(250.0)) == pytest.approx(250.0, rel=1e-12)
+    assert from_log(1e6) == math.exp(700.0)  # a fit extrapolated past exp's range

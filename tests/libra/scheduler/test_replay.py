@@ -2,7 +2,7 @@ import math
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from libra.errors import LibraError
@@ -101,6 +101,9 @@ def traces(draw):
 
 @settings(max_examples=40, deadline=None)
 @given(traces(), st.sampled_from(["group", "epochs:2"]))
+@example([make_trajectory("p0", "0", 1565, [(1, "none", 0, "")]),  # a length fit extrapolated past exp's range
+          make_trajectory("p1", "0", 1560, [(1, "search", 0, "ok"), (1, "none", 0, "")]),
+          make_trajectory("p2", "0", 1, [(1, "none", 0, "")])], "group")
 def test_oracle_is_perfect_and_always_shortest_never_migrates(trace, order) -> None:
     result = replay(trace, prompts_per_step=1, order=order)
     oracle, shortest = result.policies["oracle"], result.policies["always-shortest"]
