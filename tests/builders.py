@@ -46,3 +46,13 @@ def small_trace(path: Path) -> Path:
         + trace_rows("p2", "a", 20, [(8, "python", 600, "ok"), (2, "none", 0, "")], reward=0.0)
     )
     return write_trace(path, rows)
+
+
+def local_config(tmp_path: Path, extra: str = "") -> Path:
+    """A config file that keeps a test's store, MLflow artifacts and Prefect home under `tmp_path`
+    (plus `extra` YAML lines)."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
+                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
+                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n" + extra)
+    return config

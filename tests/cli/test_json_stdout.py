@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.builders import local_config as config_file
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,14 +53,6 @@ def test_json_stdout_under_a_capturing_test(capsys: pytest.CaptureFixture) -> No
         print("[1]", file=out)
     captured = capsys.readouterr()
     assert (captured.out, captured.err) == ("[1]\n", "noise\n")
-
-
-def config_file(tmp_path: Path) -> Path:
-    config = tmp_path / "c.yaml"
-    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
-                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
-                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n")
-    return config
 
 
 @pytest.mark.parametrize("argv", [

@@ -6,15 +6,11 @@ import pytest
 
 from cli.main import main
 from storage.catalog import Catalog
+from tests.builders import local_config
 
 
 def config_file(tmp_path: Path) -> Path:
-    config = tmp_path / "c.yaml"
-    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
-                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
-                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n"
-                      f"pool: {{core_ranks: 1, hybrids: 1, snapshot_dir: {tmp_path / 'pool'}, group_timeout_s: 5}}\n")
-    return config
+    return local_config(tmp_path, f"pool: {{core_ranks: 1, hybrids: 1, snapshot_dir: {tmp_path / 'pool'}, group_timeout_s: 5}}\n")
 
 
 def test_pool_kill_verify_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) -> None:

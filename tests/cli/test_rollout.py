@@ -5,15 +5,8 @@ import pytest
 
 from cli.main import main
 from storage.catalog import Catalog
+from tests.builders import local_config as config_file
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
-
-
-def config_file(tmp_path: Path) -> Path:
-    config = tmp_path / "c.yaml"
-    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
-                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
-                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n")
-    return config
 
 
 def test_rollout_json_and_store(tmp_path: Path, capsys, policy_dir) -> None:  # noqa: F811

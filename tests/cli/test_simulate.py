@@ -5,15 +5,13 @@ import mlflow
 
 from cli.main import main
 from storage.catalog import Catalog
+from tests.builders import local_config
 
 
 def test_simulate_json_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    config = tmp_path / "c.yaml"
-    config.write_text(f"store: {{root: {tmp_path / 'store'}, fsync: false}}\n"
-                      f"tracking: {{artifact_root: {tmp_path / 'art'}}}\n"
-                      f"orchestration: {{prefect_home: {tmp_path / 'prefect'}}}\n")
+    config = local_config(tmp_path)
     code = main(["simulate", "--workload", "search-r1", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--steps", "3",
                  "--policies", "static-uniform,libra,oracle", "--group-size", "4", "--prompts-per-step", "8",
                  "--config", str(config), "--json"])
