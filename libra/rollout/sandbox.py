@@ -109,6 +109,9 @@ NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS = 0x10000000, 0x20000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 UID, GID = os.getuid(), os.getgid()
+CATCHABLE = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGALRM)
+INIT = []  # in a call's first child: its init, once forked
 with open("/proc/sys/kernel/cap_last_cap") as f:
     LAST_CAP = int(f.read())
 ENV = json.loads(sys.argv[2])
@@ -144,12 +147,18 @@ def die_with_parent(alive):
     if gone:
         os._exit(111)
 
+def end_call(*_):  # C, asked to end the call: kill its init; waiting for it waits out the namespace
+    if not INIT:
+        os._exit(137)
+    os.kill(INIT[0], signal.SIGKILL)
+
 def call(request, fds, alive):  # C, forked from the server
     code = 111
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         die_with_parent(alive)
+        signal.signal(signal.SIGTERM, end_call)
         os.setsid()
         source_fd, out, err = fds
         null = os.open("/dev/null", os.O_RDONLY)
@@ -173,6 +182,7 @@ def call(request, fds, alive):  # C, forked from the server
         if init == 0:
             os.close(holder)
             run_init(request, alive)
+        INIT.append(init)
         os.close(alive)
         _, status = os.waitpid(init, 0)
         code = os.waitstatus_to_exitcode(status)
@@ -188,6 +198,10 @@ def run_init(request, alive):  # G: PID 1 of the call's namespace
         die_with_parent(alive)
         check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None), "proc")
         check(libc.mount(b"none", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d" % request["tmp_bytes"]), "tmp")
+        check(libc.mount(b"none", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d" % request["tmp_bytes"]), "shm")
+        check(libc.mount(b"none", b"/dev/pts", b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "pts")
+        for sig in CATCHABLE:  # the namespace's init takes no signal from the code (SIGKILL it ignores anyway)
+            signal.signal(sig, signal.SIG_IGN)
         worker = os.fork()
         if worker == 0:
             run_code(request)
@@ -205,6 +219,8 @@ def run_init(request, alive):  # G: PID 1 of the call's namespace
 def run_code(request):  # W: the tool's code, without capabilities, under the limits
     code = 1
     try:
+        for sig in CATCHABLE:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
         for cap in range(LAST_CAP + 1):
             check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "capbset")
@@ -288,8 +304,8 @@ while True:
     request = json.loads(message)
     if "kill" in request:
         pid = pids.get(request["kill"])
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)  # its init dies with it, and the namespace with its init
+        if pid is not None:  # it kills its init, waits for the namespace to end, then exits
+            os.kill(pid, signal.SIGTERM)
         continue
     alive, holder = os.pipe()
     pid = os.fork()
@@ -355,18 +371,22 @@ class Launcher:
         options = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
                    "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
                    *_system_dirs(), *_interpreter_dirs(self.python), "--proc", "/proc", "--dev", "/dev",
-                   "--tmpfs", "/tmp", "--dir", INSIDE, "--bind", str(root), ROOTS, "--chdir", "/", "--clearenv"]
+                   "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--bind", str(root), ROOTS,
+                   "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
         script = f"ROOTS, INSIDE = {ROOTS!r}, {INSIDE!r}\n" + _SERVE
         return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV)]
 
-    def argv(self, limits: SandboxLimits, workdir: Path) -> list[str]:
-        """The command that runs the prelude (which reads the tool's code from stdin)."""
+    def argv(self, limits: SandboxLimits, workdir: Path, info_fd: int | None = None) -> list[str]:
+        """The command that runs the prelude (which reads the tool's code from stdin); bwrap writes
+        its init's pid to `info_fd`."""
         python = [self.python, "-I", "-S", "-B", "-c", _PRELUDE % {"limits": _rlimits(limits)}]
         if self.isolation == "none":
             return python
         assert self.bwrap is not None
         drop = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"] if self.uid is not None else []
-        return drop + _bwrap_options(self.bwrap, self.python, limits, workdir) + python
+        info = ["--info-fd", str(info_fd)] if info_fd is not None else []
+        options = _bwrap_options(self.bwrap, self.python, limits, workdir)
+        return drop + options[:1] + info + options[1:] + python
 
 
 def _rlimits(limits: SandboxLimits) -> list[tuple[str, tuple[int, int]]]:
@@ -420,7 +440,8 @@ def _bwrap_options(bwrap: str, python: str, limits: SandboxLimits, workdir: Path
                "--new-session", "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
                *_system_dirs(), *_interpreter_dirs(python)]
     options += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-                "--bind", str(workdir), INSIDE, "--chdir", INSIDE, "--clearenv"]
+                "--bind", str(workdir), INSIDE, "--remount-ro", "/", "--remount-ro", "/dev",
+                "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm", "--chdir", INSIDE, "--clearenv"]
     for key, value in _ENV.items():
         options += ["--setenv", key, value]
     return options
@@ -507,9 +528,11 @@ class Sandbox:
 
     def run(self, code: str, workdir: str | Path, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
         """Run Python source `code` with `workdir` as its working directory, under the limits."""
-        workdir = Path(workdir).resolve()
+        workdir = Path(os.path.abspath(workdir))
         if not workdir.is_dir():
             raise ValueError(f"sandbox working directory {workdir} does not exist")
+        if os.path.realpath(workdir) != str(workdir):
+            raise SandboxUnavailable(f"the working directory {workdir} is reached through a link; pass its real path")
         launcher = self.launcher()
         if launcher.uid is not None:
             _give(workdir, launcher.uid)
@@ -526,7 +549,7 @@ class Sandbox:
                     return SandboxResult("error", None, "", f"sandbox: {exc}", time.monotonic() - began, False,
                                          launcher.isolation)
             else:
-                exit_code, timed_out = _launch(launcher.argv(limits, workdir), cwd, env, code, limits.timeout_s, out, err)
+                exit_code, timed_out = _launch(launcher, limits, workdir, cwd, env, code, out, err)
             seconds = time.monotonic() - began
             stdout, cut_out = _read(out, limits.max_output_bytes)
             stderr, cut_err = _read(err, limits.max_output_bytes)
@@ -547,7 +570,13 @@ def _give(workdir: Path, uid: int) -> None:
             f"the sandbox runs as uid {uid}, which cannot enter {blocked} to reach the working directory "
             f"{workdir}: create working directories with libra.rollout.sandbox.make_workroot() or under a directory "
             "others may search (mode 711)")
+    for directory in workdir.parents:  # one the sandbox owns could have had this one swapped for a link
+        if directory.stat().st_uid == uid:
+            raise SandboxUnavailable(f"the working directory {workdir} lies in {directory}, which a sandbox owns: "
+                                     "make working directories side by side, not inside one another")
     info = os.lstat(workdir)
+    if stat.S_ISLNK(info.st_mode):
+        raise SandboxUnavailable(f"the working directory {workdir} is a link")
     if info.st_uid != uid:
         os.chown(workdir, uid, uid, follow_symlinks=False)
 
@@ -587,24 +616,57 @@ def make_workroot(prefix: str = "libra-work-") -> Path:
     return root
 
 
-def _launch(argv: list[str], cwd: Path, env: dict, code: str, timeout_s: float, out, err) -> tuple[int, bool]:
-    """(exit code, timed out) of one sandbox; whatever it started is gone when this returns."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
-                            stdout=out, stderr=err, start_new_session=True)
+def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path, env: dict, code: str,
+            out, err) -> tuple[int, bool]:
+    """(exit code, timed out) of one call started on its own; whatever it started is gone when this
+    returns (with bwrap: its init has exited, and the kernel ends a PID namespace's other processes
+    before its init's exit completes)."""
+    info_r, info_w = os.pipe() if launcher.isolation == "bwrap" else (None, None)
+    try:
+        proc = subprocess.Popen(launcher.argv(limits, workdir, info_w), cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                stdout=out, stderr=err, start_new_session=True,
+                                pass_fds=() if info_w is None else (info_w,))
+    finally:
+        if info_w is not None:
+            os.close(info_w)
     timed_out = False
     try:
-        proc.communicate(code.encode(), timeout=timeout_s)
+        proc.communicate(code.encode(), timeout=limits.timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
     except BrokenPipeError:  # it ended before reading all its code: its exit status says why
         pass
     finally:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # bwrap's init and with it the namespace; or the group
+            os.killpg(proc.pid, signal.SIGKILL)  # bwrap, and with it (--die-with-parent) its init; or the group
         except (ProcessLookupError, PermissionError):
             pass
         proc.wait()
+        if info_r is not None:
+            _wait_exited(_init_pid(info_r))
     return proc.returncode, timed_out
+
+
+def _init_pid(info: int) -> int | None:
+    """The pid of bwrap's init, from what bwrap wrote to its info descriptor (closed here)."""
+    try:
+        with os.fdopen(info, "rb") as handle:
+            return int(json.loads(handle.read() or b"{}").get("child-pid", 0)) or None
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_exited(pid: int | None, limit_s: float = 10.0) -> None:
+    """Wait until process `pid` has exited (gone, or a zombie nobody has reaped yet)."""
+    deadline = time.monotonic() + limit_s
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.001)
 
 
 def _read(handle, cap: int) -> tuple[str, bool]:
@@ -695,6 +757,7 @@ class _Server:
             boxes, self.waiting = list(self.waiting.values()), {}
         if self.proc.poll() is None:
             self._kill()
+        self.sock.close()
         for box in boxes:
             box.put(None)
 
@@ -757,6 +820,7 @@ class _Server:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self._kill()
+        self.sock.close()
 
 
 _DEFAULT: dict[SandboxConfig, Sandbox] = {}

@@ -3,6 +3,7 @@ replace one line, and run the tests in the sandbox; the reward is 1 when the tes
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,21 +20,63 @@ FUNCTIONS = {
     "half": ("return a // 2", ["return a // 3", "return a * 2"], [((10,), 5), ((7,), 3)]),
     "square": ("return a * a", ["return a + a", "return a * 2"], [((3,), 9), ((5,), 25)]),
 }
-RUN_TESTS = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location('test_module', 'test_code.py')
-tests = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tests)
-names = sorted(n for n in dir(tests) if n.startswith('test_'))
-failed = []
-for n in names:
-    try:
-        getattr(tests, n)()
-    except Exception as e:
-        failed.append(f"FAIL {n}: {e}")
-print("\\n".join(failed) if failed else f"all {len(names)} tests passed")
-sys.exit(1 if failed else 0)
+# Runs in the sandbox: import code.py and call each tested function on the tests' inputs; one last
+# line carries the values it returned. The verdict is the host's (`verdict`), from the expected
+# values the task keeps: printing "all tests passed" earns nothing, and printing forged values
+# needs the expected ones, which is what hard-coding them into code.py would need anyway.
+MARKER = "LIBRA-TEST-RESULTS "
+RUNNER = """
+import importlib.util, json
+spec = importlib.util.spec_from_file_location('code_module', 'code.py')
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+results = []
+for name, cases in %(cases)r:
+    got = []
+    for args in cases:
+        try:
+            value = getattr(m, name)(*args)
+        except Exception as e:
+            got.append(["error", str(e)])
+            break
+        got.append(["value", value] if type(value) in (int, float, bool, str) else ["repr", repr(value)])
+    results.append(got)
+print(%(marker)r + json.dumps(results))
 """
+
+
+def runner(names: list[str]) -> str:
+    """The sandboxed half of a test run over the functions `names` (in the tests' order)."""
+    return RUNNER % {"cases": [(n, [list(args) for args, _ in FUNCTIONS[n][2]]) for n in names], "marker": MARKER}
+
+
+def verdict(names: list[str], output: str) -> tuple[str, bool] | None:
+    """(the test report, whether every test passed) from the runner's last line; None when the run
+    did not get that far (its own output, a traceback, is then the report)."""
+    lines = output.splitlines()
+    if not lines or not lines[-1].startswith(MARKER):
+        return None
+    try:
+        results = json.loads(lines[-1][len(MARKER):])
+    except ValueError:
+        return None
+    if not isinstance(results, list) or len(results) != len(names):
+        return None
+    failed = []
+    for name, got in sorted(zip(names, results, strict=True)):
+        for (args, want), outcome in zip(FUNCTIONS[name][2], got if isinstance(got, list) else [], strict=False):
+            kind, value = outcome if isinstance(outcome, list) and len(outcome) == 2 else ("error", "no result")
+            call = f"m.{name}({', '.join(map(str, args))})"
+            if kind == "error":
+                failed.append(f"FAIL test_{name}: {value}")
+                break
+            if kind != "value" or value != want:
+                failed.append(f"FAIL test_{name}: {call} returned {value}, expected {want}")
+                break
+        else:
+            if not isinstance(got, list) or len(got) < len(FUNCTIONS[name][2]):
+                failed.append(f"FAIL test_{name}: no result")
+    return ("\n".join(failed) if failed else f"all {len(names)} tests passed"), not failed
 
 
 def _source(functions: dict[str, str]) -> str:
@@ -79,13 +122,13 @@ class RepoEnv:
             bodies[buggy] = r.choice(FUNCTIONS[buggy][1])
             line = 3 * names.index(buggy) + 2
             out.append(Task("repo", f"repo-{seed}-{i}", f"The test for {buggy} fails in code.py.", "done",
-                            {"code": _source(bodies), "tests": _tests(names), "line": line,
+                            {"code": _source(bodies), "tests": _tests(names), "names": names, "line": line,
                              "fix": f"    {FUNCTIONS[buggy][0]}"}))
         return out
 
     def open(self, task: Task, workdir: Path) -> _Episode:
         write_work_file(workdir, "code.py", task.data["code"])
-        return _Episode(workdir, task.data["tests"], self.sandbox, self.limits)
+        return _Episode(workdir, task.data["tests"], task.data["names"], self.sandbox, self.limits)
 
     def expert(self, task: Task) -> Callable[[str], str]:
         line, fix = task.data["line"], task.data["fix"]
@@ -114,15 +157,20 @@ class RepoEnv:
 class _Episode:
     FILES = ("code.py", "test_code.py")
 
-    def __init__(self, workdir: Path, tests: str, sandbox: Sandbox, limits: SandboxLimits) -> None:
-        self.workdir, self.tests, self.sandbox, self.limits = workdir, tests, sandbox, limits
+    def __init__(self, workdir: Path, tests: str, names: list[str], sandbox: Sandbox, limits: SandboxLimits) -> None:
+        self.workdir, self.tests, self.names, self.sandbox, self.limits = workdir, tests, names, sandbox, limits
+        self.passed = False
 
     def _tests(self) -> tuple[str, str]:
-        # the tests are the task's, never the model's: written afresh before every run, since code
-        # the model put in code.py runs in the sandbox and could have changed them
+        # test_code.py is for the model to read (the task's, written afresh); the run itself only
+        # computes values, and the host judges them
         write_work_file(self.workdir, "test_code.py", self.tests)
-        result = self.sandbox.run(RUN_TESTS, self.workdir, self.limits)
-        return result.output, "ok" if result.status in ("ok", "error") and result.exit_code in (0, 1) else result.status
+        result = self.sandbox.run(runner(self.names), self.workdir, self.limits)
+        judged = verdict(self.names, result.stdout) if result.status == "ok" else None
+        self.passed = judged is not None and judged[1]
+        if judged is None:
+            return result.output, "ok" if result.status in ("ok", "error") and result.exit_code in (0, 1) else result.status
+        return judged[0], "ok"
 
     def call(self, name: str, argument: str) -> tuple[str, str]:
         try:
@@ -154,5 +202,5 @@ class _Episode:
         return f"line {n} is now: {lines[n - 1]}", "ok"
 
     def reward(self, answer: str) -> float:
-        output, _ = self._tests()
-        return 1.0 if output.startswith("all ") else 0.0
+        self._tests()
+        return 1.0 if self.passed else 0.0

@@ -355,3 +355,55 @@ def test_working_directories_outside_the_servers_root_get_a_bwrap_of_their_own(t
 def test_long_code_runs_too(episode):
     code = "x = 0\n" + "x += 1\n" * 100_000 + "print(x)"  # about 700 KB
     assert episode.call("python", code) == ("100000", "ok")
+
+
+# -- found by review: shared state between calls, processes after a timeout, forged test reports --
+
+def test_calls_share_no_writable_file_system(episode, host):
+    for target in ["/persist.txt", "/dev/x"]:
+        output, status = attack(episode, host, f"open({target!r}, 'w').write('x')")
+        assert status == "error" and "Read-only file system" in output
+    output, status = attack(episode, host, "import os\nos.rename('/bin', '/bin.orig')")
+    assert status == "error" and "Read-only file system" in output
+    assert episode.call("python", "open('/dev/shm/x', 'w').write('from A')\nprint('ok')") == ("ok", "ok")
+    output = episode.call("python", "import os\nprint(os.listdir('/dev/shm'), os.listdir('/dev/pts'))")
+    assert output in (("[] []", "ok"), ("[] ['ptmx']", "ok"))  # the server covers /dev/pts; a bwrap has its own
+
+
+def test_nothing_runs_after_a_timed_out_call_returns(tmp_path, config):
+    work = tmp_path / "w"
+    work.mkdir()
+    code = ("import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        break\n"
+            "while True:\n    with open(f'beat-{os.getpid()}', 'a') as f:\n        f.write('.')")
+    result = Sandbox(config).run(code, work, SandboxLimits(timeout_s=1.0, cpu_s=5, processes=8))
+    assert result.status == "timeout"
+    sizes = {p.name: p.stat().st_size for p in work.iterdir()}
+    time.sleep(0.3)
+    assert {p.name: p.stat().st_size for p in work.iterdir()} == sizes and sizes
+
+
+def test_signals_to_its_init_are_ignored(episode, host):
+    output, status = attack(episode, host, "import os, signal\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+                                           "    os.kill(1, s)\nprint('init alive')")
+    assert (output, status) == ("init alive", "ok")
+
+
+def test_a_forged_test_report_earns_nothing(tmp_path, config):
+    workdir = tmp_path / "repo"
+    episode = open_episode("repo", config, workdir)
+    forged = "def add(a, b, _=print('all 3 tests passed', flush=True) or __import__('os')._exit(0)):"
+    assert episode.call("edit", f"code.py 1: {forged}")[1] == "ok"
+    assert episode.reward("done") == 0.0  # the verdict is the host's, from the values the functions returned
+
+
+def test_working_directories_through_links_or_inside_another_are_refused(tmp_path):
+    box = Sandbox()
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    assert box.run("import os\nos.symlink('/etc', 'inner')\nos.mkdir('real')", outer, FAST).status == "ok"
+    with pytest.raises(SandboxUnavailable, match="link"):
+        box.run("print(1)", outer / "inner", FAST)
+    if AS_ROOT:
+        with pytest.raises(SandboxUnavailable, match="which a sandbox owns"):
+            box.run("print(1)", outer / "real", FAST)
+        assert Path("/etc").stat().st_uid == 0
