@@ -805,6 +805,8 @@ class _Server:
             try:
                 status = box.get(timeout=30)  # the server reports the killed call (or its own end)
             except queue.Empty:
+                with self.lock:
+                    self.waiting.pop(ident, None)
                 raise ServerStopped("the tool server did not report a killed call") from None
         if status is None:
             raise ServerStopped("the tool server stopped during the call; it restarts for the next one")
