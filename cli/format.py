@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import json
-import math
 from typing import Any
 
 import pyarrow as pa
 
-
-def to_jsonable(value: Any) -> Any:
-    if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (dt.date, dt.datetime, dt.time)):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, dict):
-        return {k: to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    return value
+from storage.queries import to_jsonable
 
 
 def rows_json(table: pa.Table) -> str:

@@ -7,6 +7,9 @@ Python callers run exactly the same text. "Recent" means the last `last_steps` s
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,3 +216,22 @@ def run_named(catalog: Catalog, name: str, **params: Any) -> pa.Table:
     if name == "length_histogram" and values["bins"] < 1:
         raise LibraError("length_histogram: bins must be >= 1")
     return catalog.query(query.sql, values or None)
+
+
+def to_jsonable(value: Any) -> Any:
+    """A value DuckDB returned as one JSON takes (decimals as numbers, times as ISO text, NaN as null)."""
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (dt.date, dt.datetime, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value

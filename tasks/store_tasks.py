@@ -7,11 +7,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from cli.format import to_jsonable
 from libra.config import LibraConfig
 from storage.catalog import Catalog
 from storage.ingest import ImportSummary, import_trace
-from storage.queries import run_named
+from storage.queries import run_named, to_jsonable
 
 
 @task(name="import-trace", cache_policy=NO_CACHE, retries=0)
