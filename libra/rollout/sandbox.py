@@ -25,7 +25,7 @@ not from checks inside the interpreter. What a call's code gets:
   stdout and stderr cut at `max_output_bytes` when read back.
 
 Two ways to start a call, the same isolation:
-- the sandbox server (default, `sandbox.server: true`): one bwrap sandbox per process and
+- the sandbox server (`sandbox_server.py`; default, `sandbox.server: true`): one bwrap sandbox per process and
   configuration holds a small interpreter (uid 65534, no capabilities, the working-directory root
   `make_workroot` hands out bound at /roots). For each call it forks a child that makes the call's
   own user, mount, PID, network, IPC and UTS namespaces (a user namespace needs no privilege; the
@@ -49,10 +49,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import queue
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -66,9 +64,8 @@ from pathlib import Path
 
 from libra.config import SandboxConfig
 from libra.errors import LibraError
+from libra.rollout.sandbox_server import INSIDE, ROOTS, SERVE, Server, ServerStopped
 
-INSIDE = "/workspace"  # where the task's working directory appears inside the sandbox
-ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hidden from every call)
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         "HOME": INSIDE, "PWD": INSIDE, "TMPDIR": "/tmp"}
 
@@ -95,228 +92,6 @@ except BaseException as _error:  # the tool's traceback, without this prelude's 
 '''
 
 
-# The sandbox server: runs inside a bwrap sandbox (uid 65534, no capabilities), reads one request a
-# message from its socket (fd argv[1]; {"id", "rel", "limits", "tmp_bytes"} with three descriptors
-# attached: the code to run (an anonymous file the server never reads), the call's stdout and its
-# stderr; or {"kill": id}) and answers {"id", "status"} (the wait
-# status of the call's first child) when a call has ended. Per call: child C makes the namespaces,
-# init G (PID 1 there) mounts /proc and /tmp, worker W drops its capabilities and runs the code.
-_SERVE = r'''
-import ctypes, gc, json, os, resource, select, signal, socket, sys, traceback
-sock = socket.socket(fileno=int(sys.argv[1]))
-libc = ctypes.CDLL(None, use_errno=True)
-NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS = 0x10000000, 0x20000, 0x20000000, 0x40000000, 0x08000000, 0x04000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
-UID, GID = os.getuid(), os.getgid()
-CATCHABLE = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-             signal.SIGALRM)
-INIT = []  # in a call's first child: its init, once forked
-with open("/proc/sys/kernel/cap_last_cap") as f:
-    LAST_CAP = int(f.read())
-ENV = json.loads(sys.argv[2])
-
-class CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-class CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-def check(result, what):
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-def write(path, text):
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-def die_with_parent(alive):
-    """SIGKILL when the parent dies; exit now if it already has (`alive`: the read end of a pipe
-    whose write end only the parent holds)."""
-    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    os.set_blocking(alive, False)
-    try:
-        gone = os.read(alive, 1) == b""
-    except BlockingIOError:
-        gone = False
-    os.close(alive)
-    if gone:
-        os._exit(111)
-
-def end_call(*_):  # C, asked to end the call: kill its init; waiting for it waits out the namespace
-    if not INIT:
-        os._exit(137)
-    os.kill(INIT[0], signal.SIGKILL)
-
-def call(request, fds, alive):  # C, forked from the server
-    code = 111
-    try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        die_with_parent(alive)
-        signal.signal(signal.SIGTERM, end_call)
-        os.setsid()
-        source_fd, out, err = fds
-        null = os.open("/dev/null", os.O_RDONLY)
-        for target, fd in ((0, null), (1, out), (2, err), (3, source_fd)):
-            os.dup2(fd, target)
-        os.closerange(4, 1 << 16)  # the server's socket included
-        source = os.path.join(ROOTS, request["rel"])
-        if os.path.realpath(source) != source or not os.path.isdir(source):
-            raise OSError(f"the working directory {request['rel']} is not a plain directory under the root")
-        check(libc.unshare(NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS), "unshare")
-        write("/proc/self/setgroups", "deny")
-        write("/proc/self/uid_map", f"{UID} {UID} 1")
-        write("/proc/self/gid_map", f"{GID} {GID} 1")
-        write("/proc/sys/user/max_user_namespaces", "0")  # the code can make no user namespace
-        check(libc.sethostname(b"sandbox", 7), "hostname")
-        check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private")
-        check(libc.mount(source.encode(), INSIDE.encode(), None, MS_BIND | MS_REC, None), "bind")
-        check(libc.mount(b"none", ROOTS.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "cover")
-        alive, holder = os.pipe()
-        init = os.fork()
-        if init == 0:
-            os.close(holder)
-            run_init(request, alive)
-        INIT.append(init)
-        os.close(alive)
-        _, status = os.waitpid(init, 0)
-        code = os.waitstatus_to_exitcode(status)
-        code = code if code >= 0 else 128 - code
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
-
-def run_init(request, alive):  # G: PID 1 of the call's namespace
-    code = 111
-    try:
-        die_with_parent(alive)
-        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None), "proc")
-        check(libc.mount(b"none", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d" % request["tmp_bytes"]), "tmp")
-        check(libc.mount(b"none", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d" % request["tmp_bytes"]), "shm")
-        check(libc.mount(b"none", b"/dev/pts", b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "pts")
-        for sig in CATCHABLE:  # the namespace's init takes no signal from the code (SIGKILL it ignores anyway)
-            signal.signal(sig, signal.SIG_IGN)
-        worker = os.fork()
-        if worker == 0:
-            run_code(request)
-        while True:  # reap orphans until the code's process ends; then everything else dies with us
-            pid, status = os.wait()
-            if pid == worker:
-                code = os.waitstatus_to_exitcode(status)
-                code = code if code >= 0 else 128 - code
-                break
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
-
-def run_code(request):  # W: the tool's code, without capabilities, under the limits
-    code = 1
-    try:
-        for sig in CATCHABLE:
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        for cap in range(LAST_CAP + 1):
-            check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "capbset")
-        check(libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), (CapData * 2)()), "capset")
-        os.chdir(INSIDE)
-        os.environ.clear()
-        os.environ.update(ENV)
-        for name, value in request["limits"]:
-            resource.setrlimit(getattr(resource, name), value)
-        sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        with open(3, "rb") as source:  # the code comes from the caller, never through the server
-            text = source.read()
-        scope = {"__name__": "__main__", "__builtins__": __builtins__}
-        try:
-            exec(compile(text, "<tool>", "exec"), scope)
-            code = 0
-        except SystemExit as exc:
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:
-                print(exc.code, file=sys.stderr)
-        except BaseException as exc:  # the tool's traceback, without the server's frames
-            tb = exc.__traceback__
-            while tb is not None and tb.tb_frame.f_code.co_filename != "<tool>":
-                tb = tb.tb_next
-            traceback.print_exception(type(exc), exc, tb)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-wake_r, wake_w = os.pipe()
-os.set_blocking(wake_r, False)
-os.set_blocking(wake_w, False)
-signal.set_wakeup_fd(wake_w)
-signal.signal(signal.SIGCHLD, lambda *_: None)
-children, pids, holders = {}, {}, {}  # call process -> request id; id -> process; process -> its pipe
-
-def send(message):
-    sock.send(json.dumps(message).encode())
-
-def reap():
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        ident = children.pop(pid, None)
-        if pid in holders:
-            os.close(holders.pop(pid))
-        if ident is not None:
-            pids.pop(ident, None)
-            send({"id": ident, "status": status})
-
-gc.freeze()  # the server's objects are never collected: a forked call does not copy pages to scan them
-send({"ready": True})
-while True:
-    readable, _, _ = select.select([sock, wake_r], [], [])
-    if wake_r in readable:
-        while True:
-            try:
-                os.read(wake_r, 512)
-            except BlockingIOError:
-                break
-    reap()
-    if sock not in readable:
-        continue
-    message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
-    if not message:  # the caller went away: so does every call
-        for pid in children:
-            os.kill(pid, signal.SIGKILL)
-        break
-    request = json.loads(message)
-    if "kill" in request:
-        pid = pids.get(request["kill"])
-        if pid is not None:  # it kills its init, waits for the namespace to end, then exits
-            os.kill(pid, signal.SIGTERM)
-        continue
-    alive, holder = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(holder)
-        call(request, fds, alive)
-    for fd in [alive, *fds]:
-        os.close(fd)
-    holders[pid] = holder
-    children[pid], pids[request["id"]] = request["id"], pid
-'''
 
 
 class SandboxUnavailable(LibraError):
@@ -373,7 +148,7 @@ class Launcher:
                    *_system_dirs(), *_interpreter_dirs(self.python), "--proc", "/proc", "--dev", "/dev",
                    "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--bind", str(root), ROOTS,
                    "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
-        script = f"ROOTS, INSIDE = {ROOTS!r}, {INSIDE!r}\n" + _SERVE
+        script = f"ROOTS, INSIDE = {ROOTS!r}, {INSIDE!r}\n" + SERVE
         return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV)]
 
     def argv(self, limits: SandboxLimits, workdir: Path, info_fd: int | None = None) -> list[str]:
@@ -464,7 +239,7 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
-        self._host: _Server | None = None
+        self._host: Server | None = None
 
     def launcher(self) -> Launcher:
         """Resolve (once) how sandboxes start here; a probe call must succeed, else
@@ -514,7 +289,7 @@ class Sandbox:
             "or set `sandbox.python` to an interpreter the sandbox's uid can run; or set `sandbox.isolation: none` "
             "to run tools without isolation")
 
-    def _server(self, launcher: Launcher) -> _Server:
+    def _server(self, launcher: Launcher) -> Server:
         """This process's sandbox server for the configuration (started on first use, and again
         after it stopped or in a forked copy of the process)."""
         with self._lock:
@@ -522,7 +297,11 @@ class Sandbox:
             if host is None or not host.alive or host.owner != os.getpid():
                 if host is not None:
                     host.close()
-                self._host = host = _Server(launcher, workroot_base())
+                base = workroot_base()
+                try:
+                    self._host = host = Server(lambda fd: launcher.server_argv(base, fd))
+                except ServerStopped as exc:
+                    raise SandboxUnavailable(f"the sandbox server did not start: {exc}") from None
                 atexit.register(host.close)
             return host
 
@@ -544,7 +323,8 @@ class Sandbox:
         with tempfile.TemporaryFile(prefix="libra-sandbox-") as out, tempfile.TemporaryFile(prefix="libra-sandbox-") as err:
             if served:
                 try:
-                    exit_code, timed_out = self._server(launcher).run(code, workdir.relative_to(base), limits, out, err)
+                    exit_code, timed_out = self._server(launcher).run(code, workdir.relative_to(base), _rlimits(limits),
+                                                                      limits.tmp_bytes, limits.timeout_s, out, err)
                 except ServerStopped as exc:  # the tool may or may not have run: report it, do not run it again
                     return SandboxResult("error", None, "", f"sandbox: {exc}", time.monotonic() - began, False,
                                          launcher.isolation)
@@ -673,156 +453,6 @@ def _read(handle, cap: int) -> tuple[str, bool]:
     handle.seek(0)
     data = handle.read(cap + 1)
     return data[:cap].decode("utf-8", "replace"), len(data) > cap
-
-
-def _start_kept(argv: list[str], **options) -> subprocess.Popen:
-    """Start a process from a thread of its own that lives as long as the process does: bwrap's
-    --die-with-parent follows the thread that started it, and the thread that first needs the
-    server may be a short-lived one of a tool pool."""
-    started: queue.SimpleQueue = queue.SimpleQueue()
-
-    def keep() -> None:
-        try:
-            proc = subprocess.Popen(argv, **options)
-        except BaseException as exc:  # handed to the caller
-            started.put(exc)
-            return
-        started.put(proc)
-        proc.wait()
-
-    threading.Thread(target=keep, name="libra-sandbox-keeper", daemon=True).start()
-    result = started.get()
-    if isinstance(result, BaseException):
-        raise result
-    return result
-
-
-class ServerStopped(RuntimeError):
-    """The sandbox server went away during a call."""
-
-
-class _Server:
-    """The caller's side of the sandbox server: any thread may call `run`; one reader thread hands
-    each finished call's status to the thread waiting for it."""
-
-    def __init__(self, launcher: Launcher, base: Path) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with tempfile.TemporaryFile(prefix="libra-sandbox-server-") as log:
-            try:
-                self.proc = _start_kept(launcher.server_argv(base, theirs.fileno()), pass_fds=(theirs.fileno(),),
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                        cwd="/", env={}, start_new_session=True)
-            finally:
-                theirs.close()
-            ours.settimeout(30)
-            try:
-                hello = ours.recv(1 << 16)
-            except OSError:
-                hello = b""
-            if not hello.startswith(b'{"ready"'):
-                self.proc.kill()
-                self.proc.wait()
-                log.seek(0)
-                ours.close()
-                raise SandboxUnavailable(f"the sandbox server did not start: {log.read(2000).decode(errors='replace').strip()}")
-        ours.settimeout(None)
-        self.sock = ours
-        self.owner = os.getpid()  # a forked copy of the caller must not share the socket: it starts its own
-        self.lock = threading.Lock()
-        self.waiting: dict[int, queue.SimpleQueue] = {}
-        self.next_id = 0
-        self.alive = True
-        threading.Thread(target=self._read, name="libra-sandbox-server", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            while True:
-                message = self.sock.recv(1 << 16)
-                if not message:
-                    break
-                reply = json.loads(message)
-                with self.lock:
-                    box = self.waiting.pop(reply["id"], None)
-                if box is not None:
-                    box.put(reply["status"])
-        except OSError:
-            pass
-        finally:
-            self._gone()
-
-    def _gone(self) -> None:
-        """The server's socket closed: stop the server (and with it every call) and wake every caller."""
-        with self.lock:
-            self.alive = False
-            boxes, self.waiting = list(self.waiting.values()), {}
-        if self.proc.poll() is None:
-            self._kill()
-        self.sock.close()
-        for box in boxes:
-            box.put(None)
-
-    def _kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap, its init, the server and every call with them
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-
-    def run(self, code: str, rel: Path, limits: SandboxLimits, out, err) -> tuple[int, bool]:
-        """(exit code, timed out) of one call in the working directory `rel` under the root."""
-        source = os.memfd_create("libra-tool-code", os.MFD_CLOEXEC)  # the server never holds the code
-        try:
-            os.write(source, code.encode())
-            os.lseek(source, 0, os.SEEK_SET)
-            return self._call(source, rel, limits, out, err)
-        finally:
-            os.close(source)
-
-    def _call(self, source: int, rel: Path, limits: SandboxLimits, out, err) -> tuple[int, bool]:
-        box: queue.SimpleQueue = queue.SimpleQueue()
-        with self.lock:
-            if not self.alive:
-                raise ServerStopped("the tool server stopped before the call; it restarts for the next one")
-            ident, self.next_id = self.next_id, self.next_id + 1
-            self.waiting[ident] = box
-            request = {"id": ident, "rel": str(rel), "limits": _rlimits(limits), "tmp_bytes": limits.tmp_bytes}
-            try:
-                socket.send_fds(self.sock, [json.dumps(request).encode()], [source, out.fileno(), err.fileno()])
-            except OSError as exc:
-                self.waiting.pop(ident, None)
-                raise ServerStopped(f"the tool server stopped ({exc}); it restarts for the next one") from exc
-        timed_out = False
-        try:
-            status = box.get(timeout=limits.timeout_s)
-        except queue.Empty:
-            timed_out = True
-            with self.lock:
-                try:
-                    if self.alive:
-                        self.sock.send(json.dumps({"kill": ident}).encode())
-                except OSError:  # it is going away: the reader reports that
-                    pass
-            try:
-                status = box.get(timeout=30)  # the server reports the killed call (or its own end)
-            except queue.Empty:
-                with self.lock:
-                    self.waiting.pop(ident, None)
-                raise ServerStopped("the tool server did not report a killed call") from None
-        if status is None:
-            raise ServerStopped("the tool server stopped during the call; it restarts for the next one")
-        return os.waitstatus_to_exitcode(status), timed_out
-
-    def close(self) -> None:
-        if self.owner == os.getpid() and self.proc.poll() is None:
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)  # the server kills what is left and exits
-            except OSError:
-                pass
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._kill()
-        self.sock.close()
 
 
 _DEFAULT: dict[SandboxConfig, Sandbox] = {}
