@@ -222,16 +222,6 @@ def _bwrap_options(bwrap: str, python: str, limits: SandboxLimits, workdir: Path
     return options
 
 
-def _reachable(path: Path, uid: int) -> str | None:
-    """Why `uid` cannot reach the directory `path` (None when it can): every directory above it
-    must let others (or `uid`, its owner) search it."""
-    for directory in [*reversed(path.parents)]:
-        info = directory.stat()
-        if not (info.st_mode & stat.S_IXOTH or (info.st_uid == uid and info.st_mode & stat.S_IXUSR)):
-            return str(directory)
-    return None
-
-
 class Sandbox:
     """Runs tool code under one configuration; safe to call from many threads at once."""
 
@@ -342,18 +332,19 @@ class Sandbox:
 
 
 def _give(workdir: Path, uid: int) -> None:
-    """Let the sandbox's uid use the working directory: it must reach it, and it gets the directory
-    itself (not what is in it, and never through a link)."""
-    blocked = _reachable(workdir, uid)
-    if blocked is not None:
-        raise SandboxUnavailable(
-            f"the sandbox runs as uid {uid}, which cannot enter {blocked} to reach the working directory "
-            f"{workdir}: create working directories with libra.rollout.sandbox.make_workroot() or under a directory "
-            "others may search (mode 711)")
-    for directory in workdir.parents:  # one the sandbox owns could have had this one swapped for a link
-        if directory.stat().st_uid == uid:
+    """Let the sandbox's uid use the working directory: it must reach it (every directory above lets
+    others search it), none above may be its own (there the sandbox could have swapped this one for a
+    link), and it gets the directory itself (not what is in it, and never through a link)."""
+    for directory in reversed(workdir.parents):
+        info = os.stat(directory)
+        if info.st_uid == uid:
             raise SandboxUnavailable(f"the working directory {workdir} lies in {directory}, which a sandbox owns: "
                                      "make working directories side by side, not inside one another")
+        if not info.st_mode & stat.S_IXOTH:
+            raise SandboxUnavailable(
+                f"the sandbox runs as uid {uid}, which cannot enter {directory} to reach the working directory "
+                f"{workdir}: create working directories with libra.rollout.sandbox.make_workroot() or under a "
+                "directory others may search (mode 711)")
     info = os.lstat(workdir)
     if stat.S_ISLNK(info.st_mode):
         raise SandboxUnavailable(f"the working directory {workdir} is a link")
