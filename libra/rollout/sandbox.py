@@ -64,32 +64,13 @@ from pathlib import Path
 
 from libra.config import SandboxConfig
 from libra.errors import LibraError
-from libra.rollout.sandbox_server import INSIDE, ROOTS, SERVE, Server, ServerStopped
+from libra.rollout.sandbox_server import INSIDE, ROOTS, SERVE, TOOL_RUNNER, Server, ServerStopped
 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         "HOME": INSIDE, "PWD": INSIDE, "TMPDIR": "/tmp"}
 
-# Runs first in the sandboxed interpreter: read the tool's code from stdin, point stdin at
-# /dev/null, set the limits (hard limits too: an unprivileged process cannot raise them again), then
-# run the code in a namespace of its own; its traceback starts at its own code.
-_PRELUDE = r'''
-import os, sys, resource
-_code = sys.stdin.buffer.read()
-_fd = os.open("/dev/null", os.O_RDONLY)
-os.dup2(_fd, 0)
-os.close(_fd)
-for _name, _value in %(limits)r:
-    resource.setrlimit(getattr(resource, _name), _value)
-del _fd, _name, _value
-try:
-    exec(compile(_code, "<tool>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-except SystemExit:
-    raise
-except BaseException as _error:  # the tool's traceback, without this prelude's frame
-    import traceback
-    traceback.print_exception(type(_error), _error, _error.__traceback__.tb_next)
-    sys.exit(1)
-'''
+# A bwrap per call runs this: the tool's code comes on stdin.
+_PRELUDE = TOOL_RUNNER + "sys.exit(run_tool(0, %(limits)r))\n"
 
 
 

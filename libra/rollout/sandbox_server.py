@@ -28,8 +28,39 @@ ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hi
 # stderr; or {"kill": id}) and answers {"id", "status"} (the wait
 # status of the call's first child) when a call has ended. Per call: child C makes the namespaces,
 # init G (PID 1 there) mounts /proc and /tmp, worker W drops its capabilities and runs the code.
-SERVE = r'''
-import ctypes, gc, json, os, resource, select, signal, socket, sys, traceback
+# Runs the tool's code in the process it is in, in both ways a call starts: reads the code from a
+# descriptor (which is closed; stdin is /dev/null from then on), sets the limits (hard ones too: an
+# unprivileged process cannot raise them again), runs the code in a namespace of its own and
+# returns its exit status; a traceback starts at the tool's own code.
+TOOL_RUNNER = r'''
+import os, sys, resource, traceback
+def run_tool(source_fd, limits):
+    with open(source_fd, "rb") as source:
+        text = source.read()
+    null = os.open("/dev/null", os.O_RDONLY)
+    if null != 0:
+        os.dup2(null, 0)
+        os.close(null)
+    for name, value in limits:
+        resource.setrlimit(getattr(resource, name), value)
+    try:
+        exec(compile(text, "<tool>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<tool>":
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb)
+        return 1
+    return 0
+'''
+
+SERVE = TOOL_RUNNER + r'''
+import ctypes, gc, json, select, signal, socket
 sock = socket.socket(fileno=int(sys.argv[1]))
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS = 0x10000000, 0x20000, 0x20000000, 0x40000000, 0x08000000, 0x04000000
@@ -155,27 +186,10 @@ def run_code(request):  # W: the tool's code, without capabilities, under the li
         os.chdir(INSIDE)
         os.environ.clear()
         os.environ.update(ENV)
-        for name, value in request["limits"]:
-            resource.setrlimit(getattr(resource, name), value)
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        with open(3, "rb") as source:  # the code comes from the caller, never through the server
-            text = source.read()
-        scope = {"__name__": "__main__", "__builtins__": __builtins__}
-        try:
-            exec(compile(text, "<tool>", "exec"), scope)
-            code = 0
-        except SystemExit as exc:
-            if exc.code is None or isinstance(exc.code, int):
-                code = exc.code or 0
-            else:
-                print(exc.code, file=sys.stderr)
-        except BaseException as exc:  # the tool's traceback, without the server's frames
-            tb = exc.__traceback__
-            while tb is not None and tb.tb_frame.f_code.co_filename != "<tool>":
-                tb = tb.tb_next
-            traceback.print_exception(type(exc), exc, tb)
+        code = run_tool(3, request["limits"])  # the code comes from the caller, never through the server
     except BaseException:
         traceback.print_exc()
     finally:
