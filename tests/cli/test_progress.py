@@ -80,6 +80,7 @@ def on_terminal(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str, 
         patch.setattr("sys.stdout", out)
         patch.setattr("sys.stderr", err)
         patch.setattr(cli.progress, "DELAY_S", 0.0)
+        patch.setenv("COLUMNS", "1000")  # wide enough for a whole line wherever the checkout lies (paths are in it)
         code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
 
