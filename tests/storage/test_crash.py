@@ -3,7 +3,8 @@
 - An import killed at random points (14 times, random delays up to twice the import's duration, the
   previous import of the run being replaced each time with another prompts-per-step) leaves the
   run exactly as a clean import leaves it: the previous one, or the new one, never a mix; the next
-  import removes the killed one's files and is not blocked by its lock.
+  import removes the killed one's files and is not blocked by its lock. One more kill waits until
+  shards are staged, so a kill mid-import is certain to be among them.
 - A step writer killed mid-step leaves whole steps only; its re-run gives the exact rows.
 - Two imports into one run at once: one is refused with a one-line message (or, serialised,
   refused as existing or replacing the other), and the store ends as one clean import.
@@ -111,6 +112,22 @@ def test_sigkill_at_random_points_of_an_import(tmp_path: Path) -> None:
         outcomes["kept" if observed == state else "replaced"] += 1
         state = observed
 
+    # Random delays may all miss the short window in which shards are staged, so further kills wait for it.
+    for _ in range(5):
+        if outcomes["killed_with_staged_files"]:
+            break
+        proc = _import_worker(store, 8, "--replace")
+        _go(proc)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not leftovers(store):
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        if proc.returncode == -signal.SIGKILL and leftovers(store):
+            outcomes["killed_with_staged_files"] += 1
+        observed = fingerprint(store)
+        assert observed in (state, expected[8]), "a directed kill: the run is neither the previous nor the new import"
+        state = observed
     assert outcomes["killed_with_staged_files"] >= 1, outcomes  # some kills did land mid-import
     final = _import_worker(store, 2, "--replace")  # not blocked by the dead holders' lock; sweeps their files
     _go(final)
