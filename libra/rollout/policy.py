@@ -3,18 +3,21 @@ byte-level BPE tokenizer trained on the environments' text, warm-started by supe
 the scripted experts' demonstrations (loss on the model's own turns only, not on prompts or tool
 outputs).
 
-    libra policy init --out DIR      # a few minutes on a 2-core CPU; reused when DIR already holds it
+    libra policy init --out DIR             # DIR gets the shipped policy, or a rebuilt one
+    libra policy init --out DIR --rebuild   # trains it from scratch: about 20 minutes on a 2-core CPU
 
 The head size is 64 (vLLM's CPU attention supports it); any HF-format checkpoint can be used in its
 place on a real cluster. `DIR/libra_policy.json` records how the policy was built; a directory whose
-record matches the requested settings is reused as is.
+record matches the requested settings is reused as is. The policy built with the default settings
+ships in `data/policy/` (`libra policy init --out data/policy --rebuild` makes it again), so a fresh
+machine copies it instead of spending the build's minutes.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,8 +30,12 @@ from libra.errors import LibraError
 from libra.rollout.envs import ENVS, demonstration, make_env
 from libra.rollout.protocol import SPECIAL
 from libra.rollout.sandbox import temporary_workroot
+from libra.trainer.optim import learning_rate, make_optimizer, set_learning_rate
 
 PAD, EOS = "<|pad|>", "<|eos|>"
+SHIPPED = Path(__file__).resolve().parents[2] / "data" / "policy"  # the default settings' policy
+POLICY_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                "libra_policy.json")
 
 
 @dataclass(frozen=True)
@@ -109,18 +116,31 @@ def encode(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int
     return enc["input_ids"] + [eos], labels + [eos]
 
 
+def _record_if_built_with(directory: Path, settings: PolicySettings) -> dict | None:
+    record_path = directory / "libra_policy.json"
+    if not record_path.is_file():
+        return None
+    record = json.loads(record_path.read_text())
+    return record if record.get("settings") == json.loads(json.dumps(asdict(settings))) else None
+
+
 def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), log=print,
                 progress: Callable[[int, int, float], None] | None = None,
-                sandbox: SandboxConfig | None = None) -> dict:
-    """Build (or reuse) the policy in `out`; returns its record. `progress` hears (training steps done,
-    steps, the step's loss) after each step; the demonstrations' tools run in the sandbox `sandbox`
-    configures."""
+                sandbox: SandboxConfig | None = None, rebuild: bool = False) -> dict:
+    """Build (or reuse) the policy in `out`; returns its record. Unless `rebuild`, a policy in `out`
+    built with `settings` is kept, and the shipped one is copied when it was built with them.
+    `progress` hears (training steps done, steps, the step's loss) after each step; the
+    demonstrations' tools run in the sandbox `sandbox` configures."""
     out = Path(out)
-    record_path = out / "libra_policy.json"
-    if record_path.exists():
-        record = json.loads(record_path.read_text())
-        if record.get("settings") == json.loads(json.dumps(asdict(settings))):
+    if not rebuild:
+        if (record := _record_if_built_with(out, settings)) is not None:
             log(f"policy in {out} is up to date (built in {record['train_s']:.0f} s, final loss {record['final_loss']:.3f})")
+            return record
+        if (record := _record_if_built_with(SHIPPED, settings)) is not None and out.resolve() != SHIPPED:
+            out.mkdir(parents=True, exist_ok=True)
+            for name in POLICY_FILES:  # the record last: it marks a whole copy
+                shutil.copyfile(SHIPPED / name, out / name)
+            log(f"policy in {out}: copied the shipped policy (final loss {record['final_loss']:.3f})")
             return record
     torch.set_num_threads(max(1, torch.get_num_threads()))
     began = time.perf_counter()
@@ -131,14 +151,12 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
     if longest > settings.max_positions:
         raise LibraError(f"a demonstration has {longest} tokens, more than max_positions {settings.max_positions}")
     model = build_model(settings, len(tokenizer))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
+    optimizer = make_optimizer(model.parameters(), settings.lr)
     rng = random.Random(settings.seed)
     losses = []
     model.train()
     for step in range(settings.steps):
-        lr = settings.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / settings.steps))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(optimizer, learning_rate(step, settings.steps, settings.lr, warmup=50))
         batch = rng.sample(examples, settings.batch)
         width = max(len(ids) for ids, _ in batch)
         ids = torch.tensor([i + [0] * (width - len(i)) for i, _ in batch])
@@ -160,5 +178,5 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
     record = {"settings": json.loads(json.dumps(asdict(settings))), "parameters": sum(p.numel() for p in model.parameters()),
               "demonstrations": len(demos), "longest_tokens": longest, "train_s": time.perf_counter() - began,
               "final_loss": sum(losses[-50:]) / len(losses[-50:])}
-    record_path.write_text(json.dumps(record, indent=2))
+    (out / "libra_policy.json").write_text(json.dumps(record, indent=2))
     return record

@@ -1,0 +1,108 @@
+"""From finished trajectories to what the trainer consumes: one frozen record per trajectory, and
+right-padded tensors of micro-batches of them.
+
+A trajectory's tokens are its prompt, then each turn's generated tokens and the tool output that
+followed; only the generated tokens are the policy's, so only they are in the loss mask. The
+behaviour log-probs are the engine's, for the same tokens, under the weights (`model_version`)
+that generated them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from libra.trainer.grpo import group_advantages
+
+
+class Finished(Protocol):
+    """What a finished trajectory offers (libra.rollout.agent.TrajectoryRun does)."""
+
+    trajectory_id: str
+    prompt_id: str
+    ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    reward: float
+    model_version: int
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    trajectory_id: str
+    prompt_id: str
+    token_ids: tuple[int, ...]  # prompt, generated and tool-output tokens, in order
+    loss_mask: tuple[int, ...]  # 1 on the policy's own tokens
+    behaviour_logprobs: tuple[float, ...]  # the engine's log p of each token (0.0 where the mask is 0)
+    advantage: float
+    reward: float
+    model_version: int  # the weights that generated it
+
+    def __post_init__(self) -> None:
+        if not len(self.token_ids) == len(self.loss_mask) == len(self.behaviour_logprobs):
+            raise ValueError(f"{self.trajectory_id}: {len(self.token_ids)} tokens, {len(self.loss_mask)} mask "
+                             f"entries and {len(self.behaviour_logprobs)} log-probs must be as many")
+        if self.loss_mask and self.loss_mask[0]:
+            raise ValueError(f"{self.trajectory_id}: the first token cannot be trained on (nothing predicts it)")
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def to_sample(trajectory: Finished, advantage: float) -> TrainingSample:
+    return TrainingSample(trajectory.trajectory_id, trajectory.prompt_id, tuple(trajectory.ids), tuple(trajectory.mask),
+                          tuple(trajectory.logprobs), float(advantage), float(trajectory.reward),
+                          int(trajectory.model_version))
+
+
+def to_samples(trajectories: Sequence[Finished], normalize_std: bool = True) -> list[TrainingSample]:
+    """Every trajectory with its advantage within its prompt's group."""
+    if not trajectories:
+        return []
+    labels = {p: i for i, p in enumerate(dict.fromkeys(t.prompt_id for t in trajectories))}
+    advantages = group_advantages(torch.tensor([float(t.reward) for t in trajectories]),
+                                  torch.tensor([labels[t.prompt_id] for t in trajectories]), normalize_std)
+    return [to_sample(t, a) for t, a in zip(trajectories, advantages.tolist(), strict=True)]
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, T] int64, right-padded with `pad`
+    attention: torch.Tensor  # [B, T] int64, 1 on real tokens
+    targets: torch.Tensor  # [B, T-1] the next token at each position
+    mask: torch.Tensor  # [B, T-1] float, 1 where the target is a policy token
+    behaviour: torch.Tensor  # [B, T-1] the engine's log-prob of each target
+    advantages: torch.Tensor  # [B]
+
+
+def collate(samples: Sequence[TrainingSample], pad: int = 0) -> MicroBatch:
+    width = max(len(s.token_ids) for s in samples)
+    ids = torch.tensor([list(s.token_ids) + [pad] * (width - len(s.token_ids)) for s in samples], dtype=torch.int64)
+    attention = torch.tensor([[1] * len(s.token_ids) + [0] * (width - len(s.token_ids)) for s in samples])
+    mask = torch.tensor([list(s.loss_mask) + [0] * (width - len(s.loss_mask)) for s in samples], dtype=torch.float32)
+    behaviour = torch.tensor([list(s.behaviour_logprobs) + [0.0] * (width - len(s.token_ids)) for s in samples],
+                             dtype=torch.float32)
+    return MicroBatch(ids, attention, ids[:, 1:], mask[:, 1:], behaviour[:, 1:],
+                      torch.tensor([s.advantage for s in samples], dtype=torch.float32))
+
+
+def micro_batches(samples: Sequence[TrainingSample], max_tokens: int) -> list[list[TrainingSample]]:
+    """Consecutive samples packed so that each micro-batch's padded size (sequences x longest) stays
+    within `max_tokens` (a longer sample goes alone)."""
+    out: list[list[TrainingSample]] = []
+    current: list[TrainingSample] = []
+    longest = 0
+    for sample in samples:
+        width = max(longest, len(sample.token_ids))
+        if current and width * (len(current) + 1) > max_tokens:
+            out.append(current)
+            current, width = [], len(sample.token_ids)
+        current.append(sample)
+        longest = width
+    if current:
+        out.append(current)
+    return out

@@ -1,0 +1,157 @@
+"""The policy trainer: loads an HF-format causal LM, takes one GRPO update per call, and hands out
+its weights in HF form (for the rollout engines and for checkpoints).
+
+Data parallel with torch's DDP when a process group is up (gloo on CPU, NCCL on GPUs): rank r
+trains on samples r, r + W, r + 2W, ... of the step, and the loss is normalised by the token count
+of the whole step (all ranks), so the update is the same as one process training on every sample.
+Within a rank, micro-batches of at most `micro_batch_tokens` padded tokens accumulate gradients.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from libra.config import RolloutConfig, TrainerConfig
+from libra.trainer.grpo import clipped_surrogate, kl_k3, token_entropy, token_logprobs, token_mean
+from libra.trainer.optim import learning_rate, make_optimizer, set_learning_rate
+from libra.trainer.samples import TrainingSample, collate, micro_batches
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """One update, summed over its micro-batches and ranks; per-token means over policy tokens."""
+
+    loss: float
+    grad_norm: float  # before clipping
+    kl: float  # k3 estimate against the reference (0 when kl_coef is 0)
+    entropy: float  # nats per policy token
+    clip_fraction: float  # policy tokens whose clipped term was taken
+    logprob_gap: float  # mean |trainer log p - engine log p| before the update
+    tokens: int  # policy tokens trained on
+    sequences: int
+    padded_tokens: int  # tokens the forward passes computed (padding included), this rank
+    lr: float
+    seconds: float
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class PolicyTrainer:
+    def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig | None = None,
+                 device: str = "cpu", reference_dir: str | Path | None = None) -> None:
+        """`policy_dir`: the weights to start from (the initial policy, or a checkpoint's);
+        `reference_dir`: the frozen reference of the KL term (default `policy_dir`)."""
+        from transformers import AutoModelForCausalLM
+
+        from libra.devices import torch_device
+
+        self.config = trainer
+        self.temperature = (rollout or RolloutConfig()).temperature
+        self.device = torch_device(device)
+        torch.manual_seed(trainer.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).to(self.device)
+        self.model.train()
+        self.model.config.use_cache = False
+        self.reference = None
+        if trainer.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(reference_dir or policy_dir, dtype=torch.float32)
+            self.reference = self.reference.to(self.device).eval().requires_grad_(False)
+        self.rank, self.world = _world()
+        self.module: torch.nn.Module = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.module = DistributedDataParallel(self.model, device_ids=None if self.device.type == "cpu" else [self.device])
+        self.optimizer = make_optimizer(self.model.parameters(), trainer.lr, trainer.weight_decay)
+        self.updates = 0  # updates applied: the version of the weights held
+        self.pad = int(self.model.config.pad_token_id or 0)
+
+    def _logits(self, module: torch.nn.Module, batch) -> torch.Tensor:
+        logits = module(input_ids=batch.input_ids.to(self.device), attention_mask=batch.attention.to(self.device)).logits
+        return logits[:, :-1] / self.temperature
+
+    def train_step(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        """One update on the step's samples (every rank passes the same list)."""
+        began = time.perf_counter()
+        cfg = self.config
+        mine = list(samples[self.rank::self.world])
+        totals = torch.tensor([float(sum(s.policy_tokens for s in samples))], dtype=torch.float64)
+        step_tokens = float(totals.item())
+        lr = learning_rate(self.updates, cfg.steps, cfg.lr, cfg.warmup_steps, cfg.schedule)
+        set_learning_rate(self.optimizer, lr)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(5, dtype=torch.float64)  # loss, kl, entropy, clipped, |gap| (token sums)
+        padded = 0
+        groups = micro_batches(mine, cfg.micro_batch_tokens)
+        for i, group in enumerate(groups):
+            batch = collate(group, self.pad)
+            mask = batch.mask.to(self.device)
+            padded += batch.input_ids.numel()
+            sync = self.world == 1 or i == len(groups) - 1
+            context = self.module.no_sync() if not sync and hasattr(self.module, "no_sync") else nullcontext()
+            with context:
+                logits = self._logits(self.module, batch)
+                logprobs = token_logprobs(logits, batch.targets.to(self.device))
+                surrogate = clipped_surrogate(logprobs, batch.behaviour.to(self.device), batch.advantages.to(self.device),
+                                              cfg.clip_low, cfg.clip_high)
+                per_token = surrogate.loss
+                kl = torch.zeros_like(per_token)
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref = token_logprobs(self._logits(self.reference, batch), batch.targets.to(self.device))
+                    kl = kl_k3(logprobs, ref)
+                    per_token = per_token + cfg.kl_coef * kl
+                # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
+                loss = token_mean(per_token, mask, step_tokens) * self.world
+                loss.backward()
+            with torch.no_grad():
+                m = mask.double()
+                sums += torch.stack([(per_token.double() * m).sum(), (kl.double() * m).sum(),
+                                     (token_entropy(logits.detach()).double() * m).sum(),
+                                     (surrogate.clipped.double() * m).sum(),
+                                     ((logprobs.detach() - batch.behaviour.to(self.device)).abs().double() * m).sum()]).cpu()
+        if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
+            (sum(p.sum() for p in self.module.parameters()) * 0.0).backward()
+        if self.world > 1:
+            dist.all_reduce(sums)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        per = max(step_tokens, 1.0)
+        loss, kl, entropy, clipped, gap = (float(v) / per for v in sums)
+        return UpdateStats(loss, grad_norm, kl, entropy, clipped, gap, int(step_tokens), len(samples), padded, lr,
+                           time.perf_counter() - began)
+
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """log p of tokens 1.. of a sequence under the current weights (at the rollout temperature)."""
+        self.model.eval()
+        try:
+            ids = torch.tensor([list(token_ids)], device=self.device)
+            logits = self.model(input_ids=ids).logits[:, :-1] / self.temperature
+            return token_logprobs(logits, ids[:, 1:])[0].tolist()
+        finally:
+            self.model.train()
+
+    def save_weights(self, directory: str | Path) -> None:
+        """The weights in HF format (safetensors and config), loadable by vLLM and transformers."""
+        self.model.save_pretrained(directory, safe_serialization=True)
+
+    def optimizer_state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])

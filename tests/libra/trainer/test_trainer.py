@@ -1,0 +1,154 @@
+"""The torch trainer on a tiny random policy: GRPO learns, DDP over gloo equals one process, and a
+resumed trainer continues exactly."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from libra.config import TrainerConfig
+from libra.trainer.checkpoint import CheckpointState, latest_checkpoint, load_blob, save_checkpoint
+from libra.trainer.samples import TrainingSample, to_samples
+from libra.trainer.trainer import PolicyTrainer
+
+VOCAB, PROMPT, GOOD = 16, (2, 3), 5
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory) -> Path:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-policy")
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    return out
+
+
+class Sampled:
+    """A one-token trajectory sampled from the trainer's own weights: the 'environment' rewards GOOD."""
+
+    def __init__(self, tid: str, prompt: str, token: int, logprob: float, version: int) -> None:
+        self.trajectory_id, self.prompt_id = tid, prompt
+        self.ids, self.mask, self.logprobs = [*PROMPT, token], [0, 0, 1], [0.0, 0.0, logprob]
+        self.reward, self.model_version = float(token == GOOD), version
+
+
+def sample(trainer: PolicyTrainer, prompts: int, per_prompt: int, generator: torch.Generator) -> list[Sampled]:
+    with torch.no_grad():
+        logp = torch.log_softmax(trainer.model(input_ids=torch.tensor([PROMPT])).logits[0, -1], -1)
+    out = []
+    for p in range(prompts):
+        for s in range(per_prompt):
+            token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+            out.append(Sampled(f"{p}/{s}", str(p), token, float(logp[token]), trainer.updates))
+    return out
+
+
+def p_good(trainer: PolicyTrainer) -> float:
+    with torch.no_grad():
+        return float(torch.softmax(trainer.model(input_ids=torch.tensor([PROMPT])).logits[0, -1], -1)[GOOD])
+
+
+def test_grpo_raises_the_reward_of_a_learnable_environment(tiny_policy):
+    trainer = PolicyTrainer(tiny_policy, TrainerConfig(lr=0.05, warmup_steps=0, steps=40, seed=0))
+    generator = torch.Generator().manual_seed(0)
+    before = p_good(trainer)
+    rewards = []
+    for _ in range(40):
+        batch = sample(trainer, 4, 8, generator)
+        rewards.append(sum(t.reward for t in batch) / len(batch))
+        stats = trainer.train_step(to_samples(batch))
+    assert before == pytest.approx(1 / VOCAB, abs=0.03)  # a random policy: about 1 in 16
+    assert p_good(trainer) > 0.9
+    assert sum(rewards[-5:]) / 5 > 0.8 > sum(rewards[:5]) / 5
+    assert stats.tokens == 32 and stats.sequences == 32
+
+
+def test_the_first_update_on_its_own_samples_has_no_gap_and_no_clipping(tiny_policy):
+    trainer = PolicyTrainer(tiny_policy, TrainerConfig(lr=0.01, warmup_steps=0, seed=0))
+    batch = sample(trainer, 2, 4, torch.Generator().manual_seed(1))
+    batch[0].reward, batch[4].reward = 1.0, 1.0  # every group has a winner: advantages are not all 0
+    stats = trainer.train_step(to_samples(batch))
+    assert stats.logprob_gap < 1e-6 and stats.clip_fraction == 0.0 and stats.kl == 0.0
+    assert stats.loss == pytest.approx(0.0, abs=1e-6)  # ratio 1: the loss is -mean(advantage) = 0 per group
+    assert stats.grad_norm > 0 and stats.lr == 0.01 and stats.tokens == 8
+
+
+def test_kl_to_the_reference_is_zero_before_training_and_grows_after(tiny_policy):
+    trainer = PolicyTrainer(tiny_policy, TrainerConfig(lr=0.05, warmup_steps=0, kl_coef=0.1, seed=0))
+    generator = torch.Generator().manual_seed(2)
+    first = trainer.train_step(to_samples(sample(trainer, 2, 8, generator)))
+    for _ in range(5):
+        last = trainer.train_step(to_samples(sample(trainer, 2, 8, generator)))
+    assert first.kl == pytest.approx(0.0, abs=1e-7) and last.kl > 1e-4
+
+
+def _samples(seed: int) -> list[TrainingSample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(6):
+        n = 20 + 7 * (i % 3)  # with micro_batch_tokens 64: micro-batches of one to three samples
+        ids = tuple(int(x) for x in torch.randint(2, VOCAB, (n,), generator=g))
+        mask = (0, 0) + (1,) * (n - 2)
+        logprobs = (0.0, 0.0) + tuple(float(x) for x in -torch.rand(n - 2, generator=g) * 3)
+        out.append(TrainingSample(f"{i}", str(i // 2), ids, mask, logprobs, float(i % 2) - 0.5, 0.0, 0))
+    return out
+
+
+def _rank(rank: int, world: int, policy: str, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        trainer = PolicyTrainer(policy, TrainerConfig(lr=0.01, warmup_steps=0, micro_batch_tokens=64, seed=0))
+        stats = [trainer.train_step(_samples(seed)) for seed in (0, 1)]
+        if rank == 0:
+            torch.save({"state": trainer.model.state_dict(), "stats": stats}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ddp_ranks_over_gloo_make_the_same_update_as_one_process(tiny_policy, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ddp.pt"
+    mp.start_processes(_rank, args=(2, str(tiny_policy), port, str(out)), nprocs=2, join=True, start_method="spawn")
+    ddp = torch.load(out, weights_only=False)
+    torch.set_num_threads(1)
+    single = PolicyTrainer(tiny_policy, TrainerConfig(lr=0.01, warmup_steps=0, micro_batch_tokens=64, seed=0))
+    stats = [single.train_step(_samples(seed)) for seed in (0, 1)]
+    for name, value in single.model.state_dict().items():
+        assert torch.allclose(ddp["state"][name], value, atol=1e-6, rtol=0), name
+    for got, want in zip(ddp["stats"], stats, strict=True):
+        assert got.tokens == want.tokens and got.loss == pytest.approx(want.loss, abs=1e-6)
+        assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
+
+
+def test_a_trainer_resumed_from_a_checkpoint_continues_exactly(tiny_policy, tmp_path):
+    config = TrainerConfig(lr=0.01, warmup_steps=3, steps=4, seed=0)
+    straight = PolicyTrainer(tiny_policy, config)
+    for seed in range(4):
+        straight.train_step(_samples(seed))
+
+    first = PolicyTrainer(tiny_policy, config)
+    for seed in range(2):
+        first.train_step(_samples(seed))
+    path = save_checkpoint(tmp_path, CheckpointState("r", 2, 2, "x"), first.save_weights, {"trainer": first.optimizer_state()})
+    assert latest_checkpoint(tmp_path) == path
+    resumed = PolicyTrainer(path, config)
+    resumed.load_optimizer_state(load_blob(path, "trainer"))
+    assert resumed.updates == 2
+    for seed in (2, 3):
+        resumed.train_step(_samples(seed))
+    for name, value in straight.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[name], value), name
