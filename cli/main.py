@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         run_command,
         simulate_command,
         store_commands,
+        train_command,
         tree_command,
     )
     from libra import __version__
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     pool_command.register(sub, parent)
     rollout_command.register(sub, parent)
     run_command.register(sub, parent)
+    train_command.register(sub, parent)
     return parser
 
 

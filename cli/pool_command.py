@@ -166,7 +166,7 @@ def render(summary: dict[str, Any], result: Any) -> str:
 
 def track(summary: dict[str, Any], result: Any, args: argparse.Namespace, config: LibraConfig,
           schedule: dict[int, int]) -> str:
-    from cli.runtime import prepare_runtime
+    from flows.runtime import prepare_runtime
 
     prepare_runtime(config)
     import tempfile

@@ -2,7 +2,7 @@
 
 Every trace is read and validated before Prefect starts, so a bad trace is one line and nothing is
 written (not even the traces before it). The flow's log lines are held while it runs (see
-`cli.runtime.held_logs`): an expected error is the one line it makes, not Prefect's log of it.
+`flows.runtime.held_logs`): an expected error is the one line it makes, not Prefect's log of it.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 def cmd_run(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.plan_command import read_trace_with_progress
-    from cli.runtime import held_logs, prepare_runtime, start_prefect
     from cli.streams import json_stdout
+    from flows.runtime import held_logs, prepare_runtime, start_prefect
 
     with json_stdout(args.json) as out:
         traces = args.traces

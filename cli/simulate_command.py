@@ -126,7 +126,7 @@ def run_simulation(args: argparse.Namespace, config: LibraConfig) -> tuple[dict[
 
     record_store(runs, run_name, config.store)
     if not args.no_track:
-        from cli.runtime import prepare_runtime
+        from flows.runtime import prepare_runtime
 
         prepare_runtime(config)
         from tasks.sim_records import record_mlflow

@@ -139,6 +139,52 @@ class SandboxConfig(_Section):
     python: str = Field("", description="interpreter for tool code (empty: Libra's own, else the system's python3)")
 
 
+class RolloutConfig(_Section):
+    """Rollout engines and the agent loop, for `libra train` (and the defaults of `libra rollout`)."""
+
+    engine: Literal["vllm", "hf"] = Field("vllm", description="rollout engine: vLLM, or transformers (reproducible sampling)")
+    instances: int = Field(1, ge=1, le=256, description="engine instances (the router places trajectories across them)")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: instances share the cores; cuda: the GPUs")
+    router: str = Field("libra", min_length=1, max_length=64, description="router across instances (libra rollout --help lists them)")
+    max_turns: int = Field(8, ge=1, le=1_000, description="model turns per trajectory")
+    max_tokens_per_turn: int = Field(96, ge=1, le=1_000_000, description="tokens one turn may generate")
+    max_context: int = Field(1536, ge=64, le=10_000_000, description="context tokens a trajectory may reach")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature (the trainer scales logits by it too)")
+    tool_threads: int = Field(16, ge=1, le=1_024, description="tool calls in flight at once")
+
+
+class TrainerConfig(_Section):
+    """The RL training run: GRPO on the policy, one update per iteration (libra/trainer/)."""
+
+    env: Literal["search", "math", "repo"] = Field("math", description="the environment trained on")
+    policy: str = Field(".libra/policy", min_length=1, description="HF-format initial policy (built by `libra policy init` when it is the default)")
+    run: str = Field("", max_length=128, description="run name in the store, MLflow and checkpoints (empty: train-<env>-seed<seed>)")
+    steps: int = Field(20, ge=1, le=1_000_000, description="RL iterations (policy updates)")
+    prompts_per_step: int = Field(8, ge=1, le=100_000, description="prompts rolled out per iteration")
+    samples_per_prompt: int = Field(8, ge=2, le=1_024, description="samples of each prompt: the group of GRPO's advantage")
+    lr: float = Field(2e-5, gt=0.0, le=1.0, description="peak learning rate (AdamW)")
+    schedule: Literal["constant", "cosine"] = Field("constant", description="learning-rate shape after the warmup")
+    warmup_steps: int = Field(2, ge=0, le=1_000_000, description="updates of linear learning-rate warmup")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0.0, le=1e6, description="global gradient-norm clip")
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="ratio clip below: 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio clip above: 1 + clip_high")
+    kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of KL to the frozen initial policy (0: no reference model)")
+    normalize_std: bool = Field(True, description="divide advantages by the group's reward standard deviation")
+    micro_batch_tokens: int = Field(8192, ge=64, le=10_000_000, description="padded tokens per forward/backward pass")
+    pipeline: Literal["one_step_off", "sync"] = Field("one_step_off", description="one_step_off: rollout k+1 runs while k trains")
+    max_staleness: int = Field(1, ge=0, le=1_000, description="a trajectory more updates old than this is never trained on")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the trainer runs")
+    eval_every: int = Field(10, ge=1, le=1_000_000, description="held-out evaluation every N steps (and at the start and end)")
+    eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts (one sample each)")
+    checkpoint_dir: str = Field(".libra/checkpoints", description="checkpoints go to <checkpoint_dir>/<run>/")
+    keep_checkpoints: int = Field(2, ge=1, le=1_000, description="newest checkpoints kept")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the data order, the sampling and the trainer")
+
+    def run_name(self) -> str:
+        return self.run or f"train-{self.env}-seed{self.seed}"
+
+
 class LibraConfig(_Section):
     """Every subsystem's settings; each section validates itself."""
 
@@ -150,6 +196,8 @@ class LibraConfig(_Section):
     tracking: TrackingConfig = TrackingConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    trainer: TrainerConfig = TrainerConfig()
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is refused unread

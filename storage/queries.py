@@ -193,10 +193,34 @@ TIMING_SAMPLES = NamedQuery(
     {"last_steps": 0},
 )
 
+REWARD_BY_STEP = NamedQuery(
+    "reward_by_step",
+    "Per step of a training run: trajectories, mean reward, solved fraction (reward > 0), generated "
+    "tokens per trajectory, the weights versions that generated them, and the step's rollout, train "
+    "and whole-step seconds (null for runs that were not trained).",
+    """
+    WITH t AS (
+        SELECT step,
+               count(*) AS trajectories,
+               avg(reward) AS reward_mean,
+               avg(CASE WHEN reward > 0 THEN 1.0 ELSE 0.0 END) AS solved_fraction,
+               avg(gen_tokens) AS gen_tokens_mean,
+               min(model_version) AS model_version_min,
+               max(model_version) AS model_version_max
+        FROM trajectories
+        GROUP BY step
+    )
+    SELECT t.*, s.rollout_s, s.train_s, s.step_s
+    FROM t LEFT JOIN steps s USING (step)
+    ORDER BY step
+    """,
+    {},
+)
+
 NAMED_QUERIES: dict[str, NamedQuery] = {
     q.name: q
     for q in (LENGTH_HISTOGRAM, REMAINING_LENGTH_PATHS, TOOL_STATISTICS, PER_STEP_DRIFT, RUN_SUMMARY,
-              TRAJECTORY_LENGTHS, TIMING_SAMPLES)
+              TRAJECTORY_LENGTHS, TIMING_SAMPLES, REWARD_BY_STEP)
 }
 
 

@@ -4,6 +4,7 @@ plots as artifacts."""
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,39 @@ def log_trace_run_task(summary: ImportSummary, stats: dict[str, Any], config: Li
                 per_step_drift_png(catalog, Path(tmp) / "per_step_drift.png", title=f"{summary.run}: length per step")
                 mlflow.log_artifacts(tmp)
         return active.info.run_id
+
+
+def find_or_create_run(experiment_id: str, name: str, tags: dict[str, str] | None = None) -> str:
+    """The id of the live MLflow run tagged `libra.run` = `name` in the experiment (the newest one,
+    if a killed process left several), created when there is none."""
+    client = mlflow.MlflowClient()
+    quoted = name.replace("'", "\\'")
+    found = [r for r in client.search_runs([experiment_id], filter_string=f"tags.`libra.run` = '{quoted}'",
+                                           order_by=["attributes.start_time DESC"])
+             if r.data.tags.get("libra.superseded") != "true"]
+    if found:
+        return found[0].info.run_id
+    run = client.create_run(experiment_id, run_name=name, tags={"libra.run": name, **(tags or {})})
+    return run.info.run_id
+
+
+def supersede_runs(experiment_id: str, name: str) -> None:
+    """Mark every run tagged `libra.run` = `name` as superseded (a run trained again from the start)."""
+    client = mlflow.MlflowClient()
+    quoted = name.replace("'", "\\'")
+    for run in client.search_runs([experiment_id], filter_string=f"tags.`libra.run` = '{quoted}'"):
+        client.set_tag(run.info.run_id, "libra.superseded", "true")
+        client.set_terminated(run.info.run_id, "KILLED")
+
+
+def log_step_once(run_id: str, metrics: dict[str, float], step: int, sentinel: str) -> bool:
+    """Log `metrics` at `step` in one batch, unless `sentinel` already has a value at that step (the
+    step was logged before a crash): re-running a step never duplicates it. True when logged."""
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient()
+    if any(m.step == step for m in client.get_metric_history(run_id, sentinel)):
+        return False
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+    return True

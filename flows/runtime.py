@@ -1,6 +1,6 @@
 """Process environment for Prefect and MLflow on embedded defaults: local files, no server, no telemetry.
 
-`prepare_runtime` is called by CLI commands that track runs, before Prefect or MLflow is imported.
+`prepare_runtime` is called by whatever tracks runs (CLI commands, flows), before Prefect or MLflow is imported.
 Values already set in the environment win, so a user pointing at a Prefect server or MLflow server
 keeps them. Both libraries log at WARNING (to stderr, like every log line of `libra`).
 

@@ -1,0 +1,60 @@
+"""One RL iteration as a Prefect flow: rollout -> reward -> update -> sync -> (evaluate) ->
+checkpoint -> record.
+
+With the one-step-off pipeline the rollout and reward of the next iteration run beside this
+iteration's update (from the weights this iteration started from), so the next batch is 1 update
+stale when it is trained on; the weights are synced into the engines once both are done. An
+iteration whose batch is not rolled out yet (the first one, or every one when synchronous) rolls
+it out first.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow
+
+from libra.rl.schedule import evaluate_after, rolled_ahead
+from tasks.train_tasks import (
+    checkpoint_task,
+    evaluate_task,
+    record_task,
+    reward_tasks,
+    rollout_task,
+    sync_task,
+    update_task,
+)
+
+
+@flow(name="rl-iteration", log_prints=False)
+def rl_iteration_flow(run: str, step: int, steps: int, env: str, pipeline: str, eval_every: int, rolled_out: bool,
+                      mlflow_run_id: str) -> dict[str, Any]:
+    began = time.perf_counter()
+    reward = reward_tasks[env]
+    seconds = {"rollout": 0.0, "reward": 0.0}
+    if not rolled_out:
+        seconds["rollout"] = rollout_task(run, step)
+        t0 = time.perf_counter()
+        reward(run, step)
+        seconds["reward"] = time.perf_counter() - t0
+    ahead = rolled_ahead(pipeline, step, steps)
+    if ahead is not None:
+        rolling = rollout_task.submit(run, ahead)
+        scored = reward.submit(run, ahead, wait_for=[rolling])
+    update = update_task(run, step)
+    seconds["train"] = update.stats.seconds
+    if ahead is not None:
+        seconds["ahead_rollout"] = rolling.result()
+        scored.result()
+    seconds["overlap_wait"] = time.perf_counter() - began - seconds["rollout"] - seconds["reward"] - seconds["train"]
+    seconds["sync"] = sync_task(run)
+    heldout = None
+    if evaluate_after(step + 1, steps, eval_every):
+        t0 = time.perf_counter()
+        heldout = evaluate_task(run)
+        seconds["evaluate"] = time.perf_counter() - t0
+    seconds["iteration"] = time.perf_counter() - began
+    checkpoint = checkpoint_task(run, step, update, seconds, heldout, mlflow_run_id)
+    record_task(run, mlflow_run_id)
+    return {"step": step, "checkpoint": checkpoint, "heldout": heldout}

@@ -1,0 +1,284 @@
+"""A training run's live objects in one process, and one method per stage of an iteration.
+
+    session = TrainingSession.open(config)      # resumes from the run's newest checkpoint, if any
+    session.rollout(k); session.score(k)         # batch k: trajectories with rewards
+    session.update(k)                            # one GRPO update on batch k (stale ones dropped)
+    session.sync()                               # the new weights into every engine
+    session.evaluate()                           # held-out reward of the engines' weights
+    session.checkpoint(record)                   # the state after iteration k, atomically
+
+Engines, the trainer and the rolled-out batches stay here, never in a flow's arguments; the flows
+(flows/) call the stages in order through Prefect tasks that name the run. Decisions (which tasks
+an iteration sees, what is fresh enough to train on) are in `libra.rl.schedule`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from libra.config import LibraConfig
+from libra.errors import LibraError
+from libra.rl.schedule import EVAL_SEED, Admission, admit, train_task_seed
+from libra.trainer.checkpoint import (
+    CheckpointState,
+    latest_checkpoint,
+    load_blob,
+    load_state,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
+from libra.trainer.samples import TrainingSample, to_samples
+from libra.trainer.trainer import PolicyTrainer, UpdateStats
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    trajectories: int
+    generated_tokens: int
+    wall_s: float
+    reward_mean: float
+    reward_std: float
+    solved_fraction: float
+    turns_mean: float
+    length_mean: float  # tokens after the prompt
+    migrations: int
+    model_version: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A rolled-out and scored batch: what the update trains on and what the store records."""
+
+    step: int
+    samples: tuple[TrainingSample, ...]
+    trajectories: pa.Table
+    turns: pa.Table
+    stats: RolloutStats
+
+
+@dataclass(frozen=True)
+class Update:
+    stats: UpdateStats
+    admitted: int
+    dropped: int
+    staleness_max: int
+    staleness_mean: float
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """Everything recorded about iteration `step` (store rows and MLflow metrics)."""
+
+    step: int
+    batch: Batch
+    update: Update
+    seconds: dict[str, float]  # rollout, reward, train, sync, evaluate, iteration
+    heldout_reward: float | None = None  # after this iteration's update, when evaluated
+    start_s: float = 0.0  # when the iteration began, in training seconds since the run began
+    version: int = 0  # the weights after the update
+
+    def metrics(self) -> dict[str, float]:
+        u, b = self.update.stats, self.batch.stats
+        out = {"reward": b.reward_mean, "reward_std": b.reward_std, "solved_fraction": b.solved_fraction,
+               "generated_tokens": float(b.generated_tokens), "length_mean": b.length_mean, "turns_mean": b.turns_mean,
+               "tokens_per_s": b.generated_tokens / self.seconds["iteration"] if self.seconds["iteration"] > 0 else 0.0,
+               "loss": u.loss, "grad_norm": u.grad_norm, "kl": u.kl, "entropy": u.entropy, "clip_fraction": u.clip_fraction,
+               "logprob_gap": u.logprob_gap, "lr": u.lr, "trained_tokens": float(u.tokens),
+               "staleness_max": float(self.update.staleness_max), "staleness_mean": self.update.staleness_mean,
+               "dropped_stale": float(self.update.dropped)}
+        return out | {f"{stage}_s": seconds for stage, seconds in self.seconds.items()}
+
+    def steps_row(self, run: str) -> dict[str, Any]:
+        b = self.batch.stats
+        return {"run": run, "step": self.step, "policy": "grpo", "plan_id": None, "start_s": self.start_s,
+                "rollout_s": b.wall_s, "train_s": self.seconds["train"],
+                "step_s": self.seconds["iteration"], "trajectories": b.trajectories, "gen_tokens": b.generated_tokens,
+                "trained_tokens": self.update.stats.tokens, "reward_mean": b.reward_mean, "reward_std": b.reward_std}
+
+
+def config_digest(config: LibraConfig) -> str:
+    """What a resumed run must share with the run it continues: everything but the step count (a
+    run may be extended) and the places files go."""
+    data = config.model_dump(mode="json")
+    data["trainer"].pop("steps")
+    data["trainer"].pop("eval_every")
+    for section, key in (("store", "root"), ("tracking", "tracking_uri"), ("tracking", "artifact_root"),
+                         ("orchestration", "prefect_home"), ("trainer", "checkpoint_dir")):
+        data[section].pop(key)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class TrainingSession:
+    config: LibraConfig
+    run: str
+    root: Path  # the run's checkpoints
+    policy: Path  # the initial policy
+    state: CheckpointState
+    trainer: PolicyTrainer
+    engines: list
+    env: Any
+    tokenizer: Any
+    router: Any
+    pending: dict[int, Batch] = field(default_factory=dict)  # scored batches not trained on yet
+    rolled: dict[int, tuple[Any, Path]] = field(default_factory=dict)  # rollouts awaiting their rewards
+    engine_version: int = 0
+    trained: Batch | None = None  # the batch of the last update
+    last_record: IterationRecord | None = None
+
+    @classmethod
+    def open(cls, config: LibraConfig) -> TrainingSession:
+        """The run's session: from its newest checkpoint when one exists, else from the policy."""
+        from transformers import AutoTokenizer
+
+        from libra.rollout.engines import make_engines
+        from libra.rollout.envs import expert_bounds, make_env
+        from libra.scheduler.policies import Buckets
+        from libra.scheduler.replay import make_router
+
+        t, r = config.trainer, config.rollout
+        run = t.run_name()
+        policy = Path(t.policy)
+        if not (policy / "config.json").is_file():
+            raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` (or set trainer.policy to an "
+                             "HF-format checkpoint)")
+        root = Path(t.checkpoint_dir) / run
+        latest = latest_checkpoint(root)
+        digest = config_digest(config)
+        state = CheckpointState(run, 0, 0, digest)
+        weights = policy
+        if latest is not None:
+            state = load_state(latest)
+            if state.config_digest != digest:
+                raise LibraError(f"run {run!r} was trained with another configuration (checkpoints in {root}); name a new "
+                                 "run (trainer.run) or pass --restart to train this one again from the policy")
+            weights = latest
+        tokenizer = AutoTokenizer.from_pretrained(weights)
+        env = make_env(t.env, config.sandbox)
+        buckets = Buckets(expert_bounds(env, r.instances, tokenizer))
+        router = make_router(r.router, buckets, {}, config.scheduler)
+        trainer = PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
+        engines = make_engines(r.engine, weights, r.instances, r.device)
+        session = cls(config, run, root, policy, state, trainer, engines, env, tokenizer, router,
+                      engine_version=state.version)
+        if latest is not None:
+            trainer.load_optimizer_state(load_blob(latest, "trainer"))
+            restore_rng(load_blob(latest, "rng"))
+            session.pending = load_blob(latest, "pending") or {}
+            session.last_record = load_blob(latest, "record")
+        return session
+
+    # -- the stages of an iteration ------------------------------------------------------------
+
+    def rollout(self, step: int, evaluation: bool = False) -> float:
+        """Roll out iteration `step`'s tasks (or the held-out ones) on the engines; seconds taken."""
+        from libra.rollout.agent import rollout
+        from libra.rollout.sandbox import make_workroot
+
+        t, r = self.config.trainer, self.config.rollout
+        tasks = self.env.tasks(t.eval_prompts, seed=EVAL_SEED) if evaluation else \
+            self.env.tasks(t.prompts_per_step, seed=train_task_seed(t.seed, step))
+        workroot = make_workroot("libra-train-")
+        began = time.perf_counter()
+        try:
+            result = rollout(self.env, tasks, 1 if evaluation else t.samples_per_prompt, self.engines, self.router,
+                             self.tokenizer, max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn,
+                             max_context=r.max_context, temperature=r.temperature, seed=t.seed * 1_000_003 + step,
+                             workroot=workroot, tool_threads=r.tool_threads, model_version=self.engine_version,
+                             score=False)
+        except BaseException:
+            shutil.rmtree(workroot, ignore_errors=True)
+            raise
+        self.rolled[-1 if evaluation else step] = (result, workroot)
+        return time.perf_counter() - began
+
+    def score(self, step: int) -> Batch:
+        """Reward every trajectory of batch `step` with its environment's reward; the batch is then
+        ready to train on (and its working directories are gone)."""
+        from libra.rollout.agent import score_rewards
+        from storage.records import rollout_tables
+
+        result, workroot = self.rolled.pop(step)
+        try:
+            score_rewards(result.trajectories)
+        finally:
+            shutil.rmtree(workroot, ignore_errors=True)
+        runs = result.trajectories
+        rewards = [r.reward for r in runs]
+        trajectories, turns = rollout_tables(self.run, max(step, 0), result, self.engine_version)
+        stats = RolloutStats(len(runs), result.generated_tokens, result.wall_s, statistics.fmean(rewards),
+                             statistics.pstdev(rewards), sum(x > 0 for x in rewards) / len(runs),
+                             statistics.fmean(len(r.turns) for r in runs),
+                             statistics.fmean(len(r.ids) - r.prompt_tokens for r in runs), result.migrations,
+                             self.engine_version)
+        batch = Batch(step, tuple(to_samples(runs, self.config.trainer.normalize_std)), trajectories, turns, stats)
+        if step >= 0:
+            self.pending[step] = batch
+        return batch
+
+    def update(self, step: int) -> Update:
+        batch = self.trained = self.pending.pop(step)
+        admission: Admission = admit(batch.samples, self.trainer.updates, self.config.trainer.max_staleness)
+        stats = self.trainer.train_step(admission.admitted)
+        return Update(stats, len(admission.admitted), len(admission.dropped), admission.staleness_max,
+                      admission.staleness_mean)
+
+    def finish_iteration(self, step: int, update: Update, seconds: dict[str, float],
+                         heldout_reward: float | None) -> IterationRecord:
+        if self.trained is None or self.trained.step != step:
+            raise RuntimeError(f"iteration {step} has not been trained")
+        return IterationRecord(step, self.trained, update, seconds, heldout_reward,
+                               float(self.state.summary.get("elapsed_s", 0.0)), self.trainer.updates)
+
+    def checkpoint(self, record: IterationRecord, mlflow_run_id: str = "") -> Path:
+        """The state after iteration `record.step`: weights, optimizer, RNG, the batches rolled out
+        ahead, and the iteration's record (re-recorded on resume if the process died before)."""
+        summary = {**self.state.summary, "elapsed_s": record.start_s + record.seconds["iteration"],
+                   "generated_tokens": self.state.summary.get("generated_tokens", 0) + record.batch.stats.generated_tokens}
+        if record.heldout_reward is not None:
+            summary["heldout"] = {**summary.get("heldout", {}), str(record.version): record.heldout_reward}
+        self.state = replace(self.state, step=record.step + 1, version=self.trainer.updates,
+                             mlflow_run_id=mlflow_run_id or self.state.mlflow_run_id, summary=summary)
+        self.last_record = record
+        return save_checkpoint(self.root, self.state, self.trainer.save_weights,
+                               {"trainer": self.trainer.optimizer_state(), "rng": rng_state(), "pending": self.pending,
+                                "record": record}, copy_from=self.policy, keep=self.config.trainer.keep_checkpoints)
+
+    def sync(self) -> float:
+        """The trainer's weights into every engine, in place (through an HF-format directory that
+        every engine kind loads); the engines' version is then the trainer's."""
+        import tempfile
+
+        began = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="libra-sync-") as directory:
+            self.trainer.save_weights(directory)
+            for engine in self.engines:
+                engine.update_weights(directory)
+        self.engine_version = self.trainer.updates
+        return time.perf_counter() - began
+
+    def evaluate(self) -> float:
+        """Mean reward on the held-out tasks (one sample each) with the engines' weights."""
+        self.rollout(-1, evaluation=True)
+        return self.score(-1).stats.reward_mean
+
+    def note_evaluation(self, version: int, reward: float) -> None:
+        self.state = replace(self.state, summary={**self.state.summary,
+                                                  "heldout": {**self.state.summary.get("heldout", {}), str(version): reward}})
+
+    def close(self) -> None:
+        for _, workroot in self.rolled.values():
+            shutil.rmtree(workroot, ignore_errors=True)
+        for engine in self.engines:
+            engine.close()
+        self.engines = []

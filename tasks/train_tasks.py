@@ -1,0 +1,205 @@
+"""Prefect tasks of a training run. Each names the run; the run's engines, trainer and batches live
+in this process's registry (`SESSIONS`), never in task arguments or results. Results are small
+records. Only the recording tasks retry: their writes are idempotent by step.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from libra.config import LibraConfig
+from libra.rl.session import IterationRecord, RolloutStats, TrainingSession, Update
+
+SESSIONS: dict[str, TrainingSession] = {}  # run name -> its live session in this process
+LISTENERS: list[Callable[[IterationRecord], None]] = []  # told of each recorded iteration (progress lines)
+
+
+def session(run: str) -> TrainingSession:
+    try:
+        return SESSIONS[run]
+    except KeyError:
+        raise RuntimeError(f"no open session for run {run!r} in this process") from None
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    run: str
+    step: int  # the next iteration
+    version: int
+    pending: tuple[int, ...]  # batches already rolled out (restored from the checkpoint)
+    heldout: dict[str, float]  # held-out reward by weights version, so far
+    unrecorded: bool  # the last checkpoint's iteration may not be recorded yet
+    mlflow_run_id: str
+
+
+def _info(s: TrainingSession) -> SessionInfo:
+    return SessionInfo(s.run, s.state.step, s.state.version, tuple(sorted(s.pending)),
+                       dict(s.state.summary.get("heldout", {})), s.last_record is not None, s.state.mlflow_run_id)
+
+
+@task(name="open-session", cache_policy=NO_CACHE)
+def open_session_task(config: LibraConfig, restart: bool = False) -> SessionInfo:
+    """Load the policy (or the run's newest checkpoint), start the engines and the trainer.
+    `restart`: the run's checkpoints are removed first (it trains again from the policy)."""
+    run = config.trainer.run_name()
+    if restart:
+        shutil.rmtree(Path(config.trainer.checkpoint_dir) / run, ignore_errors=True)
+    if run in SESSIONS:
+        SESSIONS.pop(run).close()
+    SESSIONS[run] = TrainingSession.open(config)
+    return _info(SESSIONS[run])
+
+
+@task(name="close-session", cache_policy=NO_CACHE)
+def close_session_task(run: str) -> None:
+    if run in SESSIONS:
+        SESSIONS.pop(run).close()
+
+
+@task(name="rollout", cache_policy=NO_CACHE)
+def rollout_task(run: str, step: int) -> float:
+    """Roll out iteration `step` on the engines; returns seconds."""
+    return session(run).rollout(step)
+
+
+def _reward(run: str, step: int) -> RolloutStats:
+    return session(run).score(step).stats
+
+
+# one reward task per environment: each names what it judges
+reward_tasks = {env: task(_reward, name=f"reward-{env}", cache_policy=NO_CACHE) for env in ("search", "math", "repo")}
+
+
+@task(name="update", cache_policy=NO_CACHE)
+def update_task(run: str, step: int) -> Update:
+    """One GRPO update on batch `step` (trajectories beyond the staleness bound are dropped)."""
+    return session(run).update(step)
+
+
+@task(name="sync-weights", cache_policy=NO_CACHE)
+def sync_task(run: str) -> float:
+    return session(run).sync()
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate_task(run: str) -> float:
+    """Held-out reward with the engines' current weights; remembered in the run's state."""
+    s = session(run)
+    reward = s.evaluate()
+    s.note_evaluation(s.engine_version, reward)
+    return reward
+
+
+@task(name="checkpoint", cache_policy=NO_CACHE)
+def checkpoint_task(run: str, step: int, update: Update, seconds: dict[str, float], heldout: float | None,
+                    mlflow_run_id: str) -> str:
+    s = session(run)
+    return str(s.checkpoint(s.finish_iteration(step, update, seconds, heldout), mlflow_run_id))
+
+
+@task(name="start-tracking", cache_policy=NO_CACHE)
+def start_tracking_task(run: str, restart: bool) -> str:
+    """The run's MLflow run (found by its tag, or created) in the experiment of its environment,
+    with the whole configuration as parameters."""
+    import mlflow
+
+    from tasks.tracking_tasks import ensure_experiment, find_or_create_run, supersede_runs
+
+    s = session(run)
+    config = s.config
+    experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-train-{config.trainer.env}",
+                                   config.tracking.artifact_root)
+    if restart:
+        supersede_runs(experiment, run)
+    run_id = s.state.mlflow_run_id or find_or_create_run(experiment, run)
+    client = mlflow.MlflowClient()
+    logged = client.get_run(run_id).data.params
+    params = {k: str(v) for k, v in flatten(config.model_dump(mode="json")).items()}
+    fresh = {k: v[:6000] for k, v in params.items() if k not in logged}
+    if fresh:
+        from mlflow.entities import Param
+
+        client.log_batch(run_id, params=[Param(k, v) for k, v in fresh.items()])
+    client.set_tag(run_id, "libra.checkpoints", str(Path(s.root).resolve()))
+    return run_id
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out |= flatten(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@task(name="record", cache_policy=NO_CACHE, retries=1)
+def record_task(run: str, mlflow_run_id: str) -> int:
+    """Write the last checkpointed iteration to the store (its trajectories, turns and step row in
+    one commit that replaces the step; step 0 replaces the whole run, so a run trained again from
+    the start keeps none of its earlier rows) and to MLflow (once per step); returns its step."""
+    import pyarrow as pa
+
+    from storage.ingest import writer_for
+    from tasks.tracking_tasks import log_step_once
+
+    s = session(run)
+    record = s.last_record
+    writer = writer_for(s.config.store)
+    with writer.transaction(run, mode="replace" if record.step == 0 else "update", origin="train") as tx:
+        tx.write_step("trajectories", record.step, record.batch.trajectories)
+        tx.write_step("turns", record.step, record.batch.turns)
+        tx.write_step("steps", record.step, pa.Table.from_pylist([record.steps_row(run)]))
+    log_step_once(mlflow_run_id, record.metrics(), record.step, sentinel="reward")
+    if record.heldout_reward is not None:  # by weights version: 0 is the policy before training
+        log_step_once(mlflow_run_id, {"heldout_reward": record.heldout_reward}, record.version, sentinel="heldout_reward")
+    for listener in LISTENERS:
+        listener(record)
+    return record.step
+
+
+@task(name="log-evaluation", cache_policy=NO_CACHE, retries=1)
+def log_evaluation_task(mlflow_run_id: str, version: int, reward: float) -> None:
+    from tasks.tracking_tasks import log_step_once
+
+    log_step_once(mlflow_run_id, {"heldout_reward": reward}, version, sentinel="heldout_reward")
+
+
+@task(name="finish-tracking", cache_policy=NO_CACHE, retries=1)
+def finish_tracking_task(run: str, mlflow_run_id: str) -> dict[str, Any]:
+    """Plots of reward and throughput by step as artifacts, the checkpoint as a tag; the run ends."""
+    import mlflow
+
+    from dashboards.plots import lines_png
+
+    client = mlflow.MlflowClient()
+    s = session(run)
+    history = {key: sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run_id, key))
+               for key in ("reward", "tokens_per_s", "heldout_reward")}
+    directory = Path(tempfile.mkdtemp(prefix="libra-plots-"))
+    try:
+        lines_png({"train reward": tuple(zip(*history["reward"], strict=True)) or ([], []),
+                   "held-out reward (after step updates)": tuple(zip(*history["heldout_reward"], strict=True)) or ([], [])},
+                  "step", "reward", directory / "reward.png")
+        lines_png({"generated tokens / s": tuple(zip(*history["tokens_per_s"], strict=True)) or ([], [])},
+                  "step", "tokens / s", directory / "throughput.png")
+        for file in directory.iterdir():
+            client.log_artifact(mlflow_run_id, str(file))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    from libra.trainer.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(s.root)
+    client.set_tag(mlflow_run_id, "libra.checkpoint", str(latest.resolve()) if latest else "")
+    client.set_terminated(mlflow_run_id, "FINISHED")
+    return {"checkpoint": str(latest) if latest else "", "state": dict(s.state.summary), "step": s.state.step,
+            "version": s.state.version}
