@@ -237,7 +237,8 @@ class VLLMEngine:
             placement = {"dtype": "auto", "tensor_parallel_size": size, "gpu_memory_utilization": gpu_memory_fraction}
         with visible_gpus(None if on_cpu else gpus):  # the engine's processes start with these GPUs
             self.llm = LLM(model=str(model_dir), max_model_len=max_context, seed=0, enable_prefix_caching=True,
-                           block_size=block_size, logprobs_mode="processed_logprobs", **placement)
+                           block_size=block_size, logprobs_mode="processed_logprobs", use_tqdm_on_load=False,
+                           **placement)
         if cpu_nice and on_cpu:
             nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + cpu_nice)
             for pid in _descendants(os.getpid()):
@@ -315,17 +316,40 @@ class VLLMEngine:
         return [float(entry[token].logprob) for token, entry in zip(token_ids[1:], output.prompt_logprobs[1:], strict=True)]
 
     def update_weights(self, checkpoint: str | Path) -> float:
+        """Reload in place from an HF-format directory. vLLM's in-place reload goes layer by layer and
+        puts a layer's old tensors back when the checkpoint has none for it: a tied output head (the
+        local policy's; saved checkpoints leave it out) would keep the old embedding while the input
+        embedding takes the new one. So when the model ties them and the checkpoint has no head, the
+        reload reads a copy of the checkpoint that carries the embedding as the head too."""
+        import tempfile
+
         began = time.perf_counter()
-        for attempt in range(2):  # a reload that fails halfway leaves meta tensors: retry before generating
-            try:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint),
-                                                                  "is_checkpoint_format": True})
-                break
-            except Exception:
-                if attempt:
-                    raise
+        with tempfile.TemporaryDirectory(prefix="libra-reload-") as scratch:
+            source = self._with_head(Path(checkpoint), Path(scratch)) or Path(checkpoint)
+            for attempt in range(2):  # a reload that fails halfway leaves meta tensors: retry before generating
+                try:
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(source),
+                                                                      "is_checkpoint_format": True})
+                    break
+                except Exception:
+                    if attempt:
+                        raise
         self.llm.reset_prefix_cache()
         return time.perf_counter() - began
+
+    def _with_head(self, checkpoint: Path, scratch: Path) -> Path | None:
+        from safetensors.torch import load_file
+
+        if not getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False):
+            return None
+        state: dict = {}
+        for file in sorted(checkpoint.glob("*.safetensors")):
+            state.update(load_file(file))
+        embedding = state.get("model.embed_tokens.weight")
+        if "lm_head.weight" in state or embedding is None:
+            return None
+        state["lm_head.weight"] = embedding.clone()
+        return _state_dict_checkpoint(state, scratch)
 
     def update_state_dict(self, state: dict) -> float:
         import tempfile

@@ -163,3 +163,33 @@ def test_vllm_weights_update_in_place_and_match_transformers(vllm_engine, policy
     vllm_engine.update_state_dict(state)
     assert vllm_engine.generate([ids], 24, ["</tool>"], temperature=0.0)[0].token_ids == reference.token_ids
     vllm_engine.update_weights(policy_dir)  # back, for the other tests
+
+
+def test_after_a_sync_vllm_scores_a_sequence_as_the_trainer_does(vllm_engine, hf_engines, policy_dir, tmp_path):
+    from libra.config import TrainerConfig
+    from libra.rollout.envs import demonstration, prompt
+    from libra.trainer.samples import TrainingSample
+    from libra.trainer.trainer import PolicyTrainer
+
+    tokenizer = hf_engines[0].tokenizer
+    env = make_env("math")
+    task = env.tasks(1, seed=5)[0]
+    text, _ = demonstration(env, task, tmp_path)
+    sequence = tokenizer(text, add_special_tokens=False)["input_ids"]
+    start = len(tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"])
+    trainer = PolicyTrainer(policy_dir, TrainerConfig(lr=1e-3, warmup_steps=0, seed=0))
+    initial = trainer.sequence_logprobs(sequence)
+    mask = tuple(int(i >= start) for i in range(len(sequence)))
+    behaviour = (0.0,) + tuple(lp if m else 0.0 for lp, m in zip(initial, mask[1:], strict=True))
+    for advantage in (1.0, -1.0, 1.0):  # three updates move the weights well away from the initial ones
+        trainer.train_step([TrainingSample("t/0", "t", tuple(sequence), mask, behaviour, advantage, 1.0, 0)])
+    trained = trainer.sequence_logprobs(sequence)
+    assert max(abs(a - b) for a, b in zip(trained, initial, strict=True)) > 0.05  # the check below could fail
+    try:
+        assert max(abs(a - b) for a, b in zip(vllm_engine.sequence_logprobs(sequence), initial, strict=True)) < 1e-3
+        trainer.save_weights(tmp_path / "synced")
+        vllm_engine.update_weights(tmp_path / "synced")
+        gaps = [abs(a - b) for a, b in zip(vllm_engine.sequence_logprobs(sequence), trained, strict=True)]
+        assert max(gaps) < 1e-3, max(gaps)
+    finally:
+        vllm_engine.update_weights(policy_dir)  # back, for the other tests
