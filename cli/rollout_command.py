@@ -144,14 +144,16 @@ def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, to
     from libra.rollout.agent import rollout
     from libra.scheduler.metrics import quantile
     from storage.ingest import writer_for
-    from storage.records import rollout_tables
+    from storage.records import trajectories_table, turns_table
 
     writer = writer_for(config.store)
     results = []
     for batch in range(args.batches):
         result = rollout(env, env.tasks(args.prompts, seed=args.seed + batch), args.samples, engines, router, tokenizer,
                          max_turns=args.max_turns, temperature=args.temperature, seed=args.seed * 1000 + batch)
-        trajectories, turns = rollout_tables(run_name, batch, result, model_version=0)
+        records = result.records()
+        step_of = {t.prompt_id: batch for t in records}
+        trajectories, turns = trajectories_table(run_name, records, step_of), turns_table(run_name, records, step_of)
         with writer.transaction(run_name, origin="rollout") as tx:  # a batch's trajectories and turns appear together
             tx.write_step("trajectories", batch, trajectories)
             tx.write_step("turns", batch, turns)

@@ -36,6 +36,13 @@ class Turn:
     tool_name: str  # tool called at the end of the turn; NO_TOOL on the final turn
     tool_payload_tokens: int  # tokens of the tool result appended after this turn (0 if none)
     tool_status: ToolStatus  # NONE on the final turn
+    # known for turns a live rollout generated, None for imported traces:
+    instance: str | None = None  # rollout instance that generated the turn
+    bucket: int | None = None  # length bucket the router chose for the turn
+    migrated: bool | None = None  # re-prefilled on another instance than the previous turn's
+    gen_latency_s: float | None = None  # wall time of the generation (s)
+    tool_latency_s: float | None = None  # wall time of the tool call (s)
+    model_version: int | None = None  # the policy weights that generated the turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,8 @@ class Trajectory:
     prompt_tokens: int  # initial prompt size
     turns: tuple[Turn, ...]
     reward: float | None  # final reward; None when unknown
+    model_version: int | None = None  # the policy weights that generated it; None for imported traces
+    rollout_s: float | None = None  # wall time from its first prefill to its last token; None for imported traces
 
     @property
     def gen_tokens(self) -> int:

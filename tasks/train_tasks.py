@@ -150,14 +150,16 @@ def record_task(run: str, mlflow_run_id: str) -> int:
     import pyarrow as pa
 
     from storage.ingest import writer_for
+    from storage.records import trajectories_table, turns_table
     from tasks.tracking_tasks import log_step_once
 
     s = session(run)
     record = s.last_record
     writer = writer_for(s.config.store)
     with writer.transaction(run, mode="replace" if record.step == 0 else "update", origin="train") as tx:
-        tx.write_step("trajectories", record.step, record.batch.trajectories)
-        tx.write_step("turns", record.step, record.batch.turns)
+        step_of = {t.prompt_id: record.step for t in record.batch.trajectories}
+        tx.write_step("trajectories", record.step, trajectories_table(run, record.batch.trajectories, step_of))
+        tx.write_step("turns", record.step, turns_table(run, record.batch.trajectories, step_of))
         tx.write_step("steps", record.step, pa.Table.from_pylist([record.steps_row(run)]))
     log_step_once(mlflow_run_id, record.metrics(), record.step, sentinel="reward")
     if record.heldout_reward is not None:  # by weights version: 0 is the policy before training

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from libra.config import LibraConfig
 from libra.errors import LibraError
 from libra.rl.schedule import EVAL_SEED, Admission, admit, train_task_seed
@@ -39,6 +37,7 @@ from libra.trainer.checkpoint import (
 )
 from libra.trainer.samples import TrainingSample, to_samples
 from libra.trainer.trainer import PolicyTrainer, UpdateStats
+from libra.types import Trajectory
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,7 @@ class Batch:
 
     step: int
     samples: tuple[TrainingSample, ...]
-    trajectories: pa.Table
-    turns: pa.Table
+    trajectories: tuple[Trajectory, ...]  # with their turns, as the store records them
     stats: RolloutStats
 
 
@@ -206,7 +204,6 @@ class TrainingSession:
         """Reward every trajectory of batch `step` with its environment's reward; the batch is then
         ready to train on (and its working directories are gone)."""
         from libra.rollout.agent import score_rewards
-        from storage.records import rollout_tables
 
         result, workroot = self.rolled.pop(step)
         try:
@@ -215,13 +212,12 @@ class TrainingSession:
             shutil.rmtree(workroot, ignore_errors=True)
         runs = result.trajectories
         rewards = [r.reward for r in runs]
-        trajectories, turns = rollout_tables(self.run, max(step, 0), result, self.engine_version)
         stats = RolloutStats(len(runs), result.generated_tokens, result.wall_s, statistics.fmean(rewards),
                              statistics.pstdev(rewards), sum(x > 0 for x in rewards) / len(runs),
                              statistics.fmean(len(r.turns) for r in runs),
                              statistics.fmean(len(r.ids) - r.prompt_tokens for r in runs), result.migrations,
                              self.engine_version)
-        batch = Batch(step, tuple(to_samples(runs, self.config.trainer.normalize_std)), trajectories, turns, stats)
+        batch = Batch(step, tuple(to_samples(runs, self.config.trainer.normalize_std)), tuple(result.records()), stats)
         if step >= 0:
             self.pending[step] = batch
         return batch

@@ -28,9 +28,10 @@ from libra.rollout.engines import Engine
 from libra.rollout.envs import Env, Task, prompt
 from libra.rollout.protocol import STOPS, observation, parse
 from libra.rollout.sandbox import SandboxUnavailable, make_workroot
-from libra.scheduler.causal_tree import TrajectoryPath, path_from_turns
+from libra.scheduler.causal_tree import path_of
 from libra.scheduler.keys import ToolReturn
 from libra.scheduler.policies import Router
+from libra.types import ToolStatus, Trajectory, Turn
 
 
 @dataclass
@@ -76,6 +77,15 @@ class TrajectoryRun:
     def generated_tokens(self) -> int:
         return sum(t.gen_tokens for t in self.turns)
 
+    def record(self) -> Trajectory:
+        """The finished trajectory as every other part of Libra takes it (the store, the router's
+        tree, the trainer's bookkeeping): `libra.types.Trajectory`."""
+        turns = tuple(Turn(self.trajectory_id, self.prompt_id, self.sample_id, t.turn_idx, t.context_tokens, t.gen_tokens,
+                           t.tool_name, t.tool_payload_tokens, ToolStatus(t.tool_status), str(t.instance), t.bucket,
+                           t.migrated, t.gen_latency_s, t.tool_latency_s, self.model_version) for t in self.turns)
+        return Trajectory(self.trajectory_id, self.prompt_id, self.sample_id, self.task.env, self.prompt_tokens, turns,
+                          self.reward, self.model_version, self.finished - self.started)
+
 
 @dataclass
 class RolloutResult:
@@ -96,6 +106,9 @@ class RolloutResult:
     @property
     def solved_fraction(self) -> float:
         return sum(t.reward > 0 for t in self.trajectories) / len(self.trajectories) if self.trajectories else 0.0
+
+    def records(self) -> list[Trajectory]:
+        return [t.record() for t in self.trajectories]
 
 
 @dataclass(frozen=True)
@@ -269,7 +282,7 @@ def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: 
            prefill: int) -> RolloutResult:
     """The batch's result; the router learns from its finished trajectories, as after an RL step."""
     trajectories = list(runs.values())
-    router.observe_step([path_of(r) for r in trajectories], {r.prompt_id: r.prompt_tokens for r in trajectories})
+    router.observe_step([path_of(r.record()) for r in trajectories], {r.prompt_id: r.prompt_tokens for r in trajectories})
     return RolloutResult(trajectories, wall_s, busy, steps, prefill)
 
 
@@ -289,9 +302,3 @@ def _act(env: Env, episode, gen) -> tuple[str, str, str, str, float]:
     except Exception as exc:  # a tool bug must not stop the batch
         output, status = f"tool failed: {type(exc).__name__}: {exc}", "error"
     return "tool", action.name, observation(output, status), status, time.perf_counter() - began
-
-
-def path_of(run: TrajectoryRun) -> TrajectoryPath:
-    """The finished trajectory as the causal tree stores it."""
-    return path_from_turns(run.prompt_id, run.prompt_tokens,
-                           [(t.gen_tokens, t.tool_name, t.tool_payload_tokens, t.tool_status) for t in run.turns])

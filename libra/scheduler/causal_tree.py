@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libra.scheduler.keys import KeyScheme, ToolReturn
+from libra.types import Trajectory
 
 Key = tuple[str, int, str]
 GLOBAL = "__global__"
@@ -124,6 +125,12 @@ def path_from_turns(prompt_id: str, prompt_tokens: int,
         spent += gen + payload
         returns.append((ToolReturn(tool, payload, status), start - spent))
     return TrajectoryPath(prompt_id, start, tuple(returns), prompt_tokens)
+
+
+def path_of(trajectory: Trajectory) -> TrajectoryPath:
+    """The tree's view of a finished trajectory (an imported trace's or a live rollout's)."""
+    return path_from_turns(trajectory.prompt_id, trajectory.prompt_tokens, [
+        (t.gen_tokens, t.tool_name, t.tool_payload_tokens, t.tool_status.value) for t in trajectory.turns])
 
 
 def paths_from_rows(trajectory_rows: Iterable[dict], return_rows: Iterable[dict]) -> list[TrajectoryPath]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from libra.config import SchedulerConfig
 from libra.errors import LibraError
-from libra.scheduler.causal_tree import CausalTree, TrajectoryPath, path_from_turns
+from libra.scheduler.causal_tree import CausalTree, path_of
 from libra.scheduler.keys import KeyScheme, ToolReturn
 from libra.scheduler.metrics import (
     DecisionRecord,
@@ -50,13 +50,6 @@ from libra.types import Trajectory
 
 POLICIES = ("libra", "libra-tree", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest", "oracle",
             "cmlfq@budget", "mlfq@budget", "predictor-repredict@budget")
-
-
-def path_of(trajectory: Trajectory) -> TrajectoryPath:
-    """The tree's view of a trajectory: remaining tokens at its start and after each tool return
-    that is followed by another turn."""
-    return path_from_turns(trajectory.prompt_id, trajectory.prompt_tokens, [
-        (t.gen_tokens, t.tool_name, t.tool_payload_tokens, t.tool_status.value) for t in trajectory.turns])
 
 
 def parse_order(order: str) -> int:
