@@ -102,6 +102,7 @@ def train(config: LibraConfig, restart: bool, quiet: bool) -> dict[str, Any]:
     check(config)
     ensure_policy(config, quiet)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up and per-reload warnings would bury the progress
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # loading and saving weights every iteration: no bars

@@ -1,0 +1,226 @@
+"""The RL training loop, measured: learning across seeds, the pipeline, Prefect's cost and the trainer.
+
+    python -m benchmarks.bench_train [--steps 30] [--seeds 0 1 2] [--quick]
+
+1. Learning: `libra train`'s flow on the math tasks from the shipped policy for `--steps` updates,
+   once per seed: held-out reward (64 held-out prompts, one sample each) before and after; the
+   gain's mean beside the spread of the gains between seeds.
+2. Pipeline: the same steps with one-step-off and with synchronous iterations (same seed):
+   wall seconds of the iterations, synchronous / one-step-off.
+3. Prefect's cost: on the synchronous run, each iteration's wall time minus the time spent inside
+   the stages (the session's methods, timed around their bodies), as a share of the iteration.
+4. Trainer: tokens/s of `PolicyTrainer.train_step` against a bare torch loop (forward, masked
+   log-prob loss, backward, AdamW step) over the same micro-batches of the same samples.
+
+Every run writes to a temporary directory (store, MLflow, Prefect, checkpoints); the figures go to
+benchmarks/out/train.json and the README's performance section (`python -m benchmarks.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import save
+from libra.config import LibraConfig
+from libra.rollout.policy import SHIPPED
+
+STAGES = ("rollout", "score", "update", "sync", "evaluate", "checkpoint")
+
+
+def config_for(base: Path, run: str, steps: int, seed: int, pipeline: str, eval_every: int) -> LibraConfig:
+    return LibraConfig.model_validate({
+        "store": {"root": str(base / "store"), "fsync": False},
+        "tracking": {"tracking_uri": f"sqlite:///{base / 'mlflow.db'}", "artifact_root": str(base / "artifacts")},
+        "orchestration": {"prefect_home": str(base / "prefect")},
+        "rollout": {"engine": "vllm", "instances": 1},
+        "trainer": {"policy": str(SHIPPED), "run": run, "env": "math", "steps": steps, "seed": seed, "lr": 2e-4,
+                    "prompts_per_step": 8, "samples_per_prompt": 8, "eval_prompts": 64, "eval_every": eval_every,
+                    "pipeline": pipeline, "checkpoint_dir": str(base / "checkpoints")},
+    })
+
+
+class StageClock:
+    """Seconds spent inside the session's stage methods, per iteration (a benchmark-only wrapper)."""
+
+    def __init__(self) -> None:
+        self.inside = 0.0
+        self.depth = 0  # stages call stages (evaluate rolls out and scores): only the outermost counts
+        self.originals: dict[str, Any] = {}
+
+    def __enter__(self) -> StageClock:
+        from libra.rl.session import TrainingSession
+
+        for name in STAGES:
+            original = getattr(TrainingSession, name)
+            self.originals[name] = original
+
+            @functools.wraps(original)
+            def timed(*args, __original=original, **kwargs):
+                began = time.perf_counter()
+                self.depth += 1
+                try:
+                    return __original(*args, **kwargs)
+                finally:
+                    self.depth -= 1
+                    if self.depth == 0:
+                        self.inside += time.perf_counter() - began
+            setattr(TrainingSession, name, timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from libra.rl.session import TrainingSession
+
+        for name, original in self.originals.items():
+            setattr(TrainingSession, name, original)
+
+
+def train_run(config: LibraConfig) -> dict[str, Any]:
+    from flows.train import train_flow
+    from tasks.train_tasks import LISTENERS
+
+    seconds: list[float] = []
+    LISTENERS.append(lambda record: seconds.append(record.seconds["iteration"]))
+    try:
+        result = train_flow(config)
+    finally:
+        LISTENERS.clear()
+    heldout = {int(v): r for v, r in result["state"]["heldout"].items()}
+    return {"reward_start": heldout[0], "reward_end": heldout[max(heldout)], "heldout": heldout,
+            "iteration_s": seconds, "generated_tokens": result["state"]["generated_tokens"]}
+
+
+def prefect_overhead(config: LibraConfig) -> dict[str, Any]:
+    """Iterations of the synchronous pipeline (no stage overlaps another): wall minus stage time."""
+    from flows.rl_iteration import rl_iteration_flow
+    from tasks.train_tasks import close_session_task, open_session_task, start_tracking_task
+
+    info = open_session_task(config)
+    shares = []
+    try:
+        run_id = start_tracking_task(info.run, False)
+        for step in range(config.trainer.steps):
+            with StageClock() as clock:
+                began = time.perf_counter()
+                rl_iteration_flow(info.run, step, config.trainer.steps, "math", "sync", 10**6, False, run_id)
+                wall = time.perf_counter() - began
+            shares.append({"wall_s": wall, "stages_s": clock.inside, "overhead_s": wall - clock.inside})
+    finally:
+        close_session_task(info.run)
+    overhead = sum(s["overhead_s"] for s in shares) / sum(s["wall_s"] for s in shares)
+    return {"iterations": shares, "overhead_share": overhead}
+
+
+def trainer_throughput(updates: int = 4) -> dict[str, Any]:
+    """PolicyTrainer against a bare loop on the same samples (math-like lengths, half policy tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from libra.config import TrainerConfig
+    from libra.trainer.grpo import token_logprobs
+    from libra.trainer.samples import TrainingSample, collate, micro_batches
+    from libra.trainer.trainer import PolicyTrainer
+
+    rng = random.Random(0)
+    samples = []
+    for i in range(64):
+        n = rng.randint(180, 300)
+        ids = tuple(rng.randrange(8, 1500) for _ in range(n))
+        mask = tuple(int(j >= 110 and j % 3 != 0) for j in range(n))
+        logprobs = tuple(-rng.random() if m else 0.0 for m in mask)
+        samples.append(TrainingSample(str(i), str(i // 8), ids, mask, logprobs, rng.choice((-1.0, 1.0)), 0.0, 0))
+    config = TrainerConfig(lr=1e-5, warmup_steps=0)
+    tokens = sum(s.policy_tokens for s in samples) * updates
+
+    trainer = PolicyTrainer(SHIPPED, config)
+    trainer.train_step(samples)  # warm-up
+    began = time.perf_counter()
+    for _ in range(updates):
+        trainer.train_step(samples)
+    libra_s = time.perf_counter() - began
+
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    batches = [collate(group) for group in micro_batches(samples, config.micro_batch_tokens)]
+    total = float(sum(s.policy_tokens for s in samples))
+
+    def bare_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        for batch in batches:
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention).logits[:, :-1]
+            logp = token_logprobs(logits, batch.targets)
+            (-(logp * batch.advantages[:, None] * batch.mask).sum() / total).backward()
+        optimizer.step()
+
+    bare_step()
+    began = time.perf_counter()
+    for _ in range(updates):
+        bare_step()
+    bare_s = time.perf_counter() - began
+    return {"updates": updates, "policy_tokens": tokens, "libra_tokens_per_s": tokens / libra_s,
+            "bare_tokens_per_s": tokens / bare_s, "ratio": bare_s / libra_s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--pipeline-steps", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="2 steps, one seed (a smoke run; figures not saved)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.seeds, args.pipeline_steps = 2, [0], 2
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    began = time.perf_counter()
+    trainer = trainer_throughput()
+    print(f"trainer: {trainer['libra_tokens_per_s']:.0f} policy tokens/s, bare torch loop "
+          f"{trainer['bare_tokens_per_s']:.0f}: ratio {trainer['ratio']:.2f} (goal >= 0.8)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="libra-bench-train-") as tmp:
+        base = Path(tmp)
+        probe = config_for(base, "probe", 1, 0, "sync", 10)
+        from flows.runtime import prepare_runtime, start_prefect
+
+        prepare_runtime(probe)
+        start_prefect()
+        seeds = {}
+        for seed in args.seeds:
+            seeds[seed] = train_run(config_for(base, f"learn-seed{seed}", args.steps, seed, "one_step_off", 10))
+            s = seeds[seed]
+            print(f"seed {seed}: held-out reward {s['reward_start']:.3f} -> {s['reward_end']:.3f} "
+                  f"({args.steps} steps, {sum(s['iteration_s']):.0f} s)", flush=True)
+        gains = [s["reward_end"] - s["reward_start"] for s in seeds.values()]
+        pipelined = train_run(config_for(base, "one-step-off", args.pipeline_steps, 7, "one_step_off", 10**6))
+        synchronous = train_run(config_for(base, "sync", args.pipeline_steps, 7, "sync", 10**6))
+        ratio = sum(synchronous["iteration_s"]) / sum(pipelined["iteration_s"])
+        print(f"pipeline: {args.pipeline_steps} iterations synchronous {sum(synchronous['iteration_s']):.1f} s, "
+              f"one-step-off {sum(pipelined['iteration_s']):.1f} s: ratio {ratio:.2f}", flush=True)
+        overhead = prefect_overhead(config_for(base, "prefect", args.pipeline_steps, 8, "sync", 10**6))
+        print(f"Prefect: {overhead['overhead_share']:.1%} of each iteration's wall time (goal < 5%)", flush=True)
+    result = {
+        "steps": args.steps, "seeds": {str(k): v for k, v in seeds.items()},
+        "gain_mean": statistics.fmean(gains), "gain_spread": (max(gains) - min(gains)) if len(gains) > 1 else 0.0,
+        "gain_stdev": statistics.stdev(gains) if len(gains) > 1 else 0.0,
+        "pipeline": {"iterations": args.pipeline_steps, "sync_s": sum(synchronous["iteration_s"]),
+                     "one_step_off_s": sum(pipelined["iteration_s"]), "ratio_sync_over_one_step_off": ratio},
+        "prefect": overhead, "trainer": trainer, "bench_s": time.perf_counter() - began,
+    }
+    print(f"learning: mean gain {result['gain_mean']:+.3f} held-out reward over {args.steps} steps; spread between "
+          f"seeds {result['gain_spread']:.3f} (stdev {result['gain_stdev']:.3f})")
+    if not args.quick:
+        print(f"saved {save('train', result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
