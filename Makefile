@@ -1,5 +1,5 @@
 # Set-up and the two entry points. Every target is idempotent and works from a clean clone:
-#   make run    installs everything into .venv, then runs the main job on embedded defaults
+#   make run    installs everything into .venv, then runs the main job (GRPO training, configs/demo.yaml)
 #   make test   installs everything into .venv, then runs the test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/libra run
+	$(VENV)/bin/libra train --config configs/demo.yaml
 
 test: setup
 	$(PY) -m pytest -q

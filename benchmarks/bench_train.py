@@ -3,8 +3,8 @@
     python -m benchmarks.bench_train [--steps 30] [--seeds 0 1 2] [--quick]
 
 1. Learning: `libra train`'s flow on the math tasks from the shipped policy for `--steps` updates,
-   once per seed: held-out reward (64 held-out prompts, one sample each) before and after; the
-   gain's mean beside the spread of the gains between seeds.
+   once per seed: held-out reward (128 held-out prompts, greedy) before and after; the gain's mean
+   beside the spread of the gains between seeds.
 2. Pipeline: the same steps with one-step-off and with synchronous iterations (same seed):
    wall seconds of the iterations, synchronous / one-step-off.
 3. Prefect's cost: on the synchronous run, each iteration's wall time minus the time spent inside
@@ -34,14 +34,15 @@ from libra.rollout.policy import SHIPPED
 STAGES = ("rollout", "score", "update", "sync", "evaluate", "checkpoint")
 
 
-def config_for(base: Path, run: str, steps: int, seed: int, pipeline: str, eval_every: int) -> LibraConfig:
+def config_for(base: Path, run: str, steps: int, seed: int, pipeline: str, eval_every: int, lr: float = 1e-4,
+               eval_prompts: int = 128) -> LibraConfig:
     return LibraConfig.model_validate({
         "store": {"root": str(base / "store"), "fsync": False},
         "tracking": {"tracking_uri": f"sqlite:///{base / 'mlflow.db'}", "artifact_root": str(base / "artifacts")},
         "orchestration": {"prefect_home": str(base / "prefect")},
         "rollout": {"engine": "vllm", "instances": 1},
-        "trainer": {"policy": str(SHIPPED), "run": run, "env": "math", "steps": steps, "seed": seed, "lr": 2e-4,
-                    "prompts_per_step": 8, "samples_per_prompt": 8, "eval_prompts": 64, "eval_every": eval_every,
+        "trainer": {"policy": str(SHIPPED), "run": run, "env": "math", "steps": steps, "seed": seed, "lr": lr,
+                    "prompts_per_step": 8, "samples_per_prompt": 8, "eval_prompts": eval_prompts, "eval_every": eval_every,
                     "pipeline": pipeline, "checkpoint_dir": str(base / "checkpoints")},
     })
 
@@ -104,7 +105,7 @@ def prefect_overhead(config: LibraConfig) -> dict[str, Any]:
     info = open_session_task(config)
     shares = []
     try:
-        run_id = start_tracking_task(info.run, False)
+        run_id = start_tracking_task(info.run)
         for step in range(config.trainer.steps):
             with StageClock() as clock:
                 began = time.perf_counter()
@@ -119,6 +120,8 @@ def prefect_overhead(config: LibraConfig) -> dict[str, Any]:
 
 def trainer_throughput(updates: int = 4) -> dict[str, Any]:
     """PolicyTrainer against a bare loop on the same samples (math-like lengths, half policy tokens)."""
+    import json
+
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -127,11 +130,12 @@ def trainer_throughput(updates: int = 4) -> dict[str, Any]:
     from libra.trainer.samples import TrainingSample, collate, micro_batches
     from libra.trainer.trainer import PolicyTrainer
 
+    vocab = json.loads((SHIPPED / "config.json").read_text())["vocab_size"]
     rng = random.Random(0)
     samples = []
     for i in range(64):
         n = rng.randint(180, 300)
-        ids = tuple(rng.randrange(8, 1500) for _ in range(n))
+        ids = tuple(rng.randrange(8, vocab) for _ in range(n))
         mask = tuple(int(j >= 110 and j % 3 != 0) for j in range(n))
         logprobs = tuple(-rng.random() if m else 0.0 for m in mask)
         samples.append(TrainingSample(str(i), str(i // 8), ids, mask, logprobs, rng.choice((-1.0, 1.0)), 0.0, 0))
@@ -172,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--pipeline-steps", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-4, help="peak learning rate of the learning runs (configs/demo.yaml's)")
     parser.add_argument("--quick", action="store_true", help="2 steps, one seed (a smoke run; figures not saved)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         start_prefect()
         seeds = {}
         for seed in args.seeds:
-            seeds[seed] = train_run(config_for(base, f"learn-seed{seed}", args.steps, seed, "one_step_off", 10))
+            seeds[seed] = train_run(config_for(base, f"learn-seed{seed}", args.steps, seed, "one_step_off", 10, args.lr))
             s = seeds[seed]
             print(f"seed {seed}: held-out reward {s['reward_start']:.3f} -> {s['reward_end']:.3f} "
                   f"({args.steps} steps, {sum(s['iteration_s']):.0f} s)", flush=True)
@@ -208,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         overhead = prefect_overhead(config_for(base, "prefect", args.pipeline_steps, 8, "sync", 10**6))
         print(f"Prefect: {overhead['overhead_share']:.1%} of each iteration's wall time (goal < 5%)", flush=True)
     result = {
-        "steps": args.steps, "seeds": {str(k): v for k, v in seeds.items()},
+        "steps": args.steps, "lr": args.lr, "seeds": {str(k): v for k, v in seeds.items()},
         "gain_mean": statistics.fmean(gains), "gain_spread": (max(gains) - min(gains)) if len(gains) > 1 else 0.0,
         "gain_stdev": statistics.stdev(gains) if len(gains) > 1 else 0.0,
         "pipeline": {"iterations": args.pipeline_steps, "sync_s": sum(synchronous["iteration_s"]),

@@ -232,9 +232,32 @@ def rollout_section(result: dict) -> list[str]:
     return lines
 
 
+def train_section(result: dict) -> list[str]:
+    seeds = result["seeds"]
+    rows = ", ".join(f"seed {k}: {v['reward_start']:.3f} -> {v['reward_end']:.3f}" for k, v in seeds.items())
+    pipeline, prefect, trainer = result["pipeline"], result["prefect"], result["trainer"]
+    gain, spread = result["gain_mean"], result["gain_spread"]
+    return [
+        f"**Training** (`python -m benchmarks.bench_train`; GRPO on the math tasks from the shipped policy, vLLM on "
+        f"the CPU, 8 prompts x 8 samples a step; {result['machine']})",
+        "",
+        "| measure | Libra | baseline in the same run | figure | goal |",
+        "|---|---|---|---|---|",
+        f"| held-out reward after {result['steps']} updates (lr {result['lr']:g}; 128 held-out prompts, greedy) | mean gain "
+        f"{gain:+.3f} ({rows}) | spread of the gain between seeds: {spread:.3f} | gain / spread "
+        f"{gain / spread if spread > 0 else float('inf'):.2f} | several |",
+        f"| one-step-off pipeline, {pipeline['iterations']} iterations | {pipeline['one_step_off_s']:.1f} s | "
+        f"synchronous: {pipeline['sync_s']:.1f} s | ratio {pipeline['ratio_sync_over_one_step_off']:.2f} | > 1 |",
+        f"| Prefect's share of an iteration (synchronous iterations) | {prefect['overhead_share']:.1%} | - | "
+        f"{'met' if prefect['overhead_share'] < 0.05 else 'missed'} | < 5% |",
+        f"| trainer policy tokens/s | {trainer['libra_tokens_per_s']:.0f} | bare torch loop over the same micro-batches: "
+        f"{trainer['bare_tokens_per_s']:.0f} | ratio {trainer['ratio']:.2f} | >= 0.8 |",
+    ]
+
+
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
             "router": router_section, "sim": sim_section,
-            "pool": pool_section, "rollout": rollout_section}
+            "pool": pool_section, "rollout": rollout_section, "train": train_section}
 
 
 def render() -> str:

@@ -169,25 +169,14 @@ def track(summary: dict[str, Any], result: Any, args: argparse.Namespace, config
     from flows.runtime import prepare_runtime
 
     prepare_runtime(config)
-    import tempfile
     from dataclasses import asdict
-    from pathlib import Path
 
-    import mlflow
+    from tasks.tracking_tasks import log_run
 
-    from tasks.tracking_tasks import ensure_experiment
-
-    experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-pool", config.tracking.artifact_root)
-    with mlflow.start_run(experiment_id=experiment, run_name=summary["run"]) as run:
-        mlflow.log_params({"core_ranks": summary["core_ranks"], "hybrids": summary["hybrids"], "steps": args.steps,
-                           "schedule": json.dumps(schedule), "kills": ",".join(args.kill), "hidden": args.hidden,
-                           "batch": args.batch})
-        mlflow.log_metrics({"wall_s": summary["wall_s"], "step_time_mean_s": summary["step_time_mean_s"],
-                            "retried_steps": summary["retried_steps"], "replica_steps": summary["replica_steps"]})
-        for s in result.steps:
-            mlflow.log_metrics({"step_s": s["seconds"], "active_replicas": s["active"]}, step=s["step"])
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "pool_events.json"
-            path.write_text(json.dumps([asdict(e) for e in result.events], indent=1))
-            mlflow.log_artifact(str(path))
-        return run.info.run_id
+    params = {"core_ranks": summary["core_ranks"], "hybrids": summary["hybrids"], "steps": args.steps,
+              "schedule": json.dumps(schedule), "kills": ",".join(args.kill), "hidden": args.hidden, "batch": args.batch}
+    metrics = {"wall_s": summary["wall_s"], "step_time_mean_s": summary["step_time_mean_s"],
+               "retried_steps": summary["retried_steps"], "replica_steps": summary["replica_steps"]}
+    steps = [(s["step"], {"step_s": s["seconds"], "active_replicas": s["active"]}) for s in result.steps]
+    return log_run(f"{config.tracking.experiment_prefix}-pool", config.tracking.artifact_root, summary["run"], params,
+                   metrics, steps=steps, texts={"pool_events.json": json.dumps([asdict(e) for e in result.events], indent=1)})

@@ -37,17 +37,17 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.add_argument("--prompts", type=int, default=32, help="tasks per batch (default 32)")
     cmd.add_argument("--samples", type=int, default=8, help="samples per task (default 8)")
     cmd.add_argument("--batches", type=int, default=1, help="batches in a row; the router learns between them (default 1)")
-    cmd.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="rollout engine (default vllm)")
-    cmd.add_argument("--instances", type=int, default=2, help="engine instances (default 2)")
-    cmd.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+    cmd.add_argument("--engine", choices=["vllm", "hf"], help="rollout engine (default: the config's rollout.engine, vllm)")
+    cmd.add_argument("--instances", type=int, help="engine instances (default: rollout.instances, 1)")
+    cmd.add_argument("--device", choices=["cpu", "cuda"],
                      help="cpu: instances share the local cores; cuda: the GPUs (each instance gets an equal share, "
-                     "its tensor-parallel degree on vLLM; transformers uses the first of its share) (default cpu)")
-    cmd.add_argument("--router", default="libra",
-                     help="libra, libra-tree, cmlfq, mlfq, predictor, predictor-repredict, least-load or always-shortest")
+                     "its tensor-parallel degree on vLLM; transformers uses the first of its share) (default: rollout.device, cpu)")
+    cmd.add_argument("--router", help="libra, libra-tree, cmlfq, mlfq, predictor, predictor-repredict, least-load or "
+                     "always-shortest (default: rollout.router, libra)")
     cmd.add_argument("--buckets", default="auto", help="'auto' (quantiles of expert lengths) or B1,B2,... tokens")
     cmd.add_argument("--policy", default=DEFAULT_POLICY, help=f"HF-format policy directory (default {DEFAULT_POLICY})")
-    cmd.add_argument("--temperature", type=float, default=1.0)
-    cmd.add_argument("--max-turns", type=int, default=8)
+    cmd.add_argument("--temperature", type=float, help="0: greedy (default: rollout.temperature, 1.0)")
+    cmd.add_argument("--max-turns", type=int, help="(default: rollout.max_turns, 8)")
     cmd.add_argument("--seed", type=int, default=0, help="task seed (the policy was trained on seeds >= 10000)")
     cmd.add_argument("--run", help="store run name (default: rollout-<env>-<time>)")
     cmd.add_argument("--no-track", action="store_true", help="skip MLflow")
@@ -80,6 +80,12 @@ def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
 
 def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
+
+    r = config.rollout  # the one source of the defaults the flags leave open
+    for flag, value in (("engine", r.engine), ("instances", r.instances), ("device", r.device), ("router", r.router),
+                        ("temperature", r.temperature), ("max_turns", r.max_turns)):
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
 
     with json_stdout(args.json) as out:
         summary = roll_out(args, config)
@@ -126,7 +132,7 @@ def roll_out(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
         if (count := gpu_count()) < args.instances:
             raise LibraError(f"--device cuda with {args.instances} instance(s): this machine has {count} GPU(s) torch can "
                              "use; use fewer --instances or --device cpu")
-    engines = make_engines(args.engine, policy, args.instances, args.device)
+    engines = make_engines(args.engine, policy, args.instances, args.device, config.rollout.max_context)
     try:
         summary = run_batches(args, config, engines, tokenizer, make_env(args.env, config.sandbox),
                               make_router(args.router, buckets, {}, config.scheduler), run_name)
@@ -150,7 +156,9 @@ def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, to
     results = []
     for batch in range(args.batches):
         result = rollout(env, env.tasks(args.prompts, seed=args.seed + batch), args.samples, engines, router, tokenizer,
-                         max_turns=args.max_turns, temperature=args.temperature, seed=args.seed * 1000 + batch)
+                         max_turns=args.max_turns, max_tokens_per_turn=config.rollout.max_tokens_per_turn,
+                         max_context=config.rollout.max_context, temperature=args.temperature,
+                         tool_threads=config.rollout.tool_threads, seed=args.seed * 1000 + batch)
         records = result.records()
         step_of = {t.prompt_id: batch for t in records}
         trajectories, turns = trajectories_table(run_name, records, step_of), turns_table(run_name, records, step_of)
@@ -196,14 +204,11 @@ def track(summary: dict[str, Any], args: argparse.Namespace, config: LibraConfig
     from flows.runtime import prepare_runtime
 
     prepare_runtime(config)
-    import mlflow
+    from tasks.tracking_tasks import log_run
 
-    from tasks.tracking_tasks import ensure_experiment
-
-    experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-rollout", config.tracking.artifact_root)
-    with mlflow.start_run(experiment_id=experiment, run_name=summary["run"]) as run:
-        mlflow.log_params({k: summary[k] for k in ("env", "engine", "device", "instances", "router", "batches")}
-                          | {"prompts": args.prompts, "samples": args.samples, "buckets": summary["buckets"]})
-        mlflow.log_metrics({k: float(summary[k]) for k in ("tokens_per_s", "solved_fraction", "migrations",
-                                                              "migrated_tokens", "generated_tokens", "prefill_tokens", "wall_s")})
-        return run.info.run_id
+    params = {k: summary[k] for k in ("env", "engine", "device", "instances", "router", "batches")} | {
+        "prompts": args.prompts, "samples": args.samples, "buckets": summary["buckets"]}
+    metrics = {k: float(summary[k]) for k in ("tokens_per_s", "solved_fraction", "migrations", "migrated_tokens",
+                                              "generated_tokens", "prefill_tokens", "wall_s")}
+    return log_run(f"{config.tracking.experiment_prefix}-rollout", config.tracking.artifact_root, summary["run"],
+                   params, metrics)

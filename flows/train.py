@@ -28,7 +28,7 @@ def train_flow(config: LibraConfig, restart: bool = False) -> dict[str, Any]:
     t = config.trainer
     info = open_session_task(config, restart)
     try:
-        mlflow_run_id = start_tracking_task(info.run, restart)
+        mlflow_run_id = start_tracking_task(info.run)
         if info.unrecorded:  # the process died between the checkpoint and its record: record it (once)
             record_task(info.run, mlflow_run_id)
         if "0" not in info.heldout and info.version == 0:

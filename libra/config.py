@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from libra.errors import ConfigError
 
@@ -177,9 +177,18 @@ class TrainerConfig(_Section):
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the trainer runs")
     eval_every: int = Field(10, ge=1, le=1_000_000, description="held-out evaluation every N steps (and at the start and end)")
     eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts (one sample each)")
+    eval_temperature: float = Field(0.0, ge=0.0, le=10.0, description="held-out sampling temperature (0: greedy, "
+                                    "so the evaluation measures the policy, not the draw)")
     checkpoint_dir: str = Field(".libra/checkpoints", description="checkpoints go to <checkpoint_dir>/<run>/")
     keep_checkpoints: int = Field(2, ge=1, le=1_000, description="newest checkpoints kept")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="seeds the data order, the sampling and the trainer")
+
+    @model_validator(mode="after")
+    def _fresh_enough(self) -> TrainerConfig:
+        if self.pipeline == "one_step_off" and self.max_staleness < 1:
+            raise ValueError("pipeline one_step_off trains on batches 1 update old: max_staleness must be >= 1 "
+                             "(or set pipeline: sync)")
+        return self
 
     def run_name(self) -> str:
         return self.run or f"train-{self.env}-seed{self.seed}"

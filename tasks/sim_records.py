@@ -74,30 +74,21 @@ def plot_runs(runs: dict, out_dir: Path) -> list[Path]:
 
 
 def record_mlflow(runs: dict, summary: dict[str, Any], args: Any, config: LibraConfig) -> str:
-    import mlflow
+    from tasks.tracking_tasks import log_run
 
-    from tasks.tracking_tasks import ensure_experiment
-
-    experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-sim-{summary['workload']}".replace(":", "-")
-                                   .replace("/", "-")[:200], config.tracking.artifact_root)
+    experiment = f"{config.tracking.experiment_prefix}-sim-{summary['workload']}".replace(":", "-").replace("/", "-")[:200]
     params = {"workload": summary["workload"], "cluster": args.cluster, "model": args.model, "steps": args.steps,
               "seed": args.seed}
-    with mlflow.start_run(experiment_id=experiment, run_name=f"{summary['workload']}-{args.cluster}") as parent:
-        mlflow.log_params(params)
-        with tempfile.TemporaryDirectory() as tmp:
-            for path in plot_runs(runs, Path(tmp)):
-                mlflow.log_artifact(str(path))
-            (Path(tmp) / "summary.json").write_text(json.dumps(summary, indent=2))
-            mlflow.log_artifact(str(Path(tmp) / "summary.json"))
-        for name, r in runs.items():
-            with mlflow.start_run(experiment_id=experiment, run_name=name, nested=True):
-                mlflow.log_params({**params, "policy": name})
-                m = summary["policies"][name]
-                mlflow.log_metrics({"tokens_per_s": m["tokens_per_s"], "step_time_mean_s": m["step_time_mean_s"],
-                                    "step_time_p99_s": m["step_time_p99_s"], "total_time_s": m["total_time_s"],
-                                    "idle_rollout_gpu_s": m["idle_gpu_s"]["rollout"],
-                                    "idle_train_gpu_s": m["idle_gpu_s"]["train"]})
-                for s in r.steps:
-                    mlflow.log_metrics({"step_s": s.step_s, "rollout_s": s.rollout_s, "train_s": s.train_s,
-                                        "train_gpus": s.train_gpus}, step=s.step)
-        return parent.info.run_id
+    with tempfile.TemporaryDirectory() as tmp:
+        parent = log_run(experiment, config.tracking.artifact_root, f"{summary['workload']}-{args.cluster}", params, {},
+                         artifacts=plot_runs(runs, Path(tmp)), texts={"summary.json": json.dumps(summary, indent=2)})
+    for name, r in runs.items():
+        m = summary["policies"][name]
+        metrics = {"tokens_per_s": m["tokens_per_s"], "step_time_mean_s": m["step_time_mean_s"],
+                   "step_time_p99_s": m["step_time_p99_s"], "total_time_s": m["total_time_s"],
+                   "idle_rollout_gpu_s": m["idle_gpu_s"]["rollout"], "idle_train_gpu_s": m["idle_gpu_s"]["train"]}
+        steps = [(s.step, {"step_s": s.step_s, "rollout_s": s.rollout_s, "train_s": s.train_s, "train_gpus": s.train_gpus})
+                 for s in r.steps]
+        log_run(experiment, config.tracking.artifact_root, name, {**params, "policy": name}, metrics, steps=steps,
+                parent=parent)
+    return parent

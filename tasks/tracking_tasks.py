@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,55 +30,64 @@ def ensure_experiment(name: str, artifact_root: str) -> str:
     return mlflow.create_experiment(name, artifact_location=location)
 
 
+def log_run(experiment: str, artifact_root: str, name: str, params: dict[str, Any], metrics: dict[str, float], *,
+            steps: Iterable[tuple[int, dict[str, float]]] = (), artifacts: Iterable[str | Path] = (),
+            texts: dict[str, str] | None = None, parent: str | None = None) -> str:
+    """Libra's one way to write a finished MLflow run: params, metrics, metrics by step, files (and
+    texts written as files) as artifacts, optionally nested under `parent`; returns the run id."""
+    from mlflow.entities import Metric, Param
+
+    client = mlflow.MlflowClient()
+    tags = {"mlflow.parentRunId": parent} if parent else {}
+    run_id = client.create_run(ensure_experiment(experiment, artifact_root), run_name=name, tags=tags).info.run_id
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+                     metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+    for step, values in steps:
+        client.log_batch(run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in values.items()])
+    for path in artifacts:
+        client.log_artifact(run_id, str(path))
+    if texts:
+        with tempfile.TemporaryDirectory() as tmp:
+            for file, text in texts.items():
+                (Path(tmp) / file).write_text(text)
+                client.log_artifact(run_id, str(Path(tmp) / file))
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
 @task(name="log-trace-run", cache_policy=NO_CACHE)
 def log_trace_run_task(summary: ImportSummary, stats: dict[str, Any], config: LibraConfig, experiment: str) -> str:
     """One MLflow run per imported trace; returns its run id."""
-    experiment_id = ensure_experiment(experiment, config.tracking.artifact_root)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=summary.run) as active:
-        mlflow.log_params(
-            {
-                "trace_file": Path(summary.path).name,
-                "store_run": summary.run,
-                "prompts_per_step": config.traces.prompts_per_step,
-                "store_root": config.store.root,
-            }
-        )
-        mlflow.log_metrics({k: float(v) for k, v in stats.items() if isinstance(v, (int, float))})
-        with Catalog(config.store.root, summary.run, threads=config.store.duckdb_threads) as catalog:
-            drift = run_named(catalog, "per_step_drift").to_pylist()
-            for row in drift:
-                mlflow.log_metrics(
-                    {"step_total_tokens_mean": row["total_tokens_mean"], "step_turns_mean": row["turns_mean"]},
-                    step=int(row["step"]),
-                )
-            with tempfile.TemporaryDirectory() as tmp:
-                for name in ("tool_statistics", "length_histogram", "per_step_drift"):
-                    pacsv.write_csv(run_named(catalog, name), Path(tmp) / f"{name}.csv")
-                length_histogram_png(catalog, Path(tmp) / "length_histogram.png", title=f"{summary.run}: trajectory length")
-                per_step_drift_png(catalog, Path(tmp) / "per_step_drift.png", title=f"{summary.run}: length per step")
-                mlflow.log_artifacts(tmp)
-        return active.info.run_id
+    params = {"trace_file": Path(summary.path).name, "store_run": summary.run,
+              "prompts_per_step": config.traces.prompts_per_step, "store_root": config.store.root}
+    metrics = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
+    with Catalog(config.store.root, summary.run, threads=config.store.duckdb_threads) as catalog, \
+            tempfile.TemporaryDirectory() as tmp:
+        steps = [(int(row["step"]), {"step_total_tokens_mean": row["total_tokens_mean"],
+                                     "step_turns_mean": row["turns_mean"]})
+                 for row in run_named(catalog, "per_step_drift").to_pylist()]
+        for name in ("tool_statistics", "length_histogram", "per_step_drift"):
+            pacsv.write_csv(run_named(catalog, name), Path(tmp) / f"{name}.csv")
+        length_histogram_png(catalog, Path(tmp) / "length_histogram.png", title=f"{summary.run}: trajectory length")
+        per_step_drift_png(catalog, Path(tmp) / "per_step_drift.png", title=f"{summary.run}: length per step")
+        return log_run(experiment, config.tracking.artifact_root, summary.run, params, metrics, steps=steps,
+                       artifacts=sorted(Path(tmp).iterdir()))
 
 
-def find_or_create_run(experiment_id: str, name: str, tags: dict[str, str] | None = None) -> str:
-    """The id of the live MLflow run tagged `libra.run` = `name` in the experiment (the newest one,
-    if a killed process left several), created when there is none."""
+def create_run(experiment_id: str, name: str, tags: dict[str, str] | None = None) -> str:
+    """A new MLflow run tagged `libra.run` = `name`; returns its id."""
     client = mlflow.MlflowClient()
-    quoted = name.replace("'", "\\'")
-    found = [r for r in client.search_runs([experiment_id], filter_string=f"tags.`libra.run` = '{quoted}'",
-                                           order_by=["attributes.start_time DESC"])
-             if r.data.tags.get("libra.superseded") != "true"]
-    if found:
-        return found[0].info.run_id
-    run = client.create_run(experiment_id, run_name=name, tags={"libra.run": name, **(tags or {})})
-    return run.info.run_id
+    return client.create_run(experiment_id, run_name=name, tags={"libra.run": name, **(tags or {})}).info.run_id
 
 
 def supersede_runs(experiment_id: str, name: str) -> None:
-    """Mark every run tagged `libra.run` = `name` as superseded (a run trained again from the start)."""
+    """Mark every live run tagged `libra.run` = `name` as superseded (a run trained again from the start)."""
     client = mlflow.MlflowClient()
     quoted = name.replace("'", "\\'")
     for run in client.search_runs([experiment_id], filter_string=f"tags.`libra.run` = '{quoted}'"):
+        if run.data.tags.get("libra.superseded") == "true":
+            continue
         client.set_tag(run.info.run_id, "libra.superseded", "true")
         client.set_terminated(run.info.run_id, "KILLED")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +50,9 @@ def open_session_task(config: LibraConfig, restart: bool = False) -> SessionInfo
     """Load the policy (or the run's newest checkpoint), start the engines and the trainer.
     `restart`: the run's checkpoints are removed first (it trains again from the policy)."""
     run = config.trainer.run_name()
-    if restart:
-        shutil.rmtree(Path(config.trainer.checkpoint_dir) / run, ignore_errors=True)
     if run in SESSIONS:
         SESSIONS.pop(run).close()
-    SESSIONS[run] = TrainingSession.open(config)
+    SESSIONS[run] = TrainingSession.open(config, restart)
     return _info(SESSIONS[run])
 
 
@@ -106,20 +104,23 @@ def checkpoint_task(run: str, step: int, update: Update, seconds: dict[str, floa
 
 
 @task(name="start-tracking", cache_policy=NO_CACHE)
-def start_tracking_task(run: str, restart: bool) -> str:
-    """The run's MLflow run (found by its tag, or created) in the experiment of its environment,
-    with the whole configuration as parameters."""
+def start_tracking_task(run: str) -> str:
+    """The run's MLflow run in the experiment of its environment, with the whole configuration as
+    parameters: the one its checkpoint names, or (a run starting from the policy) a new one, the
+    earlier runs of that name being marked superseded."""
     import mlflow
 
-    from tasks.tracking_tasks import ensure_experiment, find_or_create_run, supersede_runs
+    from tasks.tracking_tasks import create_run, ensure_experiment, supersede_runs
 
     s = session(run)
     config = s.config
     experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-train-{config.trainer.env}",
                                    config.tracking.artifact_root)
-    if restart:
+    run_id = s.state.mlflow_run_id
+    if not run_id:
         supersede_runs(experiment, run)
-    run_id = s.state.mlflow_run_id or find_or_create_run(experiment, run)
+        run_id = create_run(experiment, run)
+        s.state = replace(s.state, mlflow_run_id=run_id)
     client = mlflow.MlflowClient()
     logged = client.get_run(run_id).data.params
     params = {k: str(v) for k, v in flatten(config.model_dump(mode="json")).items()}

@@ -21,7 +21,7 @@ TRAIN_SEED_BASE = 1_000_000  # training tasks: seeds far from the held-out and t
 
 def train_task_seed(seed: int, step: int) -> int:
     """The task seed of iteration `step` of a run seeded `seed` (iteration k always sees the same tasks)."""
-    return TRAIN_SEED_BASE + seed * 100_000 + step
+    return TRAIN_SEED_BASE + seed * 1_000_003 + step  # a run has at most 1,000,000 steps
 
 
 def evaluate_after(completed: int, steps: int, every: int) -> bool:

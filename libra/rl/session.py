@@ -105,14 +105,18 @@ class IterationRecord:
 
 
 def config_digest(config: LibraConfig) -> str:
-    """What a resumed run must share with the run it continues: everything but the step count (a
-    run may be extended) and the places files go."""
-    data = config.model_dump(mode="json")
-    data["trainer"].pop("steps")
-    data["trainer"].pop("eval_every")
-    for section, key in (("store", "root"), ("tracking", "tracking_uri"), ("tracking", "artifact_root"),
-                         ("orchestration", "prefect_home"), ("trainer", "checkpoint_dir")):
-        data[section].pop(key)
+    """What a resumed run must share with the run it continues: what it trains on and how (the
+    environment, the policy, the rollout, the trainer's settings), not where files go or how they
+    are written, how often it is evaluated or kept, nor its step count (a run may be extended;
+    with a cosine schedule the count shapes the learning rate, so it counts there)."""
+    rollout = config.rollout.model_dump(mode="json")
+    rollout.pop("tool_threads")
+    trainer = config.trainer.model_dump(mode="json")
+    for key in ("run", "eval_every", "checkpoint_dir", "keep_checkpoints") + (("steps",) if config.trainer.schedule != "cosine" else ()):
+        trainer.pop(key)
+    trainer["policy"] = str(Path(config.trainer.policy).resolve())
+    data = {"run": config.trainer.run_name(), "rollout": rollout, "trainer": trainer,
+            "scheduler": config.scheduler.model_dump(mode="json")}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -133,10 +137,36 @@ class TrainingSession:
     engine_version: int = 0
     trained: Batch | None = None  # the batch of the last update
     last_record: IterationRecord | None = None
+    lock: Any = None  # the run's lock file, held open while the session lives
 
     @classmethod
-    def open(cls, config: LibraConfig) -> TrainingSession:
-        """The run's session: from its newest checkpoint when one exists, else from the policy."""
+    def open(cls, config: LibraConfig, restart: bool = False) -> TrainingSession:
+        """The run's session: from its newest checkpoint when one exists, else from the policy. The
+        run is locked for this process until `close`; `restart` removes its checkpoints first."""
+        t, r = config.trainer, config.rollout
+        run = t.run_name()
+        policy = Path(t.policy)
+        if not (policy / "config.json").is_file():
+            raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` (or set trainer.policy to an "
+                             "HF-format checkpoint)")
+        root = Path(t.checkpoint_dir) / run
+        positions = json.loads((policy / "config.json").read_text()).get("max_position_embeddings")
+        if positions and r.max_context > positions:
+            raise LibraError(f"rollout.max_context {r.max_context} is more than the policy's {positions} positions; "
+                             f"set it to at most {positions}")
+        lock = hold_run(root)
+        try:
+            if restart:
+                for entry in root.iterdir():
+                    if entry.name != ".lock":
+                        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            return cls._open(config, run, policy, root, lock)
+        except BaseException:
+            lock.close()
+            raise
+
+    @classmethod
+    def _open(cls, config: LibraConfig, run: str, policy: Path, root: Path, lock) -> TrainingSession:
         from transformers import AutoTokenizer
 
         from libra.rollout.engines import make_engines
@@ -145,12 +175,6 @@ class TrainingSession:
         from libra.scheduler.replay import make_router
 
         t, r = config.trainer, config.rollout
-        run = t.run_name()
-        policy = Path(t.policy)
-        if not (policy / "config.json").is_file():
-            raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` (or set trainer.policy to an "
-                             "HF-format checkpoint)")
-        root = Path(t.checkpoint_dir) / run
         latest = latest_checkpoint(root)
         digest = config_digest(config)
         state = CheckpointState(run, 0, 0, digest)
@@ -166,9 +190,9 @@ class TrainingSession:
         buckets = Buckets(expert_bounds(env, r.instances, tokenizer))
         router = make_router(r.router, buckets, {}, config.scheduler)
         trainer = PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
-        engines = make_engines(r.engine, weights, r.instances, r.device)
+        engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
         session = cls(config, run, root, policy, state, trainer, engines, env, tokenizer, router,
-                      engine_version=state.version)
+                      engine_version=state.version, lock=lock)
         if latest is not None:
             trainer.load_optimizer_state(load_blob(latest, "trainer"))
             restore_rng(load_blob(latest, "rng"))
@@ -191,7 +215,8 @@ class TrainingSession:
         try:
             result = rollout(self.env, tasks, 1 if evaluation else t.samples_per_prompt, self.engines, self.router,
                              self.tokenizer, max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn,
-                             max_context=r.max_context, temperature=r.temperature, seed=t.seed * 1_000_003 + step,
+                             max_context=r.max_context, temperature=t.eval_temperature if evaluation else r.temperature,
+                             seed=t.seed * 1_000_003 + step,
                              workroot=workroot, tool_threads=r.tool_threads, model_version=self.engine_version,
                              score=False)
         except BaseException:
@@ -225,6 +250,9 @@ class TrainingSession:
     def update(self, step: int) -> Update:
         batch = self.trained = self.pending.pop(step)
         admission: Admission = admit(batch.samples, self.trainer.updates, self.config.trainer.max_staleness)
+        if not admission.admitted:
+            raise LibraError(f"iteration {step}: all {len(batch.samples)} trajectories are more than "
+                             f"{self.config.trainer.max_staleness} updates old; nothing to train on")
         stats = self.trainer.train_step(admission.admitted)
         return Update(stats, len(admission.admitted), len(admission.dropped), admission.staleness_max,
                       admission.staleness_mean)
@@ -264,7 +292,7 @@ class TrainingSession:
         return time.perf_counter() - began
 
     def evaluate(self) -> float:
-        """Mean reward on the held-out tasks (one sample each) with the engines' weights."""
+        """Mean reward on the held-out tasks (one sample each, greedy by default) with the engines' weights."""
         self.rollout(-1, evaluation=True)
         return self.score(-1).stats.reward_mean
 
@@ -278,3 +306,29 @@ class TrainingSession:
         for engine in self.engines:
             engine.close()
         self.engines = []
+        if self.lock is not None:
+            self.lock.close()  # releases the run's lock
+            self.lock = None
+
+
+def hold_run(root: Path):
+    """Lock the run's checkpoint directory for this process (the kernel releases it if the process
+    dies); a second process training the same run is refused."""
+    import fcntl
+    import os
+
+    root.mkdir(parents=True, exist_ok=True)
+    handle = (root / ".lock").open("a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise LibraError(f"run {root.name!r} is being trained by another process (pid {holder}); wait for it, or "
+                         "train another run (trainer.run)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle

@@ -253,7 +253,10 @@ def _record_turn(run: TrajectoryRun, gen, acted: tuple[str, str, str, str, float
     """Append a generated turn and its tool's output to the trajectory; True when it has ended."""
     action_kind, tool, text, status, tool_s = acted
     context = len(run.ids)
-    logprobs = list(gen.logprobs) if len(gen.logprobs) == len(gen.token_ids) else [0.0] * len(gen.token_ids)
+    if len(gen.logprobs) != len(gen.token_ids):  # the trainer's importance ratio divides by them
+        raise RuntimeError(f"{run.trajectory_id}: the engine returned {len(gen.logprobs)} log-probs for "
+                           f"{len(gen.token_ids)} tokens")
+    logprobs = list(gen.logprobs)
     run.ids += gen.token_ids
     run.mask += [1] * len(gen.token_ids)
     run.logprobs += logprobs

@@ -135,7 +135,7 @@ class HFEngine:
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        budget = max(1, min(max_tokens, self.max_context - width))
+        budgets = [max(1, min(max_tokens, self.max_context - len(p))) for p in prompts]  # each row its own
         generators = [torch.Generator().manual_seed(int(s) % (1 << 63))
                       for s in (seeds if seeds is not None else [seed + i for i in range(len(prompts))])]
         tokens: list[list[int]] = [[] for _ in prompts]
@@ -144,7 +144,7 @@ class HFEngine:
         alive = list(range(len(prompts)))
         step_ids, past = ids, None
         with torch.no_grad():
-            for _ in range(budget):
+            for _ in range(max(budgets)):
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
                 out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=past,
                                  use_cache=True)
@@ -160,7 +160,7 @@ class HFEngine:
                     texts[i] = self.tokenizer.decode(tokens[i])
                     if token == eos or any(s in texts[i] for s in stop):
                         finish[i] = "stop"
-                alive = [i for i in alive if finish[i] == "length"]
+                alive = [i for i in alive if finish[i] == "length" and len(tokens[i]) < budgets[i]]
                 if not alive:
                     break
                 step_ids = torch.tensor([[c] for c in chosen], device=self.device)
@@ -428,14 +428,15 @@ def _renice(pid: int, nice: int) -> None:
 
 
 def make_engine(kind: str, model_dir: str | Path, size: int = 1, cores: Sequence[int] | None = None,
-                gpus: Sequence[int] | None = None) -> Engine:
-    """An instance on `cores` (CPU) or on `gpus` (transformers runs on the first of them)."""
+                gpus: Sequence[int] | None = None, max_context: int = 2048) -> Engine:
+    """An instance on `cores` (CPU) or on `gpus` (transformers runs on the first of them), for
+    contexts of up to `max_context` tokens."""
     from libra.errors import LibraError
 
     if kind == "hf":
-        return HFEngine(model_dir, size, device=f"cuda:{gpus[0]}" if gpus else "cpu")
+        return HFEngine(model_dir, size, max_context=max_context, device=f"cuda:{gpus[0]}" if gpus else "cpu")
     if kind == "vllm":
-        return VLLMEngine(model_dir, size, cores, gpus=gpus)
+        return VLLMEngine(model_dir, size, cores, max_context=max_context, gpus=gpus)
     raise LibraError(f"unknown engine {kind!r}; engines: vllm, hf")
 
 
@@ -462,8 +463,9 @@ def split_gpus(instances: int) -> list[list[int]]:
     return [list(range(i * per, (i + 1) * per)) for i in range(instances)]
 
 
-def make_engines(kind: str, policy: str | Path, instances: int, device: str = "cpu") -> list[Engine]:
+def make_engines(kind: str, policy: str | Path, instances: int, device: str = "cpu",
+                 max_context: int = 2048) -> list[Engine]:
     """`instances` engines of `kind` on equal shares of the cores (cpu) or the GPUs (cuda)."""
     if device == "cuda":
-        return [make_engine(kind, policy, len(gpus), gpus=gpus) for gpus in split_gpus(instances)]
-    return [make_engine(kind, policy, len(cores), cores) for cores in split_cores(instances)]
+        return [make_engine(kind, policy, len(gpus), gpus=gpus, max_context=max_context) for gpus in split_gpus(instances)]
+    return [make_engine(kind, policy, len(cores), cores, max_context=max_context) for cores in split_cores(instances)]

@@ -51,7 +51,10 @@ def save_checkpoint(root: str | Path, state: CheckpointState, write_weights: Cal
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob("*.partial-*"):  # a killed write's leftovers
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
     final = root / checkpoint_name(state.step)
     partial = root / f"{final.name}.partial-{os.getpid()}"
     partial.mkdir()
@@ -65,6 +68,7 @@ def save_checkpoint(root: str | Path, state: CheckpointState, write_weights: Cal
     (partial / "state.json").write_text(json.dumps(asdict(state), indent=2, sort_keys=True))
     for file in partial.iterdir():
         _fsync(file)
+    _fsync(partial)  # its entries, before it is renamed into place
     if final.exists():  # written before by a run killed before LATEST named it
         shutil.rmtree(final)
     os.rename(partial, final)

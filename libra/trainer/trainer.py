@@ -122,7 +122,8 @@ class PolicyTrainer:
                                      (surrogate.clipped.double() * m).sum(),
                                      ((logprobs.detach() - batch.behaviour.to(self.device)).abs().double() * m).sum()]).cpu()
         if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
-            (sum(p.sum() for p in self.module.parameters()) * 0.0).backward()
+            blank = torch.full((1, 2), self.pad, dtype=torch.int64, device=self.device)
+            (self.module(input_ids=blank).logits.sum() * 0.0).backward()
         if self.world > 1:
             dist.all_reduce(sums)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
@@ -135,12 +136,13 @@ class PolicyTrainer:
                            time.perf_counter() - began)
 
     @torch.no_grad()
-    def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
-        """log p of tokens 1.. of a sequence under the current weights (at the rollout temperature)."""
+    def sequence_logprobs(self, token_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
+        """log p of tokens 1.. of a sequence under the current weights (temperature 1, as the
+        engines' `sequence_logprobs` score)."""
         self.model.eval()
         try:
             ids = torch.tensor([list(token_ids)], device=self.device)
-            logits = self.model(input_ids=ids).logits[:, :-1] / self.temperature
+            logits = self.model(input_ids=ids).logits[:, :-1] / temperature
             return token_logprobs(logits, ids[:, 1:])[0].tolist()
         finally:
             self.model.train()

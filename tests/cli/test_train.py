@@ -27,6 +27,7 @@ def config(tmp_path: Path, trainer: dict) -> Path:
     ({"steps": 0}, [], "trainer.steps = 0: Input should be greater than or equal to 1"),
     ({}, ["--run", "../escape"], "run name"),
     ({"lr": -1}, [], "trainer.lr = -1: Input should be greater than 0"),
+    ({"max_staleness": 0}, [], "pipeline one_step_off trains on batches 1 update old: max_staleness must be >= 1"),
 ])
 def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, capsys, trainer, argv, message):
     path = config(tmp_path, trainer)

@@ -2,9 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from libra.scheduler.causal_tree import GLOBAL, CausalTree, paths_from_rows
+from libra.scheduler.causal_tree import GLOBAL, CausalTree, path_of, paths_from_rows
 from libra.scheduler.keys import KeyScheme, ToolReturn
-from libra.scheduler.causal_tree import path_of
 
 SEARCH_OK = ToolReturn("search", 100, "ok")
 SEARCH_BIG = ToolReturn("search", 800, "ok")

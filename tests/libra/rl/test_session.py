@@ -1,0 +1,71 @@
+"""A training session on the transformers engine and the small test policy: what it may train on,
+its lock, and what a resume must share with the run it continues."""
+
+import pytest
+
+from libra.config import LibraConfig
+from libra.errors import LibraError
+from libra.rl.session import TrainingSession, config_digest, hold_run
+from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
+
+
+def small(tmp_path, policy, **trainer) -> LibraConfig:
+    return LibraConfig.model_validate({
+        "rollout": {"engine": "hf", "max_turns": 2, "max_tokens_per_turn": 32, "max_context": 512},
+        "trainer": {"policy": str(policy), "run": "s", "prompts_per_step": 2, "samples_per_prompt": 2,
+                    "checkpoint_dir": str(tmp_path / "checkpoints"), **trainer}})
+
+
+def test_a_batch_rolled_out_beyond_the_staleness_bound_is_never_trained_on(policy_dir, tmp_path):  # noqa: F811
+    session = TrainingSession.open(small(tmp_path, policy_dir, pipeline="sync", max_staleness=1))
+    try:
+        for step in (0, 1, 2):  # the rollout runs three batches ahead of the trainer, all from version 0
+            session.rollout(step)
+            session.score(step)
+        assert {b.stats.model_version for b in session.pending.values()} == {0}
+        first = session.update(0)
+        session.sync()
+        second = session.update(1)
+        assert (first.staleness_max, first.dropped, second.staleness_max, second.dropped) == (0, 0, 1, 0)
+        assert first.admitted == second.admitted == 4 and session.trainer.updates == 2
+        with pytest.raises(LibraError, match="all 4 trajectories are more than 1 updates old; nothing to train on"):
+            session.update(2)  # 2 updates old
+        assert session.trainer.updates == 2
+    finally:
+        session.close()
+
+
+def test_one_process_trains_a_run_at_a_time(tmp_path):
+    held = hold_run(tmp_path / "run")
+    try:
+        with pytest.raises(LibraError, match=r"run 'run' is being trained by another process \(pid \d+\)"):
+            hold_run(tmp_path / "run")
+    finally:
+        held.close()
+    hold_run(tmp_path / "run").close()  # free again
+
+
+def test_a_resume_must_share_what_the_run_trains_on_not_where_its_files_go(tmp_path):
+    base = small(tmp_path, "policy-dir")
+    same = [base.model_copy(update={"trainer": replace_trainer(base, steps=99, eval_every=3, run="s", keep_checkpoints=5,
+                                                               checkpoint_dir="elsewhere")}),
+            base.model_copy(update={"store": base.store.model_copy(update={"root": "other-store"})}),
+            base.model_copy(update={"rollout": base.rollout.model_copy(update={"tool_threads": 3})})]
+    different = [base.model_copy(update={"trainer": replace_trainer(base, lr=1e-3)}),
+                 base.model_copy(update={"rollout": base.rollout.model_copy(update={"temperature": 0.7})}),
+                 base.model_copy(update={"trainer": replace_trainer(base, schedule="cosine")})]
+    assert all(config_digest(c) == config_digest(base) for c in same)
+    assert all(config_digest(c) != config_digest(base) for c in different)
+    cosine = base.model_copy(update={"trainer": replace_trainer(base, schedule="cosine")})
+    longer = cosine.model_copy(update={"trainer": replace_trainer(cosine, steps=99)})
+    assert config_digest(longer) != config_digest(cosine)  # the step count shapes a cosine schedule
+
+
+def replace_trainer(config: LibraConfig, **values):
+    return config.trainer.model_copy(update=values)
+
+
+def test_an_unnamed_run_resumes_under_its_derived_name(tmp_path):
+    base = small(tmp_path, "policy-dir", run="")
+    named = base.model_copy(update={"trainer": replace_trainer(base, run="train-math-seed0")})
+    assert base.trainer.run_name() == "train-math-seed0" and config_digest(base) == config_digest(named)
