@@ -103,6 +103,8 @@ def train(config: LibraConfig, restart: bool, quiet: bool) -> dict[str, Any]:
     ensure_policy(config, quiet)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up and per-reload warnings would bury the progress
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")  # likewise the deprecation warnings its worker processes print
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # loading and saving weights every iteration: no bars
@@ -153,7 +155,10 @@ def summarize(result: dict[str, Any], config: LibraConfig) -> dict[str, Any]:
 
 
 def render(s: dict[str, Any]) -> str:
-    resumed = f" (continued from step {s['resumed_at']})" if s["resumed_at"] else ""
+    if s["resumed_at"] >= s["steps"]:
+        resumed = " (finished before; --steps N extends it, --restart trains it again)"
+    else:
+        resumed = f" (continued from step {s['resumed_at']})" if s["resumed_at"] else ""
     lines = [f"run {s['run']!r} on {s['env']}: {s['steps']} steps{resumed}, {s['train_s']:.0f} s of training, "
              f"{s['tokens_per_s']:.0f} generated tokens/s"]
     if s["reward_start"] is not None:

@@ -30,7 +30,7 @@ def train_flow(config: LibraConfig, restart: bool = False) -> dict[str, Any]:
     try:
         mlflow_run_id = start_tracking_task(info.run)
         if info.unrecorded:  # the process died between the checkpoint and its record: record it (once)
-            record_task(info.run, mlflow_run_id)
+            record_task(info.run, mlflow_run_id, announce=False)
         if "0" not in info.heldout and info.version == 0:
             log_evaluation_task(mlflow_run_id, 0, evaluate_task(info.run))
         for step in range(info.step, t.steps):

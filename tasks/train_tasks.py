@@ -144,10 +144,11 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 @task(name="record", cache_policy=NO_CACHE, retries=1)
-def record_task(run: str, mlflow_run_id: str) -> int:
+def record_task(run: str, mlflow_run_id: str, announce: bool = True) -> int:
     """Write the last checkpointed iteration to the store (its trajectories, turns and step row in
     one commit that replaces the step; step 0 replaces the whole run, so a run trained again from
-    the start keeps none of its earlier rows) and to MLflow (once per step); returns its step."""
+    the start keeps none of its earlier rows) and to MLflow (once per step); returns its step.
+    `announce`: tell the listeners (not when a resumed run records its last iteration again)."""
     import pyarrow as pa
 
     from storage.ingest import writer_for
@@ -165,7 +166,7 @@ def record_task(run: str, mlflow_run_id: str) -> int:
     log_step_once(mlflow_run_id, record.metrics(), record.step, sentinel="reward")
     if record.heldout_reward is not None:  # by weights version: 0 is the policy before training
         log_step_once(mlflow_run_id, {"heldout_reward": record.heldout_reward}, record.version, sentinel="heldout_reward")
-    for listener in LISTENERS:
+    for listener in LISTENERS if announce else ():
         listener(record)
     return record.step
 
