@@ -3,6 +3,7 @@ nothing written: no store, no MLflow database, no Prefect home."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -194,10 +195,18 @@ sys.exit(cli.main.main(sys.argv[1:]))
 """
 
 
+def interruptible() -> None:
+    """In the child before it execs: Ctrl-C's default action, as in a terminal. A test runner started
+    in the background (`cmd &` in a non-interactive shell) ignores SIGINT, and children inherit that;
+    Python then installs no KeyboardInterrupt handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("script", [INTERRUPT_IMPORT, INTERRUPT_DROPPED], ids=["during-import", "dropped-by-python"])
 def test_ctrl_c_is_one_line_and_exit_130(files: Path, script: str) -> None:
     proc = subprocess.run([sys.executable, "-c", script, "run", "--traces", "small.csv", "--json"], cwd=files,
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          preexec_fn=interruptible)
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "libra: interrupted\n")
     assert not (files / ".libra" / "store").exists()
 
@@ -209,7 +218,7 @@ def test_sigint_early_in_a_real_run(files: Path, delay_s: float) -> None:
     command = Path(sys.executable).parent / "libra"
     proc = subprocess.Popen([str(command), "run", "--traces", "small.csv", "--json"], cwd=files,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=interruptible)
     time.sleep(delay_s)
     proc.send_signal(2)
     out, err = proc.communicate(timeout=120)
