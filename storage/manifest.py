@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libra.errors import LibraError
+from libra.files import fsync_path as _fsync
 from storage.schemas import TableSchema
 
 RUNS_DIR = "_runs"
@@ -329,13 +330,6 @@ def fsync_paths(paths: Sequence[Path]) -> None:
     if errors:
         raise errors[0]
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from libra.errors import LibraError
+from libra.files import fsync_path as _fsync
 
 LATEST = "LATEST"
 
@@ -112,11 +113,3 @@ def rng_state() -> dict[str, Any]:
 def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
