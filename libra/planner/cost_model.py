@@ -11,10 +11,14 @@ Training (one RL step over all its tokens, Megatron-style layout: TP inside a no
                1F1B bubble (m + pp - 1) / m and by uneven micro-batches
     comm     = TP all-reduces per layer + PP activations + exposed DP gradient sync + EP all-to-all
 Rollout (a group of `count` instances of TP `tp` serving some length buckets, continuous batching):
-    batch    = KV capacity / mean resident context, capped by `max_batch` and by the trajectories
-               each instance holds
-    step     = max(compute, weight + KV bytes / bandwidth) + TP all-reduces + per-step overhead
-    time     = max(prefill + decode steps of an instance's share, the longest trajectory's own time)
+    batch    = KV pool (HBM left after weights and activations, over the instance's GPUs) / mean
+               resident context, capped by `max_batch` and by the trajectories each instance holds
+    step     = max(compute, weight + KV bytes / bandwidth) + TP all-reduces + per-step overhead;
+               the all-reduces are small messages, run as inference engines run them inside a
+               node (one-shot or two-shot: one or two hops of latency, not the ring's 2(n-1))
+    time     = max(prefill + decode steps of an instance's share, the longest trajectory's own
+               time: its tokens decode at the steady batch while the rest of the share lasts, then
+               alone, at batch 1, as the physics runs a shrinking tail)
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ class Coefficients:
     decode_compute: float = 1 / 0.55
     decode_memory: float = 1 / 0.85
     rollout_comm: float = 1 / 0.70
-    decode_step_s: float = 0.003  # fixed seconds per decode step of an instance (scheduling, sampling)
+    decode_step_s: float = 0.0005  # fixed seconds per decode step of an instance (scheduling, sampling, launches
+    # under CUDA graphs); with it Qwen3-14B on A800 decodes a lone sequence in 17.6 / 9.6 / 5.4 / 3.3 ms at
+    # TP 1/2/4/8, against 17-19 / 9-10 / 5 / 3-4 ms from weights over HBM bandwidth plus NVLink all-reduces
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -110,10 +116,27 @@ class CostModel:
         return self.hw.inter_node_bandwidth, self.hw.inter_latency_s
 
     def _all_reduce_s(self, nbytes: float, size: int, stride: int, calls: float = 1.0) -> float:
+        """`calls` ring all-reduces (NCCL, as trainers run them) moving `nbytes` in all: each call
+        sends 2(n-1)/n of its bytes and waits 2(n-1) hops."""
         if size <= 1:
             return 0.0
         bandwidth, latency = self._bandwidth(size, stride)
         return 2 * (size - 1) / size * nbytes / bandwidth + calls * 2 * (size - 1) * latency
+
+    def _engine_all_reduce_s(self, message_bytes: float, size: int, calls: float) -> float:
+        """`calls` all-reduces of `message_bytes` each among `size` adjacent GPUs, as inference
+        engines run them: inside a node the fastest of one-shot (every rank reads each peer's buffer:
+        one hop, (n-1) messages over its link), two-shot (reduce-scatter, then all-gather: two hops,
+        2(n-1)/n messages) and the ring; across nodes the ring."""
+        if size <= 1:
+            return 0.0
+        bandwidth, latency = self._bandwidth(size, 1)
+        ring = 2 * (size - 1) * latency + 2 * (size - 1) / size * message_bytes / bandwidth
+        if size > self.cluster.gpus_per_node:
+            return calls * ring
+        one_shot = latency + (size - 1) * message_bytes / bandwidth
+        two_shot = 2 * latency + 2 * (size - 1) / size * message_bytes / bandwidth
+        return calls * min(one_shot, two_shot, ring)
 
     # ---------------------------------------------------------------- training
     def train_memory_bytes(self, config: TrainConfig, max_tokens: int) -> float:
@@ -208,7 +231,7 @@ class CostModel:
         flops = batch * (2 * m.matmul_params + 4 * m.layers * m.heads * m.head_dim * context)
         compute = flops / (tp * hw.peak_flops)
         memory = (self.weights_per_gpu_bytes(tp) + batch * context * m.kv_bytes_per_token(tp)) / hw.hbm_bandwidth
-        comm = self._all_reduce_s(batch * m.hidden * BF16_BYTES * 2 * m.layers, tp, 1, calls=2 * m.layers)
+        comm = self._engine_all_reduce_s(batch * m.hidden * BF16_BYTES, tp, calls=2 * m.layers)
         return compute, memory, comm
 
     def decode_step_s(self, tp: int, batch: float, context: float) -> float:
@@ -242,13 +265,19 @@ class CostModel:
         share = n / count  # trajectories per instance
         batch = max(1.0, min(kv_batch, self.rollout.max_batch, share))
         step = self.decode_step_s(tp, batch, resident)
-        instance = self.prefill_s(tp, share * (prompt + payload), resident) + share * gen / batch * step
-        straggler = max(
-            self.prefill_s(tp, b.max_tokens - b.longest_gen_tokens, resident) + b.longest_gen_tokens * step
-            + b.longest_tool_time_s
-            for b in buckets
-        )
-        return max(instance, straggler)
+        steady_steps = share * gen / batch  # decode steps the instance runs at its steady batch
+        instance = self.prefill_s(tp, share * (prompt + payload), resident) + steady_steps * step
+        return max(instance, max(self._straggler_s(tp, b, steady_steps, step) for b in buckets))
+
+    def _straggler_s(self, tp: int, bucket: LengthBucket, steady_steps: float, step: float) -> float:
+        """The bucket's longest trajectory: its prefills, its tokens decoded at the steady batch's
+        step time while the instance's other work lasts (`steady_steps`), the rest alone at batch 1
+        and its mean context, and its tool calls."""
+        gen = bucket.longest_gen_tokens
+        context = (bucket.prompt_tokens + bucket.max_tokens) / 2
+        alongside = min(gen, steady_steps)
+        return (self.prefill_s(tp, bucket.max_tokens - gen, context) + alongside * step
+                + (gen - alongside) * self.decode_step_s(tp, 1, context) + bucket.longest_tool_time_s)
 
     def weight_sync_s(self) -> float:
         """Pushing new weights from the trainer to rollout engines (bf16, one NIC per GPU of a node)."""

@@ -1,7 +1,9 @@
 """Rollout instances with continuous batching, driven by a router, on simulated time.
 
 An instance of TP `tp` holds up to `max_batch` sequences whose reserved KV (context plus the turn's
-generation) fits its capacity; the rest wait in its queue. All its active sequences decode one
+generation) fits its KV pool (the HBM its GPUs have left after weights and activations: millions of
+tokens at TP8); the rest wait in its queue. A single sequence is also held to the engine's context
+limit, a separate check. All its active sequences decode one
 token per step, and a step takes the cost model's decode time at the current batch and mean
 context, so between events every sequence advances at the same rate. Admitting a turn first
 prefills its new tokens (the prompt, the tool result, or the whole context after a migration),
@@ -53,7 +55,8 @@ class Instance:
         self.cost = cost
         self.loop = loop
         self.on_done = on_done
-        self.capacity = min(cost.kv_capacity_tokens(spec.tp), cost.rollout.max_context_tokens)
+        self.capacity = cost.kv_capacity_tokens(spec.tp)  # the KV pool, shared by the active sequences
+        self.max_context = cost.rollout.max_context_tokens  # one sequence's limit
         self.max_batch = cost.rollout.max_batch
         self.active: dict[int, _Seq] = {}
         self.heap: list[tuple[float, int]] = []
@@ -75,7 +78,8 @@ class Instance:
         return len(self.active) + len(self.queue)
 
     def fits(self, tokens: int) -> bool:
-        return tokens <= self.capacity
+        """Whether one sequence of `tokens` could ever run here (alone, if need be)."""
+        return tokens <= min(self.capacity, self.max_context)
 
     def can_start(self, tokens: int) -> bool:
         """Whether a new turn needing `tokens` of KV would be admitted now rather than queued."""

@@ -2,6 +2,7 @@ from dataclasses import replace
 
 import pytest
 
+from libra.errors import InfeasibleError
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
@@ -34,6 +35,20 @@ def test_single_turn_time_is_prefill_plus_decode_steps() -> None:
     expected = COST.prefill_s(2, 50, 50) + 100 * COST.decode_step_s(2, 1, 50)
     assert result.makespan_s == pytest.approx(expected)
     assert (result.gen_tokens, result.migrated_tokens) == (100, 0)
+
+
+def test_an_instance_batches_as_many_sequences_as_its_kv_pool_holds() -> None:
+    """A TP8 instance's KV pool is the HBM of 8 GPUs left after weights: 3.29M tokens of Qwen3-14B,
+    so 200 sequences of 16K decode side by side (not one context limit's worth, 131K tokens)."""
+    assert COST.kv_capacity_tokens(8) == 3_286_519
+    batch = [SimTrajectory(f"p{i}/0", f"p{i}", 1000, (SimTurn(15_000, "none", 0, "none", 0.0),)) for i in range(200)]
+    result = RolloutSim(COST, [InstanceSpec(8, 0)], LeastLoad(Buckets(()))).run(batch)
+    expected = 200 * COST.prefill_s(8, 1000, 1000) + 15_000 * COST.decode_step_s(8, 200, 1000)
+    assert result.makespan_s == pytest.approx(expected)
+    # one sequence is still held to the engine's context limit
+    too_long = SimTrajectory("q/0", "q", 1000, (SimTurn(COST.rollout.max_context_tokens, "none", 0, "none", 0.0),))
+    with pytest.raises(InfeasibleError):
+        RolloutSim(COST, [InstanceSpec(8, 0)], LeastLoad(Buckets(()))).run([too_long])
 
 
 def test_tool_calls_hold_no_gpu_and_add_their_latency() -> None:
