@@ -21,6 +21,7 @@ tool return. All share one interface so they can be replayed, simulated and depl
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -408,7 +409,7 @@ class LibraRouter(CMLFQ):
                  payload_bounds: tuple[int, ...] = _DEFAULTS.payload_bounds, window: int = _DEFAULTS.window,
                  max_nodes: int = _DEFAULTS.max_nodes, measure: str = "remaining",
                  prior_shares: Sequence[float] | None = None, price_step: float = 0.5,
-                 prompt_lengths: bool = True) -> None:
+                 prompt_lengths: bool = True, trees: Mapping[str, CausalTree] | None = None) -> None:
         """`prior_shares`: the share of trajectories expected in each bucket (e.g. the planner's); a
         trajectory nothing is known about is placed by smooth weighted round-robin over them instead
         of all going to the shortest bucket. `prompt_lengths=False` leaves out the prompt-length
@@ -424,14 +425,31 @@ class LibraRouter(CMLFQ):
         self.truth_counts = [1] * buckets.count  # decisions per true bucket (plus one each)
         self.tokens = [0, 0]  # trajectory tokens seen at the end of steps: sum, trajectories
         self.size_roots = size_roots
-        self.trees = {f"{g}/{c}": CausalTree(KeyScheme(g, payload_bounds), window, max_nodes, size_roots=size_roots,
-                                             size_classes=c)
-                      for g in ("fine", "coarse") for c in GRANULARITIES[g]}
+        self.trees = dict(trees) if trees is not None else {
+            f"{g}/{c}": CausalTree(KeyScheme(g, payload_bounds), window, max_nodes, size_roots=size_roots, size_classes=c)
+            for g in ("fine", "coarse") for c in GRANULARITIES[g]}
         self.tree = self.trees["coarse/1"]
         self.min_support = min_support
         self.decay = decay
         self.score = {g: 0.0 for g in self.trees}  # decayed balanced accuracy of each granularity
         self.tracks: dict[str, _Track] = {}
+
+    def carried_to(self, buckets: Buckets, prior_shares: Sequence[float] | None = None, *,
+                   detached: bool = False) -> LibraRouter:
+        """A router over `buckets` that keeps what this one learned: its trees, their scores and the
+        prompt-length model (what it counted per bucket and its migration price start afresh when the
+        buckets change).
+        `detached`: the new router gets its own copy of the prompt-length model, so running it (a
+        planner's probe replaying a step) leaves this router as it was; the trees are only read
+        within a step."""
+        new = LibraRouter(buckets, self.min_support, self.decay, self.budget.share, self.size_roots,
+                          measure=self.measure, prior_shares=prior_shares, price_step=self.price_step,
+                          prompt_lengths=self.lengths is not None, trees=self.trees)
+        new.score = dict(self.score) if detached else self.score
+        new.lengths = copy.deepcopy(self.lengths) if detached else self.lengths
+        if buckets == self.buckets:  # what it counted per bucket and its migration price still hold
+            new.truth_counts, new.tokens, new.price = list(self.truth_counts), list(self.tokens), self.price
+        return new
 
     def _prior_bucket(self) -> int:
         if not self.prior:

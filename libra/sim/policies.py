@@ -5,7 +5,8 @@ how instances, tools or training behave (that is `rollout` and the cost model).
     verl-colocated        every GPU rolls out, then every GPU trains (offload/onload between), synchronous
     static-uniform        half the GPUs train, half roll out on uniform-TP instances, least-load routing
     +planner              the planner's split and training layout, uniform-TP instances, re-planned by the trigger
-    +hetero-tp            + heterogeneous TP instances for length buckets (routing by tokens spent: MLFQ)
+    +hetero-tp            + heterogeneous TP instances for length buckets (routing by tokens spent: MLFQ);
+                          each stage's planner probes plans with the stage's own router
     +cmlfq                + Libra's causal router
     +elastic = libra      + hybrid GPUs that roll out, then join training as extra replicas for the tail
     greedy-heuristic      uniform TP; every 10 steps moves a node from the faster stage to the slower one
@@ -216,19 +217,17 @@ class Planned(SystemPolicy):
 
     def probe(self, plan: Plan) -> float:
         """A plan's mean iteration time over the last `PROBE_STEPS` steps' trajectories: each batch's
-        rollout replayed through the rollout simulator with a router that needs no history
-        (least-load on uniform instances, tokens spent (MLFQ) across length buckets; the same for
-        every stage, so the ablation adds the causal router on top of the same plan choices), and
-        its training from the cost model, sped up by the hybrids that rollout releases. Replays
-        are cached per (step, instances) while the step is recent."""
+        rollout replayed through the rollout simulator with this stage's own router as it stands
+        (least-load, MLFQ, or Libra's with what it has learned, on a detached copy so the replay
+        teaches it nothing), and its training from the cost model, sped up by the hybrids that
+        rollout releases. Replays are cached per (step, instances) while the step is recent."""
         layout, bounds = plan_layout(plan)
         assert plan.train is not None
         seconds = []
         for step, batch in self.recent:
             key = (step, layout, bounds)
             if key not in self.replays:
-                buckets = Buckets(bounds)
-                router = MLFQ(buckets, measure="total") if bounds else LeastLoad(buckets, measure="total")
+                router = self._make_router(Buckets(bounds), plan_shares(plan, workload_of(batch)), detached=True)
                 rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(batch)
                 self.replays[key] = (rollout.makespan_s, rollout.hybrid_released_s)
             makespan, released = self.replays[key]
@@ -237,6 +236,15 @@ class Planned(SystemPolicy):
             train_s, _ = with_hybrids(self.cost, train_s, train_config, released)
             seconds.append(max(makespan, train_s) + self.cost.weight_sync_s())
         return sum(seconds) / len(seconds)
+
+    def _make_router(self, buckets: Buckets, shares: tuple[float, ...], *, detached: bool) -> Router:
+        """This stage's router over `buckets`; Libra's keeps what the live one learned (`detached`:
+        on its own copy, for a probe)."""
+        if self.router_kind != "libra":
+            return {"least-load": LeastLoad, "mlfq": MLFQ}[self.router_kind](buckets, measure="total")
+        if isinstance(self._router, LibraRouter):
+            return self._router.carried_to(buckets, shares or None, detached=detached)
+        return LibraRouter(buckets, measure="total", prior_shares=shares or None)
 
     def configure(self, step, previous, upcoming, times):
         if self.frozen and self.config is not None:
@@ -261,15 +269,7 @@ class Planned(SystemPolicy):
 
     def router(self, config, upcoming):
         if self._router is None or self._router.buckets.bounds != config.bounds:
-            buckets = Buckets(config.bounds)
-            old = self._router
-            if self.router_kind == "libra":
-                self._router = LibraRouter(buckets, measure="total", prior_shares=config.shares or None)
-            else:
-                self._router = {"least-load": LeastLoad, "mlfq": MLFQ}[self.router_kind](buckets, measure="total")
-            if isinstance(old, LibraRouter) and isinstance(self._router, LibraRouter):
-                new = self._router  # keep what the trees and the prompt-length model learned
-                new.trees, new.score, new.lengths = old.trees, old.score, old.lengths
+            self._router = self._make_router(Buckets(config.bounds), config.shares, detached=False)
         elif isinstance(self._router, LibraRouter) and config.shares:
             self._router.prior = list(config.shares)
         return self._router

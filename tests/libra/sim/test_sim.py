@@ -139,3 +139,34 @@ def test_oracle_schedule_is_the_best_sequence_of_its_candidates() -> None:
     assert all(oracle.rollout(k, oracle.schedule[k], batches[k]) is oracle.planned[k] for k in range(3))
     run = simulate(spec, cost, 3, ["oracle"], seed=5)["oracle"]
     assert run.total_time_s == pytest.approx(total(best) + 3 * cost.weight_sync_s())
+
+
+def test_each_stage_probes_plans_with_its_own_router_and_a_probe_teaches_it_nothing() -> None:
+    """+cmlfq probes heterogeneous plans with Libra's router as it stands (its trees, its prompt-length
+    model), not with MLFQ; the replay runs on a detached copy, so the live router is as it was."""
+    import pickle
+
+    from libra.planner.trigger import TriggerSettings
+    from libra.scheduler.policies import MLFQ, LibraRouter
+    from libra.sim.policies import make_policy
+
+    spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
+    cost = CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"])
+    generator = WorkloadGenerator(spec, 2)
+    policy = make_policy("+cmlfq", cost, PlannerSettings(), TriggerSettings())
+    previous, times = generator.step(-1), None
+    for k in range(3):
+        batch = generator.step(k)
+        config = policy.configure(k, previous, batch, times)
+        policy.rollout(k, config, batch)
+        policy.observe(batch)
+        previous = batch
+    live = policy._router
+    assert isinstance(live, LibraRouter) and live.lengths is not None
+    state = pickle.dumps((live.lengths, live.truth_counts, live.tokens, live.price, live.score))
+    probe = policy._make_router(Buckets((2000,)), (0.5, 0.5), detached=True)
+    assert isinstance(probe, LibraRouter) and probe.trees == live.trees and probe.lengths is not live.lengths
+    assert policy.probe(policy.controller.current) > 0
+    assert pickle.dumps((live.lengths, live.truth_counts, live.tokens, live.price, live.score)) == state
+    assert isinstance(make_policy("+hetero-tp", cost, PlannerSettings(), TriggerSettings())
+                      ._make_router(Buckets((2000,)), (), detached=True), MLFQ)
