@@ -1,0 +1,126 @@
+"""A proven lower bound on a simulated run's time: no split, layout, router or pool policy can
+finish the same steps sooner in this physics (the rollout simulator and the cost model's training).
+
+Two facts of the physics give it.
+
+Work. A GPU does one thing at a time, so a step lasts at least the GPU-seconds of work in it over
+the cluster's GPUs. A step of a TP-`tp` instance decoding `batch` sequences costs `tp` GPUs for
+max(compute, memory) + all-reduces + a fixed cost, where compute is the batch's FLOPs over the
+instance's peak and memory is the weights' share plus the batch's KV over HBM bandwidth. Over any
+set of steps the sum of maxima is at least the larger of the two sums, and each sum splits into
+per-token terms that do not depend on the TP: a token decoded at context c costs at least its FLOPs
+at peak, and at least (weights / `max_batch` + c tokens of KV at TP1) over bandwidth plus
+fixed / `max_batch`. Prefill costs its FLOPs at the prefill efficiency on any TP. Training a batch
+costs at least its FLOPs at the modelled MFU (no pipeline bubble, no communication).
+
+The longest trajectory. Its turns run one after another: each prompt or tool result is prefilled,
+each token decoded at least as slowly as a batch of one at its context (a step only grows with the
+batch and the contexts beside it), each tool call takes its latency; every turn on the fastest TP
+that holds it.
+
+Step k of one-step-off pipelining rolls out batch k while batch k-1 trains, then syncs weights:
+    T_k >= max((rollout work_k + training work_{k-1}) / GPUs, longest_k, training's fixed cost) + sync
+and the run adds the last batch's training. A colocated step (rollout, then training) is no shorter
+than the same sum regrouped, so the bound holds for every policy the simulator runs, the oracle
+included. It is not attainable in general: perfect packing at `max_batch` on every GPU and the
+longest trajectory alone never happen together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from libra.planner.cost_model import CostModel
+from libra.sim.training import workload_of
+from libra.sim.workloads import SimTrajectory
+
+TPS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class StepBound:
+    rollout_gpu_s: float  # least GPU-seconds to roll out the step's batch
+    train_gpu_s: float  # least GPU-seconds to train it
+    longest_s: float  # least seconds for its longest trajectory alone
+
+
+@dataclass(frozen=True)
+class RunBound:
+    steps: tuple[StepBound, ...]
+    gpus: int
+    sync_s: float  # weight sync after every step
+    train_fixed_s: float  # fixed seconds of any training step
+
+    def step_s(self, k: int) -> float:
+        """Least time of step k (rollout of batch k beside training of batch k-1)."""
+        step = self.steps[k]
+        work = step.rollout_gpu_s + (self.steps[k - 1].train_gpu_s if k else 0.0)
+        floor = self.train_fixed_s if k else 0.0
+        return max(work / self.gpus, step.longest_s, floor) + self.sync_s
+
+    @property
+    def total_s(self) -> float:
+        """Least time of the whole run: every step, then the last batch's training."""
+        if not self.steps:
+            return 0.0
+        tail = max(self.steps[-1].train_gpu_s / self.gpus, self.train_fixed_s)
+        return sum(self.step_s(k) for k in range(len(self.steps))) + tail
+
+
+def _turns(trajectory: SimTrajectory):
+    """(new tokens to prefill, context after them, tokens generated, tool latency) per turn, with
+    contexts as the rollout simulator prices them (a turn decodes at its starting context)."""
+    context = 0
+    for i, turn in enumerate(trajectory.turns):
+        new = trajectory.prompt_tokens if i == 0 else trajectory.turns[i - 1].payload_tokens
+        context += new
+        yield new, context, turn.gen_tokens, turn.tool_latency_s
+        context += turn.gen_tokens
+
+
+def rollout_gpu_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> float:
+    """Least GPU-seconds any set of instances spends rolling the trajectories out (module docstring)."""
+    m, hw, c = cost.model, cost.hw, cost.coefficients
+    per_token_flops = 2 * m.matmul_params
+    attention_flops = 4 * m.layers * m.heads * m.head_dim  # per token per token of context
+    weights_per_token = m.weight_bytes / cost.rollout.max_batch
+    kv = m.kv_bytes_per_token(1)
+    prefill = tokens = flops = traffic = 0.0
+    for trajectory in trajectories:
+        for new, context, gen, _ in _turns(trajectory):
+            prefill += cost.prefill_s(1, new, context)
+            tokens += gen
+            flops += gen * (per_token_flops + attention_flops * context)
+            traffic += gen * (weights_per_token + kv * context)
+    compute = c.decode_compute * flops / hw.peak_flops
+    memory = c.decode_memory * traffic / hw.hbm_bandwidth
+    return prefill + max(compute, memory) + tokens * c.decode_step_s / cost.rollout.max_batch
+
+
+def longest_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> float:
+    """Least seconds of the slowest trajectory run alone, each turn on the fastest TP that holds it."""
+    tps = [tp for tp in TPS if tp <= cost.cluster.gpus_per_node and cost.kv_capacity_tokens(tp) > 0]
+    limit = {tp: min(cost.kv_capacity_tokens(tp), cost.rollout.max_context_tokens) for tp in tps}
+    slowest = 0.0
+    for trajectory in trajectories:
+        seconds = 0.0
+        for new, context, gen, tool_s in _turns(trajectory):
+            fitting = [tp for tp in tps if context + gen <= limit[tp]]
+            if not fitting:
+                return math.inf
+            seconds += min(cost.prefill_s(tp, new, context) + gen * cost.decode_step_s(tp, 1, context)
+                           for tp in fitting) + tool_s
+        slowest = max(slowest, seconds)
+    return slowest
+
+
+def step_bound(cost: CostModel, batch: Sequence[SimTrajectory]) -> StepBound:
+    train = cost.coefficients.train_compute * cost.train_flops(workload_of(list(batch))) / cost.hw.peak_flops
+    return StepBound(rollout_gpu_s(cost, batch), train, longest_s(cost, batch))
+
+
+def run_bound(cost: CostModel, batches: Sequence[Sequence[SimTrajectory]]) -> RunBound:
+    return RunBound(tuple(step_bound(cost, batch) for batch in batches), cost.cluster.gpus,
+                    cost.weight_sync_s(), cost.coefficients.train_step_s)
