@@ -43,8 +43,8 @@ class PlanController:
         """`variants`: alternative planner settings searched side by side (the best plan wins), e.g.
         one per uniform instance size. `probe`: measures a plan's iteration seconds on recent
         trajectories; the `probe_candidates` plans ranked best (the cost model's T_iter times
-        their variant's probe correction) with hybrids and as many without, and the plan in force,
-        are compared on it instead, and
+        their variant's probe correction) with hybrids and as many without, the cost model's own
+        best plan, and the plan in force, are compared on it instead, and
         each probed variant's correction learns probed / predicted, so variants whose plans
         disappoint make way for the others."""
         self.cost = cost
@@ -89,8 +89,15 @@ class PlanController:
             # pushes the plans without them out of the probe
             with_hybrids = [item for item in ranked if self.variants[item[3]].max_hybrid_fraction > 0]
             without = [item for item in ranked if self.variants[item[3]].max_hybrid_fraction <= 0]
+            probed = with_hybrids[: self.probe_candidates] + without[: self.probe_candidates]
+            # the cost model's own favourite is probed too: a variant whose plans once probed badly
+            # (e.g. length buckets before the router had learned anything) is given its chance again,
+            # so its correction follows what it does now rather than what it did once
+            favourite = min(plans, key=lambda item: item[1].t_iter_s)
+            if all(item[3] != favourite[3] for item in probed):
+                probed.append(favourite)
             plans = []
-            for _, raw, p, index in with_hybrids[: self.probe_candidates] + without[: self.probe_candidates]:
+            for _, raw, p, index in probed:
                 measured = self.probe(raw)
                 if raw.t_iter_s > 0 and math.isfinite(raw.t_iter_s):
                     self.probe_correction[index] = 0.5 * self.probe_correction[index] + 0.5 * measured / raw.t_iter_s
