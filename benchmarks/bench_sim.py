@@ -1,54 +1,104 @@
-"""Simulator benchmark: every whole-system policy on the three workloads at 48 A800 GPUs, and how
-simulation time grows with the cluster.
+"""Simulator benchmark: the ablation of every whole-system policy against a proven bound, routing
+judged by the makespan it buys, and how simulation time grows with the cluster.
 
-Each workload runs `--steps` RL steps (Qwen3-14B, 16 samples per prompt, seed 0) under every policy
-on the same trajectories; each policy's throughput is reported as a ratio to Libra's and to the
-oracle's in the same run. Scale: Libra alone at 48, 256 and 1,024 GPUs with the batch grown in
-proportion, timed per simulated step.
+Ablation: each workload runs `--steps` RL steps (Qwen3-14B on 48 A800 GPUs, seed 0) under every
+policy on the same trajectories; each policy's throughput is reported with its ratio to the proven
+bound (`libra/sim/bound.py`: no policy can beat it), to Libra and to the oracle (the best known
+schedule) of the same run.
 
-    python -m benchmarks.bench_sim [--steps 200] [--scale-steps 20]
+Routing: one heterogeneous layout per workload (the planner's heterogeneous plan for the warm-up
+batch, its rollout instances only), every router over the same steps; the first half teaches the
+routers, the second half is scored by mean rollout makespan, as a ratio to routing on true lengths.
+
+Scale: Libra alone at 48, 256 and 1,024 GPUs with the batch grown in proportion, timed per step.
+
+    python -m benchmarks.bench_sim [--steps 200] [--routing-steps 40] [--scale-steps 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 from benchmarks.common import save
 from libra.planner.cost_model import CostModel
+from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
-from libra.sim.policies import POLICIES
+from libra.scheduler.policies import Buckets
+from libra.sim.bound import run_bound
+from libra.sim.policies import POLICIES, plan_layout
+from libra.sim.routing import bucket_shares, compare_routers
 from libra.sim.runner import simulate
-from libra.sim.workloads import PRESETS, workload_spec
+from libra.sim.training import workload_of
+from libra.sim.workloads import PRESETS, TRACES, WorkloadGenerator, workload_spec
+
+ROUTERS = ("oracle", "libra", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load")
+REPLAY = f"trace:{TRACES / 'taubench_airline.csv'}"
+
+
+def ablation(name: str, cost: CostModel, steps: int) -> dict:
+    spec = workload_spec(name)
+    started = time.perf_counter()
+    runs = simulate(spec, cost, steps, list(POLICIES), seed=0)
+    wall = time.perf_counter() - started
+    generator = WorkloadGenerator(spec, 0)
+    bound = run_bound(cost, [generator.step(k) for k in range(steps)])
+    trained = runs["libra"].trained_tokens  # every policy trains the same tokens
+    bound_tps = trained / bound.total_s
+    libra, oracle = runs["libra"].tokens_per_s, runs["oracle"].tokens_per_s
+    rows = {p: {"tokens_per_s": r.tokens_per_s, "vs_bound": r.tokens_per_s / bound_tps, "vs_libra": r.tokens_per_s / libra,
+                "vs_oracle": r.tokens_per_s / oracle, "step_time_mean_s": r.step_time_mean_s,
+                "step_time_p99_s": r.step_time_quantile(0.99), "total_time_s": r.total_time_s,
+                "last_instances": [list(i) for i in r.steps[-1].instances]} for p, r in runs.items()}
+    label = "trace replay (tau-bench)" if name == REPLAY else name
+    print(f"{label} ({steps} steps, {len(generator.step(0))} trajectories/step), all policies simulated in {wall:.1f} s; "
+          f"bound {bound_tps:.0f} tokens/s:")
+    for p, m in rows.items():
+        print(f"  {p:<22} {m['tokens_per_s']:8.1f} tokens/s  vs bound {m['vs_bound']:.2f}  vs libra {m['vs_libra']:.2f}  "
+              f"vs oracle {m['vs_oracle']:.2f}  step mean {m['step_time_mean_s']:.1f} s  p99 {m['step_time_p99_s']:.1f} s")
+    return {"workload": label, "steps": steps, "trajectories_per_step": len(generator.step(0)), "wall_s": wall,
+            "bound_tokens_per_s": bound_tps, "policies": rows}
+
+
+def routing(name: str, cost: CostModel, steps: int) -> dict:
+    spec = workload_spec(name)
+    generator = WorkloadGenerator(spec, 0)
+    warmup = generator.step(-1)
+    settings = replace(PlannerSettings(), mode="one_step_off", max_hybrid_fraction=0.0)
+    plan = Planner(cost, workload_of(warmup), settings).plan()
+    layout, bounds = plan_layout(plan)
+    label = "trace replay (tau-bench)" if name == REPLAY else name
+    groups = [[g.tp, g.count] for g in plan.rollout.groups]
+    if not bounds:
+        print(f"routing, {label}: the planner's plan is uniform ({groups}); nothing to route")
+        return {"workload": label, "groups": groups, "bounds": [], "routers": {}}
+    batches = [generator.step(k) for k in range(steps)]
+    results = compare_routers(cost, layout, bounds, batches, ROUTERS, warmup_steps=steps // 2,
+                              prior_shares=bucket_shares(warmup, Buckets(bounds)))
+    oracle = results["oracle"].mean_makespan_s
+    rows = {r: {"mean_makespan_s": v.mean_makespan_s, "vs_oracle": v.mean_makespan_s / oracle,
+                "migrated_share": v.migrated_share} for r, v in results.items()}
+    print(f"routing, {label}: layout {groups} (TP, instances), bounds {list(bounds)}, {steps} steps (scored from step {steps // 2}):")
+    for r, m in rows.items():
+        print(f"  {r:<20} mean makespan {m['mean_makespan_s']:7.1f} s  vs oracle {m['vs_oracle']:.2f}  "
+              f"migrated {m['migrated_share']:.1%}")
+    return {"workload": label, "groups": groups, "bounds": list(bounds), "steps": steps, "routers": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--routing-steps", type=int, default=40)
     parser.add_argument("--scale-steps", type=int, default=20)
-    parser.add_argument("--workloads", nargs="*", default=list(PRESETS))
+    parser.add_argument("--workloads", nargs="*", default=[*PRESETS, REPLAY])
     parser.add_argument("--scale-nodes", type=int, nargs="*", default=[6, 32, 128])
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
     model = MODELS["qwen3-14b"]
     cost = CostModel(parse_cluster("6x8:a800"), model)
-    tables = []
-    for name in args.workloads:
-        spec = workload_spec(name)
-        started = time.perf_counter()
-        runs = simulate(spec, cost, args.steps, list(POLICIES), seed=0)
-        wall = time.perf_counter() - started
-        libra, oracle = runs["libra"].tokens_per_s, runs["oracle"].tokens_per_s
-        rows = {p: {"tokens_per_s": r.tokens_per_s, "vs_libra": r.tokens_per_s / libra, "vs_oracle": r.tokens_per_s / oracle,
-                    "step_time_mean_s": r.step_time_mean_s, "step_time_p99_s": r.step_time_quantile(0.99),
-                    "total_time_s": r.total_time_s} for p, r in runs.items()}
-        tables.append({"workload": name, "steps": args.steps, "trajectories_per_step": spec.group_size * spec.prompts_per_step,
-                       "wall_s": wall, "policies": rows})
-        print(f"{name} ({args.steps} steps, {spec.prompts_per_step} prompts x {spec.group_size} samples), all policies "
-              f"simulated in {wall:.1f} s:")
-        for p, m in rows.items():
-            print(f"  {p:<22} {m['tokens_per_s']:8.1f} tokens/s  vs libra {m['vs_libra']:.2f}  vs oracle {m['vs_oracle']:.2f}"
-                  f"  step mean {m['step_time_mean_s']:.1f} s  p99 {m['step_time_p99_s']:.1f} s")
+    tables = [ablation(name, cost, args.steps) for name in args.workloads]
+    routed = [routing(name, cost, args.routing_steps) for name in args.workloads] if args.routing_steps > 1 else []
     scale = []
     for nodes in args.scale_nodes:
         cluster = parse_cluster(f"{nodes}x8:a800")
@@ -58,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         simulate(spec, CostModel(cluster, model), args.scale_steps, ["libra"], seed=0)
         per_step = (time.perf_counter() - started) / args.scale_steps
         scale.append({"gpus": cluster.gpus, "trajectories_per_step": spec.prompts_per_step * spec.group_size,
-                      "seconds_per_step": per_step, "seconds_for_200_steps": per_step * 200})
+                      "seconds_per_step": per_step, "seconds_for_200_steps": per_step * 200, "steps_timed": args.scale_steps})
         print(f"scale: {cluster.gpus} GPUs, {spec.prompts_per_step * spec.group_size} trajectories/step: "
               f"{per_step:.2f} s per simulated step ({per_step * 200:.0f} s for 200 steps, libra)")
     if not args.no_save:
-        print(f"wrote {save('sim', {'model': 'Qwen3-14B', 'cluster': '6x8:a800', 'tables': tables, 'scale': scale})}")
+        print(f"wrote {save('sim', {'model': 'Qwen3-14B', 'cluster': '6x8:a800', 'tables': tables, 'routing': routed, 'scale': scale})}")
     return 0
 
 

@@ -149,8 +149,8 @@ class LengthPredictor(Router):
     return the estimate is the prediction minus the tokens spent (or the tokens spent, once the
     trajectory has outlived its prediction) and the trajectory moves to that estimate's bucket."""
 
-    def __init__(self, buckets: Buckets, repredict: bool = False) -> None:
-        super().__init__(buckets)
+    def __init__(self, buckets: Buckets, repredict: bool = False, measure: str = "remaining") -> None:
+        super().__init__(buckets, measure)
         self.repredict = repredict
         self.name = "predictor-repredict" if repredict else "predictor"
         self.history: dict[str, tuple[float, int]] = {}  # prompt -> (sum, count)
@@ -169,7 +169,8 @@ class LengthPredictor(Router):
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         prediction = self._predict(prompt_id, prompt_tokens)
-        bucket = 0 if prediction is None else self.buckets.of(prediction)
+        self._at(trajectory_id, prompt_tokens)
+        bucket = 0 if prediction is None else self.buckets.of(self.offset.get(trajectory_id, 0) + prediction)
         self.current[trajectory_id] = bucket
         if prediction is not None:
             self.predicted[trajectory_id] = (prediction, prompt_tokens)
@@ -181,8 +182,9 @@ class LengthPredictor(Router):
         prediction, prompt_tokens = self.predicted[trajectory_id]
         spent = position - prompt_tokens
         estimate = prediction - spent if prediction > spent else float(spent)
+        self._at(trajectory_id, position)
         if self.repredict:
-            self.current[trajectory_id] = self.buckets.of(estimate)
+            self.current[trajectory_id] = self.buckets.of(self.offset.get(trajectory_id, 0) + estimate)
         return RouteDecision(self.current[trajectory_id], estimate)
 
     def finish(self, trajectory_id: str, position: int) -> None:

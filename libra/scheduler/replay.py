@@ -19,7 +19,7 @@ any router within that budget could reach (it knows every length).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from libra.config import SchedulerConfig
@@ -79,24 +79,29 @@ def auto_buckets(warmup: Sequence[Trajectory]) -> Buckets:
     return Buckets(tuple(bounds))
 
 
-def make_router(name: str, buckets: Buckets, truth: dict[str, list[int]], settings: SchedulerConfig | None = None) -> Router:
+def make_router(name: str, buckets: Buckets, truth: Mapping[str, Sequence[int]], settings: SchedulerConfig | None = None,
+                measure: str = "remaining", prior_shares: Sequence[float] | None = None) -> Router:
+    """A router by name. `measure`: what the buckets are ranges of (`remaining` tokens, as traces
+    are scored, or the `total` length, as the simulator and the planner size instance groups);
+    `prior_shares`: the planned share of trajectories per bucket (Libra's router places
+    trajectories it knows nothing about by them)."""
     s = settings or SchedulerConfig()
     scheme = KeyScheme("fine", tuple(s.payload_bounds))
     def libra(prompt_lengths: bool) -> Router:
         return LibraRouter(buckets, min_support=s.min_support, migration_budget=s.migration_budget,
                            payload_bounds=tuple(s.payload_bounds), window=s.window, max_nodes=s.max_nodes,
-                           prompt_lengths=prompt_lengths)
+                           prompt_lengths=prompt_lengths, measure=measure, prior_shares=prior_shares)
 
     factories: dict[str, Callable[[], Router]] = {
         "libra": lambda: libra(True),
         "libra-tree": lambda: libra(False),  # ablation: the causal tree alone, no prompt-length model
-        "cmlfq": lambda: CMLFQ(buckets, CausalTree(scheme, s.window, s.max_nodes)),
-        "mlfq": lambda: MLFQ(buckets),
-        "predictor": lambda: LengthPredictor(buckets),
-        "predictor-repredict": lambda: LengthPredictor(buckets, repredict=True),
-        "least-load": lambda: LeastLoad(buckets),
-        "always-shortest": lambda: AlwaysShortest(buckets),
-        "oracle": lambda: Oracle(buckets, truth),
+        "cmlfq": lambda: CMLFQ(buckets, CausalTree(scheme, s.window, s.max_nodes), measure=measure),
+        "mlfq": lambda: MLFQ(buckets, measure=measure),
+        "predictor": lambda: LengthPredictor(buckets, measure=measure),
+        "predictor-repredict": lambda: LengthPredictor(buckets, repredict=True, measure=measure),
+        "least-load": lambda: LeastLoad(buckets, measure=measure),
+        "always-shortest": lambda: AlwaysShortest(buckets, measure=measure),
+        "oracle": lambda: Oracle(buckets, truth, measure=measure),
     }
     base = name.removesuffix("@budget")
     if name.endswith("@budget") and base in factories and not base.startswith("libra"):
