@@ -56,6 +56,26 @@ class RouteDecision:
     estimate: float | None  # estimated remaining tokens (None: the router has no estimate)
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One bucket's instances as a router prices a placement on them: how many instances serve the
+    bucket and the seconds one decode step takes at each batch size (index 0: a batch of one)."""
+
+    instances: int
+    step_s: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if self.instances < 1 or not self.step_s or any(s <= 0 for s in self.step_s):
+            raise ValueError(f"a lane needs at least one instance and positive step times, got {self}")
+
+    def token_s(self, active: int) -> float:
+        """Seconds per generated token of each of `active` sequences spread evenly over the lane's
+        instances; past the largest batch the extra sequences wait their turn."""
+        batch = max(1, math.ceil(active / self.instances))
+        largest = len(self.step_s)
+        return self.step_s[batch - 1] if batch <= largest else self.step_s[-1] * batch / largest
+
+
 class Router:
     """Base class: per-trajectory current bucket and the step-end hook.
 
@@ -402,7 +422,16 @@ class LibraRouter(CMLFQ):
     with spending near the budget.
 
     The key granularity (`bash:cat` or `bash`) is chosen online by how each tree would have routed
-    the last finished steps. No model inference, no predictor to retrain."""
+    the last finished steps. No model inference, no predictor to retrain.
+
+    With `lanes` (how many instances serve each bucket and how fast they decode at each batch
+    size), as Libra runs it on the planner's instances, the decision serves the rollout's makespan
+    instead: a trajectory the estimate says is likely to need the longest bucket goes there, any
+    other to the lane that would decode fastest with it added, and a trajectory is promoted at a
+    return only when it likely needs the longest bucket and has at least its context still to go.
+    Balanced accuracy rewards naming rare long buckets; on instances, sending every uncertain
+    trajectory to a rare bucket's few instances, or all of them to the common one, builds the very
+    tail routing is meant to cut (measured in `libra.sim.routing`)."""
 
     name = "libra"
 
@@ -411,12 +440,20 @@ class LibraRouter(CMLFQ):
                  payload_bounds: tuple[int, ...] = _DEFAULTS.payload_bounds, window: int = _DEFAULTS.window,
                  max_nodes: int = _DEFAULTS.max_nodes, measure: str = "remaining",
                  prior_shares: Sequence[float] | None = None, price_step: float = 0.5,
-                 prompt_lengths: bool = True, trees: Mapping[str, CausalTree] | None = None) -> None:
+                 prompt_lengths: bool = True, trees: Mapping[str, CausalTree] | None = None,
+                 lanes: Sequence[Lane] | None = None, long_share: float = 0.5) -> None:
         """`prior_shares`: the share of trajectories expected in each bucket (e.g. the planner's); a
         trajectory nothing is known about is placed by smooth weighted round-robin over them instead
         of all going to the shortest bucket. `prompt_lengths=False` leaves out the prompt-length
-        model (the tree alone)."""
+        model (the tree alone). `lanes` (one per bucket): route for the makespan of the instances
+        serving the buckets instead of for balanced accuracy (see `_place`); `long_share`: how
+        likely a trajectory must be to need the longest bucket to be sent there."""
         Router.__init__(self, buckets, measure)
+        if lanes is not None and len(lanes) != buckets.count:
+            raise ValueError(f"one lane per bucket: {buckets.count} buckets, {len(lanes)} lanes")
+        self.lanes = tuple(lanes) if lanes is not None else None
+        self.long_share = long_share
+        self.active = [0] * buckets.count  # live trajectories routed to each bucket
         self.lengths = PromptLengths() if prompt_lengths else None
         self.prior = list(prior_shares) if prior_shares else None
         self._credit = [0.0] * buckets.count
@@ -437,7 +474,7 @@ class LibraRouter(CMLFQ):
         self.tracks: dict[str, _Track] = {}
 
     def carried_to(self, buckets: Buckets, prior_shares: Sequence[float] | None = None, *,
-                   detached: bool = False) -> LibraRouter:
+                   lanes: Sequence[Lane] | None = None, detached: bool = False) -> LibraRouter:
         """A router over `buckets` that keeps what this one learned: its trees, their scores and the
         prompt-length model (what it counted per bucket and its migration price start afresh when the
         buckets change).
@@ -446,7 +483,8 @@ class LibraRouter(CMLFQ):
         within a step."""
         new = LibraRouter(buckets, self.min_support, self.decay, self.budget.share, self.size_roots,
                           measure=self.measure, prior_shares=prior_shares, price_step=self.price_step,
-                          prompt_lengths=self.lengths is not None, trees=self.trees)
+                          prompt_lengths=self.lengths is not None, trees=self.trees, lanes=lanes,
+                          long_share=self.long_share)
         new.score = dict(self.score) if detached else self.score
         new.lengths = copy.deepcopy(self.lengths) if detached else self.lengths
         if buckets == self.buckets:  # what it counted per bucket and its migration price still hold
@@ -516,6 +554,22 @@ class LibraRouter(CMLFQ):
             if was and match.on_path:
                 nodes.append((match.node, position))
 
+    def _place(self, found: tuple[list[float], float] | None) -> int:
+        """Makespan placement (with lanes): a trajectory at least `long_share` likely to need the
+        longest bucket goes there (its instances are the fastest per token); any other goes to the
+        lane whose sequences would decode fastest with it added, which evens out per-token latency,
+        so whichever trajectory turns out longest is not stuck on a crowded or slow instance."""
+        assert self.lanes is not None
+        longest = self.buckets.count - 1
+        if found is not None and found[0][longest] >= self.long_share:
+            return longest
+        return min(range(self.buckets.count), key=lambda b: (self.lanes[b].token_s(self.active[b] + 1), b))
+
+    def _move(self, trajectory_id: str, bucket: int) -> None:
+        self.active[self.current[trajectory_id]] -= 1
+        self.active[bucket] += 1
+        self.current[trajectory_id] = bucket
+
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         granularity = self.granularity
         cursor = self.trees[granularity].cursor(prompt_id, prompt_tokens)
@@ -525,11 +579,15 @@ class LibraRouter(CMLFQ):
             self.lengths.started(trajectory_id, prompt_id, prompt_tokens)
         self._at(trajectory_id, prompt_tokens)
         found = self._estimate(trajectory_id, track, prompt_tokens)
-        if found is None:
-            self.current[trajectory_id] = bucket = self._prior_bucket()
-            return RouteDecision(bucket, None)
-        self.current[trajectory_id] = bucket = self._choose(found[0])  # placing costs no migration
-        return RouteDecision(bucket, found[1])
+        if self.lanes is not None:
+            bucket = self._place(found)
+        elif found is None:
+            bucket = self._prior_bucket()
+        else:
+            bucket = self._choose(found[0])  # placing costs no migration
+        self.current[trajectory_id] = bucket
+        self.active[bucket] += 1
+        return RouteDecision(bucket, None if found is None else found[1])
 
     def on_return(self, trajectory_id: str, ret: ToolReturn, position: int) -> RouteDecision:
         track = self.tracks[trajectory_id]
@@ -542,15 +600,25 @@ class LibraRouter(CMLFQ):
         found = self._estimate(trajectory_id, track, position)
         if found is None:
             return RouteDecision(current, None)
-        mean_tokens = self.tokens[0] / self.tokens[1] if self.tokens[1] else position
-        target = self._choose(found[0], current, self.price * position / max(mean_tokens, 1))
+        if self.lanes is not None:
+            # makespan: promote to the longest bucket only a trajectory likely to need it with at least
+            # its context still to generate (re-prefilling the context must buy a long remainder)
+            longest = self.buckets.count - 1
+            target = longest if found[0][longest] >= self.long_share and found[1] >= position else current
+        else:
+            mean_tokens = self.tokens[0] / self.tokens[1] if self.tokens[1] else position
+            target = self._choose(found[0], current, self.price * position / max(mean_tokens, 1))
         if target != current and self.budget.allows(position):
             self.budget.spend(position)
             self.step_migrated += position
-            self.current[trajectory_id] = current = target
+            self._move(trajectory_id, target)
+            current = target
         return RouteDecision(current, found[1])
 
     def finish(self, trajectory_id: str, position: int) -> None:
+        bucket = self.current.get(trajectory_id)
+        if bucket is not None:
+            self.active[bucket] -= 1
         Router.finish(self, trajectory_id, position)
         self.tracks.pop(trajectory_id, None)
         self.budget.finished(trajectory_id)

@@ -39,6 +39,7 @@ from libra.scheduler.policies import (
     AlwaysShortest,
     Buckets,
     Budgeted,
+    Lane,
     LeastLoad,
     LengthPredictor,
     LibraRouter,
@@ -80,17 +81,19 @@ def auto_buckets(warmup: Sequence[Trajectory]) -> Buckets:
 
 
 def make_router(name: str, buckets: Buckets, truth: Mapping[str, Sequence[int]], settings: SchedulerConfig | None = None,
-                measure: str = "remaining", prior_shares: Sequence[float] | None = None) -> Router:
+                measure: str = "remaining", prior_shares: Sequence[float] | None = None,
+                lanes: Sequence[Lane] | None = None) -> Router:
     """A router by name. `measure`: what the buckets are ranges of (`remaining` tokens, as traces
     are scored, or the `total` length, as the simulator and the planner size instance groups);
     `prior_shares`: the planned share of trajectories per bucket (Libra's router places
-    trajectories it knows nothing about by them)."""
+    trajectories it knows nothing about by them); `lanes`: the instances serving each bucket (Libra's
+    router then routes for their makespan)."""
     s = settings or SchedulerConfig()
     scheme = KeyScheme("fine", tuple(s.payload_bounds))
     def libra(prompt_lengths: bool) -> Router:
         return LibraRouter(buckets, min_support=s.min_support, migration_budget=s.migration_budget,
                            payload_bounds=tuple(s.payload_bounds), window=s.window, max_nodes=s.max_nodes,
-                           prompt_lengths=prompt_lengths, measure=measure, prior_shares=prior_shares)
+                           prompt_lengths=prompt_lengths, measure=measure, prior_shares=prior_shares, lanes=lanes)
 
     factories: dict[str, Callable[[], Router]] = {
         "libra": lambda: libra(True),

@@ -31,7 +31,7 @@ from libra.planner.planner import Plan, Planner, PlannerSettings, fixed_layout_t
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload
 from libra.scheduler.policies import MLFQ, Buckets, LeastLoad, LibraRouter, Oracle, Router
-from libra.sim.rollout import InstanceSpec, RolloutResult, RolloutSim, path_of
+from libra.sim.rollout import InstanceSpec, RolloutResult, RolloutSim, lanes, mean_context, path_of
 from libra.sim.training import train_seconds, with_hybrids, workload_of
 from libra.sim.workloads import SimTrajectory
 
@@ -214,6 +214,8 @@ class Planned(SystemPolicy):
         self.replays: dict[tuple, tuple[float, list[tuple[int, float]]]] = {}  # probe cache
         self.controller = PlanController(cost, self.planner_settings, trigger, variants=variants,
                                          probe=None if frozen else self.probe)
+        self.context = 1.0  # mean context of the last batch (prices the router's lanes)
+        self._routed_layout: tuple[InstanceSpec, ...] = ()
 
     def probe(self, plan: Plan) -> float:
         """A plan's mean iteration time over the last `PROBE_STEPS` steps' trajectories: each batch's
@@ -227,7 +229,7 @@ class Planned(SystemPolicy):
         for step, batch in self.recent:
             key = (step, layout, bounds)
             if key not in self.replays:
-                router = self._make_router(Buckets(bounds), plan_shares(plan, workload_of(batch)), detached=True)
+                router = self._make_router(layout, bounds, plan_shares(plan, workload_of(batch)), detached=True)
                 rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(batch)
                 self.replays[key] = (rollout.makespan_s, rollout.hybrid_released_s)
             makespan, released = self.replays[key]
@@ -237,14 +239,18 @@ class Planned(SystemPolicy):
             seconds.append(max(makespan, train_s) + self.cost.weight_sync_s())
         return sum(seconds) / len(seconds)
 
-    def _make_router(self, buckets: Buckets, shares: tuple[float, ...], *, detached: bool) -> Router:
-        """This stage's router over `buckets`; Libra's keeps what the live one learned (`detached`:
-        on its own copy, for a probe)."""
+    def _make_router(self, layout: tuple[InstanceSpec, ...], bounds: tuple[int, ...], shares: tuple[float, ...], *,
+                     detached: bool) -> Router:
+        """This stage's router for `layout`'s buckets; Libra's is told the layout's lanes (it routes
+        for their makespan) and keeps what the live one learned (`detached`: on its own copy, for a
+        probe)."""
+        buckets = Buckets(bounds)
         if self.router_kind != "libra":
             return {"least-load": LeastLoad, "mlfq": MLFQ}[self.router_kind](buckets, measure="total")
+        served = lanes(self.cost, layout, self.context)
         if isinstance(self._router, LibraRouter):
-            return self._router.carried_to(buckets, shares or None, detached=detached)
-        return LibraRouter(buckets, measure="total", prior_shares=shares or None)
+            return self._router.carried_to(buckets, shares or None, lanes=served, detached=detached)
+        return LibraRouter(buckets, measure="total", prior_shares=shares or None, lanes=served)
 
     def configure(self, step, previous, upcoming, times):
         if self.frozen and self.config is not None:
@@ -255,6 +261,7 @@ class Planned(SystemPolicy):
                          * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
         workload = workload_of(previous)
+        self.context = mean_context(previous)
         self.recent.append((step - 1, previous))
         self.replays = {k: v for k, v in self.replays.items() if k[0] >= self.recent[0][0]}
         event = self.controller.observe(step, workload, times, force=True)
@@ -268,8 +275,10 @@ class Planned(SystemPolicy):
         return self.config
 
     def router(self, config, upcoming):
-        if self._router is None or self._router.buckets.bounds != config.bounds:
-            self._router = self._make_router(Buckets(config.bounds), config.shares, detached=False)
+        if (self._router is None or self._router.buckets.bounds != config.bounds
+                or (isinstance(self._router, LibraRouter) and config.layout != self._routed_layout)):
+            self._router = self._make_router(config.layout, config.bounds, config.shares, detached=False)
+            self._routed_layout = config.layout
         elif isinstance(self._router, LibraRouter) and config.shares:
             self._router.prior = list(config.shares)
         return self._router

@@ -11,7 +11,8 @@ during which the instance makes no decode progress. Between turns a trajectory w
 and holds no GPU. The router picks a bucket at the start and at each tool return; within a bucket
 a trajectory stays on its instance (its KV prefix is cached there), and a new one goes to the
 least-loaded instance, or, if that one would queue it, to an instance of a longer bucket that can
-start it now (work-conserving dispatch). A turn that cannot fit its bucket's instances at all goes
+start it now (work-conserving dispatch), and stays there until the router names another bucket.
+A turn that cannot fit its bucket's instances at all goes
 to the smallest instance that holds it (physics, not policy).
 """
 
@@ -26,7 +27,7 @@ from libra.errors import InfeasibleError
 from libra.planner.cost_model import CostModel
 from libra.scheduler.causal_tree import TrajectoryPath, path_from_turns
 from libra.scheduler.keys import ToolReturn
-from libra.scheduler.policies import Router
+from libra.scheduler.policies import Lane, Router
 from libra.sim.engine import Event, EventLoop
 from libra.sim.workloads import SimTrajectory
 
@@ -36,6 +37,29 @@ class InstanceSpec:
     tp: int
     bucket: int  # the router bucket this instance serves
     hybrid: bool = False  # leaves for training once the rollout is down to its tail
+
+
+def mean_context(trajectories: Sequence[SimTrajectory]) -> float:
+    """Mean context over a trajectory's life (its prompt plus half of what follows), over a batch."""
+    if not trajectories:
+        return 1.0
+    return sum(t.prompt_tokens + (t.total_tokens - t.prompt_tokens) / 2 for t in trajectories) / len(trajectories)
+
+
+def lanes(cost: CostModel, layout: Sequence[InstanceSpec], context: float) -> tuple[Lane, ...]:
+    """What a router needs to know of each bucket's instances (hybrids serve the first bucket until
+    they leave): how many there are and their decode step time at each batch size, at `context`
+    tokens of mean context."""
+    buckets: dict[int, list[InstanceSpec]] = {}
+    for spec in layout:
+        buckets.setdefault(spec.bucket, []).append(spec)
+    out = []
+    for b in range(max(buckets) + 1):
+        specs = buckets.get(b) or buckets[min(buckets, key=lambda k: abs(k - b))]
+        tp = max(spec.tp for spec in specs)
+        out.append(Lane(len(specs), tuple(cost.decode_step_s(tp, n, context)
+                                          for n in range(1, cost.rollout.max_batch + 1))))
+    return tuple(out)
 
 
 @dataclass
@@ -188,13 +212,16 @@ class RolloutSim:
         for inst in self.instances:
             self.by_bucket.setdefault(inst.bucket, []).append(inst)
         self.placed: dict[str, Instance] = {}
+        self.routed: dict[str, int] = {}  # the bucket the router last named for each trajectory
         self.position: dict[str, int] = {}
         self.result = RolloutResult(0.0, 0, 0, 0, 0, 0.0, 0.0)
 
-    def _pick(self, bucket: int, need: int, previous: Instance | None = None) -> Instance:
-        """The trajectory's previous instance if it serves `bucket` (its KV prefix is cached there),
-        else the least-loaded instance of the bucket."""
-        if previous is not None and previous.bucket == bucket and previous.fits(need) and not previous.draining:
+    def _pick(self, bucket: int, need: int, previous: Instance | None = None, rerouted: bool = True) -> Instance:
+        """The trajectory's previous instance if it serves `bucket`, or if the router kept the
+        trajectory where it was (`rerouted` False: its work-conserving spill to a longer bucket's
+        instance stands); its KV prefix is cached there. Else the least-loaded instance of the bucket."""
+        if (previous is not None and (previous.bucket == bucket or not rerouted) and previous.fits(need)
+                and not previous.draining):
             return previous
         live = sorted(b for b, insts in self.by_bucket.items() if any(not i.draining for i in insts))
         if bucket not in live:  # no instance serves it: the nearest bucket that has some
@@ -219,7 +246,8 @@ class RolloutSim:
         context = self.position[tid]
         need = context + trajectory.turns[turn].gen_tokens
         previous = self.placed.get(tid)
-        instance = self._pick(bucket, need, previous)
+        instance = self._pick(bucket, need, previous, rerouted=self.routed.get(tid) != bucket)
+        self.routed[tid] = bucket
         prefill = new_tokens
         if previous is not None and previous is not instance:
             prefill = context  # migration: the whole context is prefilled again

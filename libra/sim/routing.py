@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from libra.planner.cost_model import CostModel
 from libra.scheduler.policies import Buckets
 from libra.scheduler.replay import make_router
-from libra.sim.rollout import InstanceSpec, RolloutSim, path_of
+from libra.sim.rollout import InstanceSpec, RolloutSim, lanes, mean_context, path_of
 from libra.sim.workloads import SimTrajectory
 
 
@@ -49,14 +49,17 @@ def compare_routers(cost: CostModel, layout: Sequence[InstanceSpec], bounds: tup
                     batches: Sequence[Sequence[SimTrajectory]], routers: Sequence[str],
                     warmup_steps: int = 0, prior_shares: Sequence[float] | None = None) -> dict[str, RoutedRollouts]:
     """Each router over every batch on `layout` (instance bucket i serves lengths up to bounds[i]);
-    the first `warmup_steps` steps teach the routers and are not scored."""
+    the first `warmup_steps` steps teach the routers and are not scored. Libra's router is told the
+    layout's lanes (as the planner that made the layout tells it), priced at the first batch's mean
+    context."""
     if not 0 <= warmup_steps < len(batches):
         raise ValueError(f"warmup_steps must leave a step to score: {warmup_steps} of {len(batches)}")
     buckets = Buckets(bounds)
     truth = {t.trajectory_id: list(path_of(t).remaining_at_decisions) for batch in batches for t in batch}
+    served = lanes(cost, layout, mean_context(batches[0]))
     results = {}
     for name in routers:
-        router = make_router(name, buckets, truth, measure="total", prior_shares=prior_shares)
+        router = make_router(name, buckets, truth, measure="total", prior_shares=prior_shares, lanes=served)
         makespans, migrated, total = [], 0, 0
         for k, batch in enumerate(batches):
             result = RolloutSim(cost, layout, router).run(batch)

@@ -8,6 +8,7 @@ from libra.scheduler.policies import (
     MLFQ,
     Buckets,
     Budgeted,
+    Lane,
     LeastLoad,
     LengthPredictor,
     LibraRouter,
@@ -156,3 +157,41 @@ def test_total_measure_adds_the_position() -> None:
     assert router.on_return("a", SEARCH, 120).bucket == 1  # 120 tokens in total so far > 100
     with pytest.raises(ValueError):
         MLFQ(BUCKETS, measure="tokens")
+
+
+def test_lane_prices_a_token_by_the_batch_each_instance_would_run() -> None:
+    lane = Lane(2, (0.01, 0.012, 0.014))  # two instances, batches up to 3
+    assert [lane.token_s(n) for n in (0, 1, 2, 3, 4, 6)] == [0.01, 0.01, 0.01, 0.012, 0.012, 0.014]
+    assert lane.token_s(12) == pytest.approx(0.014 * 6 / 3)  # batches of 6 past the largest: they wait their turn
+    with pytest.raises(ValueError):
+        Lane(0, (0.01,))
+    with pytest.raises(ValueError):
+        LibraRouter(BUCKETS, lanes=(lane,))  # one lane per bucket
+
+
+def test_libra_router_with_lanes_evens_out_per_token_latency_and_sends_likely_long_ones_long() -> None:
+    """Lanes: 4 slow instances (30 ms a token, +1 ms per extra sequence), 1 medium, 1 fast (5 ms,
+    +1 ms). Knowing nothing, each start goes where a token would decode fastest with it added; a
+    prompt whose history says it runs long (all its samples > 1000 tokens) goes to the long bucket
+    whatever the load, and a trajectory there keeps its place at returns."""
+    slow = Lane(4, tuple(0.030 + 0.001 * b for b in range(256)))
+    medium = Lane(1, tuple(0.012 + 0.001 * b for b in range(256)))
+    fast = Lane(1, tuple(0.005 + 0.001 * b for b in range(256)))
+    router = LibraRouter(BUCKETS, measure="total", lanes=(slow, medium, fast), prompt_lengths=False)
+    placed = [router.start(f"n{i}", "new", 10).bucket for i in range(12)]
+    # the fast lane takes sequences until a token there (5 ms + 1 ms per extra sequence) costs what it
+    # costs on the medium one (12 ms), then they alternate (a tie goes to the smaller bucket)
+    assert placed == [2, 2, 2, 2, 2, 2, 2, 1, 2, 1, 2, 1]
+    assert router.active == [0, 3, 9]
+    router.finish("n0", 20)
+    assert router.active == [0, 3, 8]
+    # a fast lane that slows steeply with load: unknown trajectories soon go to the medium one ...
+    steep = Lane(1, tuple(0.005 + 0.010 * b for b in range(256)))
+    router = LibraRouter(BUCKETS, measure="total", lanes=(slow, medium, steep), prompt_lengths=False)
+    assert [router.start(f"u{i}", "new", 10).bucket for i in range(3)] == [2, 1, 1]
+    for _ in range(4):
+        router.trees["coarse/1"].insert("long", 6000, [(SEARCH, 5000)])
+    # ... but one whose prompt always ran long is sent to the long bucket against the load
+    assert router.start("l0", "long", 10).bucket == 2
+    assert router.active == [0, 2, 2]
+    assert router.on_return("l0", SEARCH, 1010).bucket == 2  # and keeps its place at a return

@@ -164,9 +164,11 @@ def test_each_stage_probes_plans_with_its_own_router_and_a_probe_teaches_it_noth
     live = policy._router
     assert isinstance(live, LibraRouter) and live.lengths is not None
     state = pickle.dumps((live.lengths, live.truth_counts, live.tokens, live.price, live.score))
-    probe = policy._make_router(Buckets((2000,)), (0.5, 0.5), detached=True)
+    layout = (InstanceSpec(1, 0), InstanceSpec(4, 1))
+    probe = policy._make_router(layout, (2000,), (0.5, 0.5), detached=True)
     assert isinstance(probe, LibraRouter) and probe.trees == live.trees and probe.lengths is not live.lengths
+    assert probe.lanes is not None and [lane.instances for lane in probe.lanes] == [1, 1]
     assert policy.probe(policy.controller.current) > 0
     assert pickle.dumps((live.lengths, live.truth_counts, live.tokens, live.price, live.score)) == state
     assert isinstance(make_policy("+hetero-tp", cost, PlannerSettings(), TriggerSettings())
-                      ._make_router(Buckets((2000,)), (), detached=True), MLFQ)
+                      ._make_router(layout, (2000,), (), detached=True), MLFQ)
