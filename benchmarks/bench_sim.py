@@ -33,7 +33,7 @@ from libra.sim.runner import simulate
 from libra.sim.training import workload_of
 from libra.sim.workloads import PRESETS, TRACES, WorkloadGenerator, workload_spec
 
-ROUTERS = ("oracle", "libra", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load")
+ROUTERS = ("oracle", "libra", "least-latency", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load")
 REPLAY = f"trace:{TRACES / 'taubench_airline.csv'}"
 
 

@@ -12,7 +12,9 @@ tool return. All share one interface so they can be replayed, simulated and depl
   by their rarity), migrations priced by the context they re-prefill against a budget (a dual
   price adjusted every step), and a key granularity (fine or coarse tool names) chosen online by
   how well each would have routed the last finished steps.
-- Baselines: `LeastLoad` (spread starts over buckets, never migrate), `AlwaysShortest`, `MLFQ`
+- Baselines: `LeastLoad` (spread starts over buckets, never migrate), `LeastLatency` (starts to the
+  instances that would decode fastest with them: Libra's makespan placement without length
+  evidence), `AlwaysShortest`, `MLFQ`
   (demote when tokens so far pass the bucket bound), `LengthPredictor` (per-prompt history mean,
   else a log-log regression on prompt size; optionally re-predicts at each return) and `Oracle`.
   `Budgeted` puts any of them under the same migration budget as Libra's router.
@@ -76,6 +78,12 @@ class Lane:
         return self.step_s[batch - 1] if batch <= largest else self.step_s[-1] * batch / largest
 
 
+def fastest_lane(lanes: Sequence[Lane], active: Sequence[int]) -> int:
+    """The bucket whose lane would decode a token fastest with one more sequence on it (ties: the
+    smaller bucket)."""
+    return min(range(len(lanes)), key=lambda b: (lanes[b].token_s(active[b] + 1), b))
+
+
 class Router:
     """Base class: per-trajectory current bucket and the step-end hook.
 
@@ -129,6 +137,32 @@ class LeastLoad(Router):
 
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
         bucket = min(range(self.buckets.count), key=lambda b: (self.active[b], b))
+        self.active[bucket] += 1
+        self.current[trajectory_id] = bucket
+        return RouteDecision(bucket, None)
+
+    def finish(self, trajectory_id: str, position: int) -> None:
+        bucket = self.current.pop(trajectory_id, None)
+        if bucket is not None:
+            self.active[bucket] -= 1
+
+
+class LeastLatency(Router):
+    """No length information, but knows the instances: each new trajectory goes to the lane that
+    would decode fastest with it added (`fastest_lane`); never migrates. Libra's router without its
+    length evidence."""
+
+    name = "least-latency"
+
+    def __init__(self, buckets: Buckets, lanes: Sequence[Lane], measure: str = "remaining") -> None:
+        super().__init__(buckets, measure)
+        if len(lanes) != buckets.count:
+            raise ValueError(f"one lane per bucket: {buckets.count} buckets, {len(lanes)} lanes")
+        self.lanes = tuple(lanes)
+        self.active = [0] * buckets.count
+
+    def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
+        bucket = fastest_lane(self.lanes, self.active)
         self.active[bucket] += 1
         self.current[trajectory_id] = bucket
         return RouteDecision(bucket, None)
@@ -563,7 +597,7 @@ class LibraRouter(CMLFQ):
         longest = self.buckets.count - 1
         if found is not None and found[0][longest] >= self.long_share:
             return longest
-        return min(range(self.buckets.count), key=lambda b: (self.lanes[b].token_s(self.active[b] + 1), b))
+        return fastest_lane(self.lanes, self.active)
 
     def _move(self, trajectory_id: str, bucket: int) -> None:
         self.active[self.current[trajectory_id]] -= 1

@@ -40,6 +40,7 @@ from libra.scheduler.policies import (
     Buckets,
     Budgeted,
     Lane,
+    LeastLatency,
     LeastLoad,
     LengthPredictor,
     LibraRouter,
@@ -80,6 +81,11 @@ def auto_buckets(warmup: Sequence[Trajectory]) -> Buckets:
     return Buckets(tuple(bounds))
 
 
+def _need(lanes: Sequence[Lane] | None) -> Sequence[Lane]:
+    assert lanes is not None
+    return lanes
+
+
 def make_router(name: str, buckets: Buckets, truth: Mapping[str, Sequence[int]], settings: SchedulerConfig | None = None,
                 measure: str = "remaining", prior_shares: Sequence[float] | None = None,
                 lanes: Sequence[Lane] | None = None) -> Router:
@@ -103,9 +109,13 @@ def make_router(name: str, buckets: Buckets, truth: Mapping[str, Sequence[int]],
         "predictor": lambda: LengthPredictor(buckets, measure=measure),
         "predictor-repredict": lambda: LengthPredictor(buckets, repredict=True, measure=measure),
         "least-load": lambda: LeastLoad(buckets, measure=measure),
+        "least-latency": lambda: LeastLatency(buckets, _need(lanes), measure=measure),
         "always-shortest": lambda: AlwaysShortest(buckets, measure=measure),
         "oracle": lambda: Oracle(buckets, truth, measure=measure),
     }
+    if name == "least-latency" and lanes is None:
+        raise LibraError("router least-latency needs the instances serving each bucket (lanes); "
+                         "it routes simulated or real instances, not a trace replay")
     base = name.removesuffix("@budget")
     if name.endswith("@budget") and base in factories and not base.startswith("libra"):
         return Budgeted(factories[base](), s.migration_budget)

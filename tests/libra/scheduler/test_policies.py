@@ -195,3 +195,21 @@ def test_libra_router_with_lanes_evens_out_per_token_latency_and_sends_likely_lo
     assert router.start("l0", "long", 10).bucket == 2
     assert router.active == [0, 2, 2]
     assert router.on_return("l0", SEARCH, 1010).bucket == 2  # and keeps its place at a return
+
+
+def test_least_latency_is_libras_placement_without_length_evidence() -> None:
+    from libra.errors import LibraError
+    from libra.scheduler.replay import make_router
+
+    medium = Lane(1, tuple(0.012 + 0.001 * b for b in range(256)))
+    fast = Lane(1, tuple(0.005 + 0.001 * b for b in range(256)))
+    slow = Lane(4, tuple(0.030 + 0.001 * b for b in range(256)))
+    lanes = (slow, medium, fast)
+    router = make_router("least-latency", BUCKETS, {}, lanes=lanes)
+    libra = LibraRouter(BUCKETS, lanes=lanes, prompt_lengths=False)
+    placed = [router.start(f"n{i}", "new", 10).bucket for i in range(12)]
+    assert placed == [libra.start(f"n{i}", "new", 10).bucket for i in range(12)] == [2] * 7 + [1, 2, 1, 2, 1]
+    router.finish("n0", 30)
+    assert router.active == [0, 3, 8] and router.on_return("n1", SEARCH, 500).bucket == 2  # never migrates
+    with pytest.raises(LibraError, match="lanes"):
+        make_router("least-latency", BUCKETS, {})
