@@ -8,26 +8,29 @@ schedule) of the same run.
 
 Routing: one heterogeneous layout per workload (the planner's heterogeneous plan for the warm-up
 batch, its rollout instances only), every router over the same steps; the first half teaches the
-routers, the second half is scored by mean rollout makespan, as a ratio to routing on true lengths.
+routers, the second half is scored by mean rollout makespan, as a ratio to routing on true lengths;
+beside them, the same GPUs as uniform instances of the layout's largest TP (nothing to route).
 
 Scale: Libra alone at 48, 256 and 1,024 GPUs with the batch grown in proportion, timed per step.
 
-    python -m benchmarks.bench_sim [--steps 200] [--routing-steps 40] [--scale-steps 20]
+    python -m benchmarks.bench_sim [--steps 100] [--routing-steps 40] [--scale-steps 3] [--scale-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import replace
 
-from benchmarks.common import save
+from benchmarks.common import OUT, save
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
 from libra.scheduler.policies import Buckets
 from libra.sim.bound import run_bound
 from libra.sim.policies import POLICIES, plan_layout
+from libra.sim.rollout import InstanceSpec
 from libra.sim.routing import bucket_shares, compare_routers
 from libra.sim.runner import simulate
 from libra.sim.training import workload_of
@@ -76,6 +79,11 @@ def routing(name: str, cost: CostModel, steps: int) -> dict:
     batches = [generator.step(k) for k in range(steps)]
     results = compare_routers(cost, layout, bounds, batches, ROUTERS, warmup_steps=steps // 2,
                               prior_shares=bucket_shares(warmup, Buckets(bounds)))
+    gpus = sum(spec.tp for spec in layout)
+    largest = max(spec.tp for spec in layout)
+    uniform = tuple(InstanceSpec(largest, 0) for _ in range(gpus // largest))
+    results[f"uniform TP{largest}"] = compare_routers(cost, uniform, (), batches, ["least-load"],
+                                                      warmup_steps=steps // 2)["least-load"]
     oracle = results["oracle"].mean_makespan_s
     rows = {r: {"mean_makespan_s": v.mean_makespan_s, "vs_oracle": v.mean_makespan_s / oracle,
                 "migrated_share": v.migrated_share} for r, v in results.items()}
@@ -88,17 +96,22 @@ def routing(name: str, cost: CostModel, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--routing-steps", type=int, default=40)
-    parser.add_argument("--scale-steps", type=int, default=20)
+    parser.add_argument("--scale-steps", type=int, default=3)
     parser.add_argument("--workloads", nargs="*", default=[*PRESETS, REPLAY])
     parser.add_argument("--scale-nodes", type=int, nargs="*", default=[6, 32, 128])
     parser.add_argument("--no-save", action="store_true")
+    parser.add_argument("--scale-only", action="store_true", help="time the scale runs again and keep the saved tables")
     args = parser.parse_args(argv)
     model = MODELS["qwen3-14b"]
     cost = CostModel(parse_cluster("6x8:a800"), model)
-    tables = [ablation(name, cost, args.steps) for name in args.workloads]
-    routed = [routing(name, cost, args.routing_steps) for name in args.workloads] if args.routing_steps > 1 else []
+    if args.scale_only:
+        saved = json.loads((OUT / "sim.json").read_text())
+        tables, routed = saved["tables"], saved.get("routing", [])
+    else:
+        tables = [ablation(name, cost, args.steps) for name in args.workloads]
+        routed = [routing(name, cost, args.routing_steps) for name in args.workloads] if args.routing_steps > 1 else []
     scale = []
     for nodes in args.scale_nodes:
         cluster = parse_cluster(f"{nodes}x8:a800")

@@ -154,17 +154,42 @@ def sim_section(result: dict) -> list[str]:
         lines += ["", "Routing by the makespan it buys: one heterogeneous layout per workload (the planner's plan for the "
                   "warm-up batch; groups as TP x instances), every router over the same steps, the first half to learn, "
                   "the second half scored: mean rollout makespan over routing on true lengths (`oracle`), and the share "
-                  "of tokens re-prefilled by migrations.", "",
+                  "of tokens re-prefilled by migrations; the last row runs the same GPUs as uniform instances of the "
+                  "layout's largest TP.", "",
                   "| router | " + " | ".join(
                       f"{r['workload']}: {' + '.join(f'{tp}x{n}' for tp, n in r['groups'])}" for r in routed) + " |",
                   "|---|" + "---|" * len(routed)]
-        for name in routed[0]["routers"]:
+        for name in [n for n in routed[0]["routers"] if not n.startswith("uniform")]:
             lines.append(f"| {name} | " + " | ".join(
                 f"{r['routers'][name]['vs_oracle']:.2f} ({r['routers'][name]['migrated_share']:.1%})" for r in routed) + " |")
+        lines.append("| uniform, largest TP, same GPUs | " + " | ".join(
+            f"{next(v for n, v in r['routers'].items() if n.startswith('uniform'))['vs_oracle']:.2f}" for r in routed) + " |")
     lines.append("")
     lines.append("Simulation time for Libra alone (search-r1, batch grown with the cluster): " + "; ".join(
         f"{r['gpus']:,} GPUs ({r['trajectories_per_step']:,} trajectories/step) {r['seconds_per_step']:.2f} s per step, "
         f"{r['seconds_for_200_steps']:.0f} s per 200 steps" for r in result["scale"]) + ".")
+    return lines
+
+
+def regimes_section(result: dict) -> list[str]:
+    cells = result["cells"]
+    lines = [
+        f"**Regime map** (`python -m benchmarks.bench_regimes`; {result['model']} on {result['hardware']}, "
+        f"{result['steps']} steps per cell, a search agent's tool-calling shapes with generated tokens scaled, without "
+        f"and with a heavy-tailed reasoning phase, the batch grown with the cluster; {result['machine']}). Gain of each "
+        "stage over the one before in the same cell, Libra's share of the proven bound, and the oracle's gain over Libra "
+        "(it knows every length: what routing on true lengths to heterogeneous instances could buy).",
+        "",
+        "| GPUs | length scale | tail | p50 / p99 tokens | +hetero-tp | +cmlfq | libra (+elastic) | libra / bound | Libra's instances (TP x count) | oracle over libra | oracle's instances |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        gains = c["gains"]
+        layout = " + ".join(f"{tp}x{n}" for tp, n in c["layouts"]["libra"])
+        lines.append(f"| {c['gpus']} | x{c['scale']:g} | {'heavy' if c['tail'] else 'light'} | "
+                     f"{c['p50_tokens']:,} / {c['p99_tokens']:,} | {gains['+hetero-tp']:+.1%} | {gains['+cmlfq']:+.1%} | "
+                     f"{gains['libra']:+.1%} | {c['libra_vs_bound']:.2f} | {layout} | {c['oracle_over_libra']:+.1%} | "
+                     f"{' + '.join(f'{tp}x{n}' for tp, n in c['oracle_layout'])} |")
     return lines
 
 
@@ -267,7 +292,7 @@ def train_section(result: dict) -> list[str]:
 
 
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
-            "router": router_section, "sim": sim_section,
+            "router": router_section, "sim": sim_section, "regimes": regimes_section,
             "pool": pool_section, "rollout": rollout_section, "train": train_section}
 
 

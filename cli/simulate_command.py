@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
         help="compare Libra with verl/AReaL-style baselines and the oracle on a simulated cluster",
         description="Simulate an agentic RL job step by step on a cluster of GPUs (same workload, same seed for "
         "every policy) and report throughput, step times, idle GPU time and total time, with each policy's ratio "
-        "to libra and to the oracle. Results go to the store (steps, plans, pool_events) and to MLflow (a parent "
+        "to libra, to the oracle and to the proven bound. Results go to the store (steps, plans, pool_events) and to MLflow (a parent "
         "run with a child run per policy, plus plots).",
     )
     cmd.add_argument("--workload", required=True, help="search-r1, dapo-math, r2e-gym or trace:FILE.csv")
@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.set_defaults(handler=cmd_simulate)
 
 
-def summarize(runs: dict, gpus: int, workload: str) -> dict[str, Any]:
+def summarize(runs: dict, gpus: int, workload: str, bound_s: float | None = None) -> dict[str, Any]:
+    """Each policy's figures and its ratios to libra, the oracle and (given the bound's total
+    seconds for the same steps) the proven bound."""
     out: dict[str, Any] = {"workload": workload, "gpus": gpus, "policies": {}}
     for name, r in runs.items():
         out["policies"][name] = {
@@ -51,20 +53,25 @@ def summarize(runs: dict, gpus: int, workload: str) -> dict[str, Any]:
         if ref in runs and runs[ref].tokens_per_s > 0:
             for m in out["policies"].values():
                 m[f"vs_{ref}"] = m["tokens_per_s"] / runs[ref].tokens_per_s
+    if bound_s and runs:
+        out["bound_tokens_per_s"] = next(iter(runs.values())).trained_tokens / bound_s
+        for m in out["policies"].values():
+            m["vs_bound"] = m["tokens_per_s"] / out["bound_tokens_per_s"]
     return out
 
 
 def render(summary: dict[str, Any]) -> str:
     lines = [f"{summary['workload']} on {summary['gpus']} GPUs",
              f"{'policy':<22} {'tokens/s':>9} {'step mean':>10} {'step p99':>9} {'idle rollout':>13} "
-             f"{'idle train':>11} {'total':>9} {'vs libra':>9} {'vs oracle':>9}"]
+             f"{'idle train':>11} {'total':>9} {'vs libra':>9} {'vs oracle':>9} {'vs bound':>9}"]
     for name, m in summary["policies"].items():
-        vs_l = f"{m['vs_libra']:.2f}" if "vs_libra" in m else "-"
-        vs_o = f"{m['vs_oracle']:.2f}" if "vs_oracle" in m else "-"
+        vs = [f"{m[key]:.2f}" if key in m else "-" for key in ("vs_libra", "vs_oracle", "vs_bound")]
         lines.append(f"{name:<22} {m['tokens_per_s']:>9.1f} {m['step_time_mean_s']:>9.1f}s {m['step_time_p99_s']:>8.1f}s "
                      f"{m['idle_gpu_s']['rollout']:>12.0f}s {m['idle_gpu_s']['train']:>10.0f}s {m['total_time_s']:>8.0f}s "
-                     f"{vs_l:>9} {vs_o:>9}")
-    lines.append("(tokens/s: trained tokens per second of wall time; idle: GPU-seconds)")
+                     f"{vs[0]:>9} {vs[1]:>9} {vs[2]:>9}")
+    if "bound_tokens_per_s" in summary:
+        lines.append(f"{'proven bound':<22} {summary['bound_tokens_per_s']:>9.1f}  (no policy can beat it in this physics)")
+    lines.append("(tokens/s: trained tokens per second of simulated time; idle: GPU-seconds)")
     return "\n".join(lines)
 
 
@@ -119,8 +126,13 @@ def run_simulation(args: argparse.Namespace, config: LibraConfig) -> tuple[dict[
         except InfeasibleError as exc:
             raise LibraError(f"{model.name} cannot run on {args.cluster} with workload {args.workload}: {exc}; "
                              "use more or larger GPUs, a smaller model or shorter trajectories") from None
+    from libra.sim.bound import run_bound
+    from libra.sim.workloads import WorkloadGenerator
+
+    generator = WorkloadGenerator(spec, args.seed)
+    bound = run_bound(cost, [generator.step(k) for k in range(args.steps)])
     wall = time.perf_counter() - started
-    summary = summarize(runs, cluster.gpus, args.workload)
+    summary = summarize(runs, cluster.gpus, args.workload, bound.total_s)
     summary["simulation_wall_s"] = wall
     from tasks.sim_records import record_store
 

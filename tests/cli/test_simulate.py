@@ -24,6 +24,7 @@ def test_simulate_json_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) -> 
         assert {"tokens_per_s", "step_time_mean_s", "step_time_p99_s", "idle_gpu_s", "total_time_s"} <= set(m)
         assert set(m["idle_gpu_s"]) == {"rollout", "train"}
     assert result["policies"]["libra"]["vs_libra"] == 1.0 and result["policies"]["oracle"]["vs_oracle"] == 1.0
+    assert result["bound_tokens_per_s"] > 0 and all(0 < m["vs_bound"] <= 1 for m in result["policies"].values())
     with Catalog(tmp_path / "store", result["store_run"]) as catalog:
         rows = catalog.query("select policy, count(*) as n from steps group by policy order by policy").to_pylist()
         assert rows == [{"policy": p, "n": 3} for p in ("libra", "oracle", "static-uniform")]
