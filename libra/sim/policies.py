@@ -4,6 +4,8 @@ how instances, tools or training behave (that is `rollout` and the cost model).
 
     verl-colocated        every GPU rolls out, then every GPU trains (offload/onload between), synchronous
     static-uniform        half the GPUs train, half roll out on uniform-TP instances, least-load routing
+                          (the baselines' instance size is tuned: the uniform TP the cost model says
+                          rolls the first step's workload out soonest)
     +planner              the planner's split and training layout, uniform-TP instances, re-planned by the trigger
     +hetero-tp            + heterogeneous TP instances for length buckets (routing by tokens spent: MLFQ);
                           each stage's planner probes plans with the stage's own router
@@ -61,15 +63,18 @@ class StepConfig:
         return sum(i.tp for i in self.layout if i.hybrid)
 
 
-def smallest_fitting_tp(cost: CostModel, max_tokens: int) -> int:
-    for tp in (1, 2, 4, 8):
-        if tp <= cost.cluster.gpus_per_node and cost.instance_fits(tp, max_tokens):
-            return tp
-    raise InfeasibleError(f"no instance size holds {max_tokens} tokens")
+def best_uniform_tp(cost: CostModel, gpus: int, workload: Workload) -> int:
+    """The instance size a tuned static configuration would use: among the sizes that hold the
+    engine's longest context, the one the cost model says rolls `workload` out soonest on `gpus`."""
+    sizes = [tp for tp in (1, 2, 4, 8) if tp <= min(gpus, cost.cluster.gpus_per_node)
+             and cost.instance_fits(tp, cost.rollout.max_context_tokens)]
+    if not sizes:
+        raise InfeasibleError(f"no instance size of at most {gpus} GPUs holds {cost.rollout.max_context_tokens} tokens")
+    return min(sizes, key=lambda tp: (cost.group_time(tp, gpus // tp, workload.buckets), tp))
 
 
-def uniform_layout(cost: CostModel, gpus: int, max_tokens: int) -> tuple[InstanceSpec, ...]:
-    tp = smallest_fitting_tp(cost, max_tokens)
+def uniform_layout(cost: CostModel, gpus: int, workload: Workload) -> tuple[InstanceSpec, ...]:
+    tp = best_uniform_tp(cost, gpus, workload)
     return tuple(InstanceSpec(tp, 0) for _ in range(max(1, gpus // tp)))
 
 
@@ -154,7 +159,7 @@ class VerlColocated(SystemPolicy):
         gpus = self.cost.cluster.gpus
         if self.config is None or step % self.trigger.period_steps == 0:
             self.config = StepConfig("colocated", gpus, self._best_train(workload, gpus),
-                                     uniform_layout(self.cost, gpus, self.cost.rollout.max_context_tokens), ())
+                                     uniform_layout(self.cost, gpus, workload), ())
         return self.config
 
 
@@ -166,7 +171,7 @@ class StaticUniform(SystemPolicy):
             gpus = self.cost.cluster.gpus
             train = gpus // 2
             self.config = StepConfig("one_step_off", train, self._best_train(workload_of(previous), train),
-                                     uniform_layout(self.cost, gpus - train, self.cost.rollout.max_context_tokens), ())
+                                     uniform_layout(self.cost, gpus - train, workload_of(previous)), ())
         return self.config
 
 
@@ -190,7 +195,7 @@ class GreedyHeuristic(SystemPolicy):
         if self.config is None or train != self.config.train_gpus:
             cost_s = 0.0 if self.config is None else self.trigger.switch_base_s + self.trigger.engine_start_s
             self.config = StepConfig("one_step_off", train, self._best_train(workload_of(previous), train),
-                                     uniform_layout(self.cost, gpus - train, self.cost.rollout.max_context_tokens), (),
+                                     uniform_layout(self.cost, gpus - train, workload_of(previous)), (),
                                      cost_s, "greedy move" if cost_s else "initial")
         elif self.config.switch_cost_s:
             self.config = replace(self.config, switch_cost_s=0.0, plan_reason="")
