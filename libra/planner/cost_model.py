@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 
 from libra.planner.profiles import BF16_BYTES, GB, Cluster, HardwareProfile, ModelProfile
 from libra.planner.workload import LengthBucket, Workload
@@ -224,14 +225,30 @@ class CostModel:
         """Whether a trajectory of `max_tokens` can run on a TP-`tp` instance at all."""
         return max_tokens <= min(self.kv_capacity_tokens(tp), self.rollout.max_context_tokens)
 
+    @cached_property
+    def _decode_memo(self) -> dict:
+        """Per-TP constants of a decode step and all-reduce times per whole batch size (the simulator
+        asks for the same few hundred batch sizes millions of times)."""
+        return {}
+
     def decode_step_features(self, tp: int, batch: float, context: float) -> tuple[float, float, float]:
         """Ideal (compute, memory, comm) seconds of one decode step of `batch` sequences whose
         mean context is `context` tokens."""
-        m, hw = self.model, self.hw
-        flops = batch * (2 * m.matmul_params + 4 * m.layers * m.heads * m.head_dim * context)
-        compute = flops / (tp * hw.peak_flops)
-        memory = (self.weights_per_gpu_bytes(tp) + batch * context * m.kv_bytes_per_token(tp)) / hw.hbm_bandwidth
-        comm = self._engine_all_reduce_s(batch * m.hidden * BF16_BYTES, tp, calls=2 * m.layers)
+        m, hw, memo = self.model, self.hw, self._decode_memo
+        terms = memo.get(tp)
+        if terms is None:  # the same arithmetic as written out below, done once per TP
+            terms = memo[tp] = (2 * m.matmul_params, 4 * m.layers * m.heads * m.head_dim, tp * hw.peak_flops,
+                                self.weights_per_gpu_bytes(tp), m.kv_bytes_per_token(tp))
+        matmul, attention, peak, weights, kv = terms
+        flops = batch * (matmul + attention * context)  # 2 FLOPs per weight, 4 per head dim per token of context
+        compute = flops / peak
+        memory = (weights + batch * context * kv) / hw.hbm_bandwidth
+        key = (tp, batch)
+        comm = memo.get(key) if isinstance(batch, int) else None
+        if comm is None:
+            comm = self._engine_all_reduce_s(batch * m.hidden * BF16_BYTES, tp, calls=2 * m.layers)
+            if isinstance(batch, int):
+                memo[key] = comm
         return compute, memory, comm
 
     def decode_step_s(self, tp: int, batch: float, context: float) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from libra.errors import LibraError
 
@@ -65,12 +66,12 @@ class ModelProfile:
     def is_moe(self) -> bool:
         return self.experts > 0
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         """Input embedding plus an untied output head."""
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
 
-    @property
+    @cached_property
     def attention_params(self) -> int:
         """One layer's attention: q, k, v, o projections, biases, QK-norm and the input norm."""
         q = self.heads * self.head_dim
@@ -82,32 +83,32 @@ class ModelProfile:
             params += 2 * self.head_dim
         return params
 
-    @property
+    @cached_property
     def mlp_params(self) -> int:
         """One layer's MLP (all experts and the router for MoE) and its norm."""
         if self.is_moe:
             return self.experts * 3 * self.hidden * self.moe_intermediate + self.hidden * self.experts + self.hidden
         return 3 * self.hidden * self.intermediate + self.hidden
 
-    @property
+    @cached_property
     def expert_params(self) -> int:
         """Parameters of routed experts, all layers (these shard over expert parallelism)."""
         return self.layers * self.experts * 3 * self.hidden * self.moe_intermediate if self.is_moe else 0
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         return self.embedding_params + self.layers * (self.attention_params + self.mlp_params) + self.hidden
 
-    @property
+    @cached_property
     def non_embedding_params(self) -> int:
         return self.total_params - self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
 
-    @property
+    @cached_property
     def dense_params(self) -> int:
         """Everything that is not a routed expert (shards over tensor and pipeline parallelism)."""
         return self.total_params - self.expert_params
 
-    @property
+    @cached_property
     def active_params(self) -> int:
         """Parameters touched per token: all dense ones plus `experts_per_token` experts per layer."""
         if not self.is_moe:
@@ -115,7 +116,7 @@ class ModelProfile:
         unused = self.experts - self.experts_per_token
         return self.total_params - self.layers * unused * 3 * self.hidden * self.moe_intermediate
 
-    @property
+    @cached_property
     def matmul_params(self) -> int:
         """Parameters in matrix multiplies per token (active minus the input embedding lookup;
         a tied head still multiplies)."""
@@ -127,7 +128,7 @@ class ModelProfile:
         heads_per_gpu = max(1.0, self.kv_heads / tp)
         return 2 * self.layers * heads_per_gpu * self.head_dim * BF16_BYTES
 
-    @property
+    @cached_property
     def weight_bytes(self) -> int:
         return self.total_params * BF16_BYTES
 

@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from libra.clock import SimClock
 
 
-@dataclass(order=True)
 class Event:
-    time: float
-    order: int
-    callback: Callable[[], None] = field(compare=False)
-    cancelled: bool = field(default=False, compare=False)
+    """A scheduled callback; `cancelled` makes the loop skip it."""
+
+    __slots__ = ("time", "callback", "cancelled")
+
+    def __init__(self, time: float, callback: Callable[[], None]) -> None:
+        self.time = time
+        self.callback = callback
+        self.cancelled = False
 
 
 class EventLoop:
     def __init__(self, clock: SimClock | None = None) -> None:
         self.clock = clock or SimClock()
-        self._heap: list[Event] = []
+        self._heap: list[tuple[float, int, Event]] = []  # (time, order, event): tuples compare in C
         self._order = 0
         self.processed = 0
 
@@ -36,8 +38,8 @@ class EventLoop:
         if time < self.clock.now():
             raise ValueError(f"cannot schedule in the past: {time} < {self.clock.now()}")
         self._order += 1
-        event = Event(time, self._order, callback)
-        heapq.heappush(self._heap, event)
+        event = Event(time, callback)
+        heapq.heappush(self._heap, (time, self._order, event))
         return event
 
     def after(self, delay: float, callback: Callable[[], None]) -> Event:
@@ -46,10 +48,12 @@ class EventLoop:
     def run(self, until: float = float("inf")) -> None:
         """Process events in time order until none are left or the next is after `until`."""
         heap = self._heap
-        while heap and heap[0].time <= until:
-            event = heapq.heappop(heap)
+        pop = heapq.heappop
+        advance = self.clock.advance_to
+        while heap and heap[0][0] <= until:
+            time, _, event = pop(heap)
             if event.cancelled:
                 continue
-            self.clock.advance_to(event.time)
+            advance(time)
             self.processed += 1
             event.callback()
