@@ -21,6 +21,7 @@ from libra.clock import Clock
 from libra.errors import LibraError
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate
+from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import Decision, StepTimes, TriggerSettings, decide, replan_reason
 from libra.planner.workload import Workload
 
@@ -74,8 +75,9 @@ class PlanController:
         if reason is None:
             return None
         plans = []
+        training = TrainingTable(self.cost, workload)  # the variants differ in rollout settings only
         for index, settings in enumerate(self.variants):
-            p = Planner(self.cost, workload, settings)
+            p = Planner(self.cost, workload, settings, training)
             try:
                 raw = p.plan(self.clock)
             except LibraError:  # this variant has no feasible split

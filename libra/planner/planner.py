@@ -89,11 +89,16 @@ def _fractional(time_at: Callable[[int], float], gpus: float) -> float:
 class Planner:
     """Plans for one (cost model, workload). Reuses its caches across calls with other settings."""
 
-    def __init__(self, cost: CostModel, workload: Workload, settings: PlannerSettings | None = None) -> None:
+    def __init__(self, cost: CostModel, workload: Workload, settings: PlannerSettings | None = None,
+                 training: TrainingTable | None = None) -> None:
+        """`training`: a table of training configurations for the same cost model and workload to
+        share (planners that differ only in their rollout settings search training once)."""
         self.cost = cost
         self.workload = workload
         self.settings = settings or PlannerSettings()
-        self.training = TrainingTable(cost, workload)
+        if training is not None and (training.cost is not cost or training.workload is not workload):
+            raise ValueError("a shared training table must be for the same cost model and workload")
+        self.training = training or TrainingTable(cost, workload)
         self.rollout_search = RolloutSearch(cost, workload, self.settings.rollout_tps)
         self._rollout: dict[int, RolloutLayout] = {}
 

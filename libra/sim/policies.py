@@ -30,6 +30,7 @@ from libra.errors import InfeasibleError, LibraError
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import Plan, Planner, PlannerSettings, fixed_layout_time
+from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload
 from libra.scheduler.policies import MLFQ, Buckets, LeastLoad, LibraRouter, Oracle, Router
@@ -312,10 +313,11 @@ class OraclePolicy(SystemPolicy):
         with one and two nodes' GPUs moved between training and rollout (for steps where a straggler
         decides the rollout and more rollout GPUs would not help)."""
         workload = workload_of(batch)
+        training = TrainingTable(self.cost, workload)
         plans = []
         for settings in self.variants:
             try:
-                plans.append((Planner(self.cost, workload, settings).plan(), settings))
+                plans.append((Planner(self.cost, workload, settings, training).plan(), settings))
             except LibraError:  # no feasible split for this variant
                 continue
         if not plans:
@@ -326,7 +328,7 @@ class OraclePolicy(SystemPolicy):
             if len(configs) < self.candidates:
                 self._add(configs, plan)
         best, settings = plans[0]
-        planner = Planner(self.cost, workload, settings)
+        planner = Planner(self.cost, workload, settings, training)
         node = self.cost.cluster.gpus_per_node
         for moved in (-2 * node, -node, node, 2 * node):
             try:

@@ -72,8 +72,11 @@ class _Seq:
 
 
 class Instance:
-    def __init__(self, index: int, spec: InstanceSpec, cost: CostModel, loop: EventLoop, on_done) -> None:
+    def __init__(self, index: int, spec: InstanceSpec, cost: CostModel, loop: EventLoop, on_done,
+                 on_load=None) -> None:
+        """`on_done(instance, seq)`: a turn finished; `on_load(instance)`: its load changed."""
         self.index = index
+        self.on_load = on_load
         self.tp = spec.tp
         self.bucket = spec.bucket
         self.cost = cost
@@ -124,6 +127,8 @@ class Instance:
         self.queue.append((seq, prefill_tokens))
         self._admit()
         self._reschedule()
+        if self.on_load is not None:
+            self.on_load(self)
 
     def _admit(self) -> None:
         while self.queue and len(self.active) < self.max_batch:
@@ -168,6 +173,8 @@ class Instance:
             finished.append(seq)
         self._admit()
         self._reschedule()
+        if finished and self.on_load is not None:
+            self.on_load(self)
         self.release_if_idle()
         for seq in finished:
             self.on_done(self, seq)
@@ -207,10 +214,15 @@ class RolloutSim:
         self.cost = cost
         self.loop = EventLoop()
         self.router = router
-        self.instances = [Instance(i, spec, cost, self.loop, self._turn_done) for i, spec in enumerate(layout)]
+        self.instances = [Instance(i, spec, cost, self.loop, self._turn_done, self._load_changed)
+                          for i, spec in enumerate(layout)]
         self.by_bucket: dict[int, list[Instance]] = {}
         for inst in self.instances:
             self.by_bucket.setdefault(inst.bucket, []).append(inst)
+        # per bucket, a heap of (load, index) entries: the least-loaded instance in O(log n); an entry is
+        # current while it matches its instance's load (stale ones are dropped when they surface)
+        self.loads = {b: [(0, i.index) for i in insts] for b, insts in self.by_bucket.items()}
+        self._live: list[int] | None = None  # buckets with an instance that is not draining
         self.placed: dict[str, Instance] = {}
         self.routed: dict[str, int] = {}  # the bucket the router last named for each trajectory
         self.position: dict[str, int] = {}
@@ -223,23 +235,40 @@ class RolloutSim:
         if (previous is not None and (previous.bucket == bucket or not rerouted) and previous.fits(need)
                 and not previous.draining):
             return previous
-        live = sorted(b for b, insts in self.by_bucket.items() if any(not i.draining for i in insts))
+        if self._live is None:
+            self._live = sorted(b for b, insts in self.by_bucket.items() if any(not i.draining for i in insts))
+        live = self._live
         if bucket not in live:  # no instance serves it: the nearest bucket that has some
             bucket = min(live, key=lambda b: (abs(b - bucket), -b))
-        candidates = [i for i in self.by_bucket.get(bucket, []) if i.fits(need) and not i.draining]
-        if not candidates:  # too long for this bucket's instances (or they left): the smallest that holds it
-            candidates = [i for i in self.instances if i.fits(need) and not i.draining]
-            if not candidates:
-                raise InfeasibleError(f"a context of {need} tokens fits no rollout instance")
-            smallest = min(i.tp for i in candidates)
-            candidates = [i for i in candidates if i.tp == smallest]
-        chosen = min(candidates, key=lambda i: (i.load, i.index))
+        chosen = self._least_loaded(bucket)
+        if chosen is None or not chosen.fits(need) or chosen.draining:
+            candidates = [i for i in self.by_bucket.get(bucket, []) if i.fits(need) and not i.draining]
+            if not candidates:  # too long for this bucket's instances (or they left): the smallest that holds it
+                candidates = [i for i in self.instances if i.fits(need) and not i.draining]
+                if not candidates:
+                    raise InfeasibleError(f"a context of {need} tokens fits no rollout instance")
+                smallest = min(i.tp for i in candidates)
+                candidates = [i for i in candidates if i.tp == smallest]
+            chosen = min(candidates, key=lambda i: (i.load, i.index))
         if previous is None and not chosen.can_start(need):  # work-conserving: a new trajectory does not
             spill = [i for i in self.instances  # queue while an instance of a longer bucket could start it
                      if i.bucket > bucket and not i.draining and i.can_start(need)]
             if spill:
                 chosen = min(spill, key=lambda i: (i.bucket, i.load, i.index))
         return chosen
+
+    def _least_loaded(self, bucket: int) -> Instance | None:
+        """The bucket's instance with the least (load, index), or None if the bucket has none."""
+        heap = self.loads.get(bucket)
+        while heap:
+            load, index = heap[0]
+            if self.instances[index].load == load:
+                return self.instances[index]
+            heapq.heappop(heap)
+        return None
+
+    def _load_changed(self, instance: Instance) -> None:
+        heapq.heappush(self.loads[instance.bucket], (instance.load, instance.index))
 
     def _send(self, trajectory: SimTrajectory, turn: int, bucket: int, new_tokens: int) -> None:
         tid = trajectory.trajectory_id
@@ -270,6 +299,7 @@ class RolloutSim:
                 for inst in self.instances:
                     if inst.hybrid and not inst.draining:
                         inst.draining = True
+                        self._live = None
                         inst.release_if_idle()
             return
 
