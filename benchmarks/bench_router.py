@@ -26,8 +26,9 @@ from benchmarks.common import save
 from libra.config import SchedulerConfig
 from libra.scheduler.causal_tree import TrajectoryPath
 from libra.scheduler.keys import ToolReturn
+from libra.scheduler.libra_router import LibraRouter
 from libra.scheduler.metrics import quantile
-from libra.scheduler.policies import CMLFQ, Buckets, LibraRouter
+from libra.scheduler.policies import CMLFQ, Buckets
 from libra.scheduler.replay import ReplayResult, replay
 from libra.traces import read_trace
 from libra.types import Trajectory

@@ -26,6 +26,7 @@ from libra.config import SchedulerConfig
 from libra.errors import LibraError
 from libra.scheduler.causal_tree import CausalTree, path_of
 from libra.scheduler.keys import KeyScheme, ToolReturn
+from libra.scheduler.libra_router import LibraRouter
 from libra.scheduler.metrics import (
     DecisionRecord,
     accuracy,
@@ -43,7 +44,6 @@ from libra.scheduler.policies import (
     LeastLatency,
     LeastLoad,
     LengthPredictor,
-    LibraRouter,
     Oracle,
     Router,
 )

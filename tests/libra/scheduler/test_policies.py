@@ -2,6 +2,7 @@ import pytest
 
 from libra.scheduler.causal_tree import CausalTree, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
+from libra.scheduler.libra_router import LibraRouter
 from libra.scheduler.metrics import DecisionRecord, accuracy, balanced_accuracy, rank_correlation, spearman
 from libra.scheduler.policies import (
     CMLFQ,
@@ -11,7 +12,6 @@ from libra.scheduler.policies import (
     Lane,
     LeastLoad,
     LengthPredictor,
-    LibraRouter,
     MigrationBudget,
     RouteDecision,
 )

@@ -147,7 +147,8 @@ def test_each_stage_probes_plans_with_its_own_router_and_a_probe_teaches_it_noth
     import pickle
 
     from libra.planner.trigger import TriggerSettings
-    from libra.scheduler.policies import MLFQ, LibraRouter
+    from libra.scheduler.libra_router import LibraRouter
+    from libra.scheduler.policies import MLFQ
     from libra.sim.policies import make_policy
 
     spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
