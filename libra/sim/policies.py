@@ -267,10 +267,12 @@ class Planned(SystemPolicy):
             predicted = (fixed_layout_time(self.cost, workload_of(previous), plan.rollout.instance_counts)
                          * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
-        workload = workload_of(previous)
         self.context = mean_context(previous)
         self.recent.append((step - 1, previous))
         self.replays = {k: v for k, v in self.replays.items() if k[0] >= self.recent[0][0]}
+        # plan for the recent steps' mean workload, not the last batch alone (whose size and longest
+        # trajectory vary from step to step)
+        workload = workload_of([t for _, batch in self.recent for t in batch], steps=len(self.recent))
         event = self.controller.observe(step, workload, times, force=True)
         if self.config is not None and (event is None or not event.applied):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")

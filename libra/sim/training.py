@@ -12,10 +12,12 @@ from libra.planner.workload import TrajectoryLength, Workload, build_workload
 from libra.sim.workloads import SimTrajectory
 
 
-def workload_of(trajectories: list[SimTrajectory]) -> Workload:
+def workload_of(trajectories: list[SimTrajectory], steps: int = 1) -> Workload:
+    """The planner's view of `trajectories`; with `steps` > 1 they are several steps' batches pooled,
+    and the counts are those of one step (the window's mean)."""
     lengths = [TrajectoryLength(t.prompt_tokens, t.gen_tokens, sum(u.payload_tokens for u in t.turns), len(t.turns),
                                 sum(u.tool_latency_s for u in t.turns)) for t in trajectories]
-    return build_workload(lengths)
+    return build_workload(lengths, round(len(lengths) / steps) if steps > 1 else None)
 
 
 def train_seconds(cost: CostModel, config: TrainConfig, gpus: int, batch: list[SimTrajectory],
