@@ -129,8 +129,11 @@ class LeastLoad(Router):
         super().__init__(buckets, measure)
         self.active = [0] * buckets.count
 
+    def _place(self) -> int:
+        return min(range(self.buckets.count), key=lambda b: (self.active[b], b))
+
     def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
-        bucket = min(range(self.buckets.count), key=lambda b: (self.active[b], b))
+        bucket = self._place()
         self.active[bucket] += 1
         self.current[trajectory_id] = bucket
         return RouteDecision(bucket, None)
@@ -141,7 +144,7 @@ class LeastLoad(Router):
             self.active[bucket] -= 1
 
 
-class LeastLatency(Router):
+class LeastLatency(LeastLoad):
     """No length information, but knows the instances: each new trajectory goes to the lane that
     would decode fastest with it added (`fastest_lane`); never migrates. Libra's router without its
     length evidence."""
@@ -153,18 +156,9 @@ class LeastLatency(Router):
         if len(lanes) != buckets.count:
             raise ValueError(f"one lane per bucket: {buckets.count} buckets, {len(lanes)} lanes")
         self.lanes = tuple(lanes)
-        self.active = [0] * buckets.count
 
-    def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
-        bucket = fastest_lane(self.lanes, self.active)
-        self.active[bucket] += 1
-        self.current[trajectory_id] = bucket
-        return RouteDecision(bucket, None)
-
-    def finish(self, trajectory_id: str, position: int) -> None:
-        bucket = self.current.pop(trajectory_id, None)
-        if bucket is not None:
-            self.active[bucket] -= 1
+    def _place(self) -> int:
+        return fastest_lane(self.lanes, self.active)
 
 
 class MLFQ(Router):
