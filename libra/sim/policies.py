@@ -172,8 +172,9 @@ class StaticUniform(SystemPolicy):
         if self.config is None:
             gpus = self.cost.cluster.gpus
             train = gpus // 2
-            self.config = StepConfig("one_step_off", train, self._best_train(workload_of(previous), train),
-                                     uniform_layout(self.cost, gpus - train, workload_of(previous)), ())
+            workload = workload_of(previous)
+            self.config = StepConfig("one_step_off", train, self._best_train(workload, train),
+                                     uniform_layout(self.cost, gpus - train, workload), ())
         return self.config
 
 
@@ -196,8 +197,9 @@ class GreedyHeuristic(SystemPolicy):
                     train = min(gpus - quantum, train + quantum)
         if self.config is None or train != self.config.train_gpus:
             cost_s = 0.0 if self.config is None else self.trigger.switch_base_s + self.trigger.engine_start_s
-            self.config = StepConfig("one_step_off", train, self._best_train(workload_of(previous), train),
-                                     uniform_layout(self.cost, gpus - train, workload_of(previous)), (),
+            workload = workload_of(previous)
+            self.config = StepConfig("one_step_off", train, self._best_train(workload, train),
+                                     uniform_layout(self.cost, gpus - train, workload), (),
                                      cost_s, "greedy move" if cost_s else "initial")
         elif self.config.switch_cost_s:
             self.config = replace(self.config, switch_cost_s=0.0, plan_reason="")
