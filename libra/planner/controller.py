@@ -63,15 +63,21 @@ class PlanController:
         self.probe_candidates = probe_candidates
         self.probe_correction = [1.0] * len(self.variants)
 
-    def observe(self, step: int, workload: Workload, times: StepTimes | None = None,
-                force: bool = False) -> PlanEvent | None:
-        """`force`: plan now if there is no plan yet, even during warm-up (a run must start somewhere)."""
+    def due(self, step: int, times: StepTimes | None = None, force: bool = False) -> str | None:
+        """Why to plan at `step` (the trigger's reason), or None. `force`: plan now if there is no
+        plan yet, even during warm-up (a run must start somewhere)."""
         expected = 1.0
         if self.current is not None and self.current.t_train_s > 0 and not math.isinf(self.current.t_train_s):
             expected = self.current.t_rollout_s / self.current.t_train_s
         reason = replan_reason(step, self.last_plan_step, times, self.trigger, expected)
         if reason is None and self.current is None and force:
             reason = "initial"
+        return reason
+
+    def observe(self, step: int, workload: Workload, times: StepTimes | None = None,
+                force: bool = False) -> PlanEvent | None:
+        """Plan at `step` if the trigger says so (`due`); the event says what was decided."""
+        reason = self.due(step, times, force)
         if reason is None:
             return None
         plans = []
@@ -121,6 +127,15 @@ class PlanController:
             self.current_variant = variant
         self.events.append(event)
         return event
+
+    def adopt(self, plan: Plan, variant: int) -> None:
+        """Take `plan` (of `variants[variant]`) as the plan in force without planning: a run that
+        starts from a placement of its own. The first plan made after warm-up is then weighed
+        against it like any later one, not applied unconditionally."""
+        if not 0 <= variant < len(self.variants):
+            raise ValueError(f"variant {variant} of {len(self.variants)}")
+        self.current = plan
+        self.current_variant = variant
 
     def record(self, measured_rollout_s: float, predicted_rollout_s: float, weight: float = 0.5) -> None:
         """Fold a step's measured rollout time, against what the plan in force predicted for that

@@ -52,3 +52,9 @@ def admit(samples: Sequence[TrainingSample], trainer_version: int, bound: int) -
     kept = tuple(s for s, age in zip(samples, ages, strict=True) if age <= bound)
     return Admission(kept, tuple(s.trajectory_id for s, age in zip(samples, ages, strict=True) if age > bound),
                      max(ages, default=0), sum(ages) / len(ages) if ages else 0.0)
+
+
+def tokens_per_turn(base: int, growth: float, step: int, max_context: int) -> int:
+    """The generation limit per turn of iteration `step` when the workload drifts: `base` grown by
+    `growth` per iteration (compounded), at most the context limit."""
+    return max(1, min(max_context, round(base * (1.0 + growth) ** step)))

@@ -142,6 +142,19 @@ class LibraRouter(CMLFQ):
             new.truth_counts, new.tokens, new.price = list(self.truth_counts), list(self.tokens), self.price
         return new
 
+    def rebuild_trees(self, paths: Sequence[TrajectoryPath]) -> int:
+        """Replace what the trees learned with `paths` (e.g. the run's recent steps read from the
+        store): fresh trees of the same granularities, built off the decision path, then swapped in
+        (a workload that drifted is no longer predicted from the steps before the drift). Their
+        scores are kept. Returns the nodes of the tree in use."""
+        fresh = {g: CausalTree(t.scheme, t.window, t.max_nodes, t.per_prompt, t.size_roots, t.size_classes)
+                 for g, t in self.trees.items()}
+        for tree in fresh.values():
+            tree.rebuild(paths)
+        self.trees = fresh
+        self.tree = fresh["coarse/1"]
+        return fresh[self.granularity].nodes
+
     def _prior_bucket(self) -> int:
         if not self.prior:
             return 0

@@ -38,3 +38,10 @@ def test_one_step_off_rolls_out_the_next_iteration_beside_the_update():
 def test_each_iteration_has_its_own_tasks_away_from_the_held_out_seed():
     seeds = {train_task_seed(seed, step) for seed in range(3) for step in range(1000)}
     assert len(seeds) == 3000 and min(seeds) >= 1_000_000
+
+
+def test_drifting_turn_limits_compound_per_iteration_up_to_the_context():
+    from libra.rl.schedule import tokens_per_turn
+
+    assert [tokens_per_turn(100, 0.5, step, 400) for step in range(5)] == [100, 150, 225, 338, 400]
+    assert tokens_per_turn(100, 0.0, 50, 400) == 100

@@ -1,0 +1,136 @@
+"""The live run's planning, as pure functions: what the run measured -> the planner's inputs, and
+the planner's outputs -> the store's rows.
+
+    timing_rows(step, decode, update, placement, cluster, model)   # one iteration's samples, for the store
+    samples_from_rows(rows)                                         # store rows -> calibration samples
+    live_variants(cluster, config)                                  # the placements the planner searches
+    plan_row(...), move_rows(...)                                   # a plan and the moves it made, as rows
+
+The planning flow (`flows/planning.py`) reads the rows back with DuckDB, fits the cost model to them
+(`libra.planner.calibrate.fit`), and lets the `PlanController` decide, so the planner that plans a
+simulated cluster plans this machine too, from what this run measured.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from libra.config import PlannerConfig
+from libra.planner.calibrate import TimingSample
+from libra.planner.controller import PlanEvent
+from libra.planner.planner import PlannerSettings
+from libra.planner.profiles import ModelProfile
+from libra.planner.trigger import StepTimes
+from libra.rl.cluster import LocalCluster, Placement
+from libra.rollout.engines import DecodeTiming
+
+
+@dataclass(frozen=True)
+class EngineTiming:
+    """One engine's decode steps at one batch size during a rollout, and the engine's size in workers."""
+
+    workers: int
+    timing: DecodeTiming
+
+
+@dataclass(frozen=True)
+class TrainTiming:
+    """One update: what it trained and how long it took, on how many workers."""
+
+    seconds: float
+    sequences: int
+    tokens: int  # padded tokens the forward passes computed
+    max_tokens: int  # the longest sequence
+    workers: int
+
+
+def model_profile_of(name: str, hf_config: dict) -> ModelProfile:
+    """A Hugging Face `config.json` (Qwen2/Llama-style fields) as the planner's model profile."""
+    heads = int(hf_config["num_attention_heads"])
+    hidden = int(hf_config["hidden_size"])
+    return ModelProfile(
+        name, int(hf_config["num_hidden_layers"]), hidden, int(hf_config["intermediate_size"]), heads,
+        int(hf_config.get("num_key_value_heads", heads)), int(hf_config.get("head_dim") or hidden // heads),
+        int(hf_config["vocab_size"]), bool(hf_config.get("tie_word_embeddings", False)),
+        qkv_bias=hf_config.get("model_type") == "qwen2", qk_norm=hf_config.get("model_type") == "qwen3")
+
+
+def timing_rows(step: int, decode: Sequence[EngineTiming], train: TrainTiming | None, hardware: str,
+                model: str) -> list[dict]:
+    """An iteration's measured samples as rows of the store's `timings` table: one decode_step row
+    per (engine, batch size), weighted by nothing (each row is a mean of its steps), and one
+    train_step row. An engine of k workers is tensor-parallel degree k to the cost model; a trainer
+    on k workers is data-parallel degree k."""
+    def row(kind: str, seconds: float, **sizes) -> dict:  # every row has every column (one table schema)
+        return {"step": step, "kind": kind, "seconds": seconds, "hardware": hardware, "model": model, "tp": 1, "pp": 1,
+                "dp": 1, "ep": 1, "micro_batch": None, "sequences": None, "tokens": None, "max_tokens": None,
+                "batch": None, "context_tokens": None} | sizes
+
+    rows = [row("decode_step", e.timing.seconds, tp=e.workers, batch=float(e.timing.batch),
+                context_tokens=e.timing.context_tokens) for e in decode if e.timing.steps > 0]
+    if train is not None and train.seconds > 0 and train.sequences > 0:
+        rows.append(row("train_step", train.seconds, dp=train.workers, micro_batch=1, sequences=float(train.sequences),
+                        tokens=float(train.tokens), max_tokens=train.max_tokens))
+    return rows
+
+
+def samples_from_rows(rows: Sequence[dict]) -> list[TimingSample]:
+    """The store's `timing_samples` rows as calibration samples (nulls take the sample's defaults)."""
+    fields = set(TimingSample.__dataclass_fields__)
+    return [TimingSample(**{k: v for k, v in row.items() if k in fields and v is not None}) for row in rows]
+
+
+def step_times(row: dict) -> StepTimes:
+    """A `steps` row as the trigger's measured stage times."""
+    return StepTimes(int(row["step"]), float(row["rollout_s"] or 0.0), float(row["train_s"] or 0.0))
+
+
+def live_variants(cluster: LocalCluster, config: PlannerConfig) -> tuple[PlannerSettings, ...]:
+    """The placements a live run may take, each a planner variant the controller searches side by
+    side: split (one-step-off; when there are two workers or more) and colocated. No hybrids (a
+    single machine's run places core pools), no offload between colocated stages (the engines'
+    memory stays allocated on CPU), instance sizes that are powers of two up to the machine's
+    workers."""
+    tps = tuple(t for t in (1, 2, 4, 8) if t <= cluster.size)
+    base = PlannerSettings(max_hybrid_fraction=0.0, hybrid_shares=config.hybrid_shares, granularity=1, offload_s=0.0,
+                           rollout_tps=tps)
+    colocated = PlannerSettings(mode="colocated", max_hybrid_fraction=0.0, granularity=1, offload_s=0.0, rollout_tps=tps)
+    return (base, colocated) if cluster.size >= 2 else (colocated,)
+
+
+def plan_row(step: int, plan_id: str, event: PlanEvent) -> dict:
+    """A planner decision as a row of the store's `plans` table."""
+    plan = event.candidate
+    train = plan.train.config if plan.train else None
+    decision = event.decision
+    reason = event.reason if decision is None else f"{event.reason}; {decision.reason}"
+    return {"step": step, "plan_id": plan_id, "applied": event.applied, "reason": reason,
+            "train_gpus": plan.train_gpus, "rollout_gpus": plan.rollout_gpus, "hybrid_gpus": plan.hybrid_gpus,
+            "train_tp": train.tp if train else None, "train_pp": train.pp if train else None,
+            "train_dp": train.dp if train else None, "train_ep": train.ep if train else None,
+            "micro_batch": train.micro_batch if train else None,
+            "rollout_instances": json.dumps([{"tp": g.tp, "count": g.count, "max_tokens": g.max_tokens}
+                                             for g in plan.rollout.groups]),
+            "t_train_s": plan.t_train_s, "t_rollout_s": plan.t_rollout_s, "t_iter_s": plan.t_iter_s,
+            "switch_cost_s": decision.switch_cost_s if decision else 0.0, "search_ms": plan.search_ms}
+
+
+def role(placement: Placement, worker: int) -> str:
+    if placement.colocated:
+        return "colocated"
+    return "rollout" if worker in placement.rollout_workers else "train" if worker in placement.train else "idle"
+
+
+def move_rows(step: int, time_s: float, old: Placement, new: Placement, cluster: LocalCluster) -> list[dict]:
+    """The workers whose role changes from `old` to `new`, as rows of the store's `pool_events`
+    table (one per worker moved)."""
+    rows = []
+    for w in range(cluster.size):
+        before, after = role(old, w), role(new, w)
+        if before != after:
+            rows.append({"step": step, "time_s": time_s, "worker_id": f"worker-{w}", "gpus": 1, "from_state": before,
+                         "to_state": after, "event": "moved",
+                         "detail": f"plan {new.plan_id}: {','.join(map(str, cluster.workers[w]))}"})
+    return rows

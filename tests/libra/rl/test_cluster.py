@@ -1,0 +1,70 @@
+"""A machine's workers and where a plan puts the stages on them (pure)."""
+
+import pytest
+
+from libra.errors import LibraError
+from libra.planner.planner import Plan
+from libra.planner.rollout_search import InstanceGroup, RolloutLayout
+from libra.rl.cluster import LocalCluster, Placement, initial_placement, placement_of
+
+
+def plan(train: int, rollout: int, groups: list[tuple[int, int]], mode: str = "one_step_off", hybrid: int = 0) -> Plan:
+    layout = RolloutLayout(tuple(InstanceGroup(tp, count, 0, 0, 100, 1.0) for tp, count in groups), 1.0)
+    return Plan(None, train, layout, rollout, hybrid, 0.0, 1.0, 1.0, 0.0, 1.0, mode)
+
+
+def test_workers_are_whole_groups_of_cores_and_a_remainder_is_left_out():
+    cluster = LocalCluster.of_cores((7, 3, 5, 4, 6), cores_per_worker=2, memory_bytes=8e9)
+    assert cluster.workers == ((3, 4), (5, 6))
+    assert cluster.size == 2 and cluster.memory_bytes == 4e9
+    assert cluster.units((1, 0)) == (5, 6, 3, 4)
+    with pytest.raises(LibraError, match="1 core\\(s\\) make no worker of 2 cores"):
+        LocalCluster.of_cores((0,), 2)
+    with pytest.raises(LibraError, match="overlap"):
+        LocalCluster(((0, 1), (1, 2)))
+
+
+def test_the_planner_sees_one_node_of_one_device_per_worker():
+    cluster = LocalCluster.of_cores(tuple(range(6)), cores_per_worker=2, memory_bytes=12e9)
+    planned = cluster.planner_cluster()
+    assert (planned.nodes, planned.gpus_per_node) == (1, 3)
+    assert planned.hardware.peak_flops == 100e9 and planned.hardware.memory_bytes == 4e9
+
+
+def test_static_and_libra_start_with_the_larger_half_rolling_out_colocated_with_every_worker():
+    cluster = LocalCluster.of_cores(tuple(range(5)))
+    split = initial_placement("libra", cluster)
+    assert split == Placement(((0, 1, 2),), (3, 4), False) == initial_placement("static", cluster)
+    assert split.pipeline == "one_step_off" and split.describe() == "split: rollout 3 (1x3) | train 2"
+    together = initial_placement("colocated", cluster)
+    assert together == Placement(((0, 1, 2, 3, 4),), (0, 1, 2, 3, 4), True) and together.pipeline == "sync"
+    assert initial_placement("libra", LocalCluster(((0,),))).colocated  # one worker can only take turns
+    with pytest.raises(LibraError, match="unknown placement policy 'fast'"):
+        initial_placement("fast", cluster)
+
+
+def test_a_split_placement_gives_every_worker_to_one_stage():
+    with pytest.raises(LibraError, match="one stage"):
+        Placement(((0, 1),), (1, 2), False)
+    with pytest.raises(LibraError, match="engines share workers"):
+        Placement(((0, 1), (1,)), (2,), False)
+
+
+def test_a_plan_places_its_instances_smallest_first_then_the_trainer_on_the_rest():
+    cluster = LocalCluster.of_cores(tuple(range(8)))
+    placed = placement_of(plan(3, 5, [(2, 2), (1, 1)]), cluster, "plan-4")
+    assert placed.engines == ((0,), (1, 2), (3, 4)) and placed.train == (5, 6, 7)
+    assert placed.plan_id == "plan-4" and placed.describe() == "split: rollout 5 (1x1, 2x2) | train 3"
+    colocated = placement_of(plan(8, 8, [(4, 2)], mode="colocated"), cluster, "plan-9")
+    assert colocated.engines == ((0, 1, 2, 3), (4, 5, 6, 7)) and colocated.train == tuple(range(8))
+    assert colocated.colocated
+
+
+def test_plans_the_machine_cannot_place_are_refused_with_the_reason():
+    cluster = LocalCluster.of_cores(tuple(range(4)))
+    with pytest.raises(LibraError, match="2 hybrid workers"):
+        placement_of(plan(1, 1, [(1, 1)], hybrid=2), cluster, "p")
+    with pytest.raises(LibraError, match="for 6 workers; this machine has 4"):
+        placement_of(plan(2, 4, [(1, 4)]), cluster, "p")
+    with pytest.raises(LibraError, match="need 4 workers, its rollout pool has 2"):
+        placement_of(plan(2, 2, [(2, 2)]), cluster, "p")

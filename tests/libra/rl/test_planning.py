@@ -1,0 +1,79 @@
+"""The live run's measurements as the planner's inputs, and its decisions as the store's rows (pure)."""
+
+import pytest
+
+from libra.config import PlannerConfig
+from libra.planner.calibrate import TimingSample
+from libra.rl.cluster import LocalCluster, Placement
+from libra.rl.planning import (
+    EngineTiming,
+    TrainTiming,
+    live_variants,
+    model_profile_of,
+    move_rows,
+    samples_from_rows,
+    step_times,
+    timing_rows,
+)
+from libra.rollout.engines import DecodeTimer, DecodeTiming
+
+QWEN = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64,
+        "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 1000, "tie_word_embeddings": True}
+
+
+def test_a_qwen2_config_is_the_planner_model_with_qkv_bias_and_grouped_heads():
+    model = model_profile_of("tiny", QWEN)
+    assert (model.layers, model.hidden, model.intermediate, model.heads, model.kv_heads, model.head_dim) == (2, 64, 128, 4, 2, 16)
+    assert model.vocab == 1000 and model.tied_embeddings and model.qkv_bias and not model.qk_norm
+    llama = model_profile_of("l", {**QWEN, "model_type": "llama", "num_key_value_heads": 4, "head_dim": 32})
+    assert llama.kv_heads == 4 and llama.head_dim == 32 and not llama.qkv_bias
+
+
+def test_the_decode_timer_keeps_means_per_batch_size_until_drained():
+    timer = DecodeTimer()
+    for batch, context, seconds in [(4, 100, 0.02), (4, 120, 0.04), (2, 50, 0.01), (0, 10, 1.0), (3, 10, 0.0)]:
+        timer.record(batch, context, seconds)
+    assert timer.drain() == [DecodeTiming(2, 1, 0.01, 50.0), DecodeTiming(4, 2, pytest.approx(0.03), 110.0)]
+    assert timer.drain() == []
+
+
+def test_an_iteration_becomes_one_row_per_engine_batch_size_and_one_training_row():
+    decode = (EngineTiming(2, DecodeTiming(4, 10, 0.03, 110.0)), EngineTiming(1, DecodeTiming(1, 0, 0.0, 0.0)))
+    rows = timing_rows(7, decode, TrainTiming(1.5, 8, 4096, 600, 3), "local-cpu-worker", "tiny")
+    nothing = dict.fromkeys(["micro_batch", "sequences", "tokens", "max_tokens", "batch", "context_tokens"])
+    assert rows == [
+        {"step": 7, "kind": "decode_step", "seconds": 0.03, "hardware": "local-cpu-worker", "model": "tiny", "tp": 2,
+         "pp": 1, "dp": 1, "ep": 1, **nothing, "batch": 4.0, "context_tokens": 110.0},
+        {"step": 7, "kind": "train_step", "seconds": 1.5, "hardware": "local-cpu-worker", "model": "tiny", "tp": 1,
+         "pp": 1, "dp": 3, "ep": 1, **nothing, "micro_batch": 1, "sequences": 8.0, "tokens": 4096.0, "max_tokens": 600}]
+    assert [list(r) for r in rows][0] == [list(r) for r in rows][1]  # one schema: pyarrow infers it from the first row
+    samples = samples_from_rows([{**r, "step": None, "batch": r.get("batch")} for r in rows])
+    assert samples[0] == TimingSample("decode_step", 0.03, tp=2, batch=4.0, context_tokens=110.0)
+    assert samples[1].dp == 3 and samples[1].tokens == 4096.0 and samples[1].batch == TimingSample.batch
+    assert timing_rows(1, (), TrainTiming(0.0, 0, 0, 0, 1), "h", "m") == []
+
+
+def test_a_steps_row_is_the_trigger_measured_times():
+    times = step_times({"step": 3, "rollout_s": 12.5, "train_s": None})
+    assert (times.step, times.t_rollout_s, times.t_train_s) == (3, 12.5, 0.0)
+
+
+def test_the_live_run_searches_split_and_colocated_without_hybrids_on_its_own_sizes():
+    split, colocated = live_variants(LocalCluster.of_cores(tuple(range(3))), PlannerConfig())
+    assert split.mode == "one_step_off" and colocated.mode == "colocated"
+    assert split.max_hybrid_fraction == colocated.max_hybrid_fraction == 0.0
+    assert split.rollout_tps == (1, 2) and split.granularity == 1 and colocated.offload_s == 0.0
+    (only,) = live_variants(LocalCluster(((0,),)), PlannerConfig())
+    assert only.mode == "colocated" and only.rollout_tps == (1,)
+
+
+def test_each_worker_that_changes_stage_is_one_move():
+    cluster = LocalCluster.of_cores(tuple(range(4)))
+    old = Placement(((0, 1),), (2, 3), False)
+    new = Placement(((0,), (1, 2)), (3,), False, "plan-5")
+    assert move_rows(5, 40.0, old, new, cluster) == [
+        {"step": 5, "time_s": 40.0, "worker_id": "worker-2", "gpus": 1, "from_state": "train", "to_state": "rollout",
+         "event": "moved", "detail": "plan plan-5: 2"}]
+    together = Placement(((0, 1, 2, 3),), (0, 1, 2, 3), True, "plan-6")
+    assert [r["to_state"] for r in move_rows(6, 50.0, new, together, cluster)] == ["colocated"] * 4
+    assert move_rows(6, 50.0, new, new, cluster) == []
