@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
                          "iteration is checkpointed. Re-run the same command after a kill to continue the run.")
     cmd.add_argument("--steps", type=int, help="iterations (overrides trainer.steps)")
     cmd.add_argument("--run", help="run name (overrides trainer.run)")
+    cmd.add_argument("--policy", choices=("none", "libra", "static", "colocated"),
+                     help="where rollout and training run (overrides placement.policy): libra re-plans from the run's "
+                     "statistics, static keeps the initial split, colocated takes turns on every worker")
     cmd.add_argument("--restart", action="store_true", help="train the run again from the initial policy, replacing it")
     cmd.add_argument("--json", action="store_true", help="end with one JSON line instead of the summary")
     cmd.set_defaults(handler=cmd_train)
@@ -43,8 +46,11 @@ def with_overrides(config: LibraConfig, args: argparse.Namespace) -> LibraConfig
         trainer["steps"] = args.steps
     if args.run is not None:
         trainer["run"] = args.run
+    placement = config.placement.model_dump()
+    if getattr(args, "policy", None) is not None:
+        placement["policy"] = args.policy
     try:
-        return LibraConfig.model_validate({**config.model_dump(), "trainer": trainer})
+        return LibraConfig.model_validate({**config.model_dump(), "trainer": trainer, "placement": placement})
     except ValidationError as exc:
         raise LibraError(describe_validation_error(exc, LibraConfig).replace("trainer.steps", "--steps")
                          .replace("trainer.run", "--run")) from None

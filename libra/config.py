@@ -151,6 +151,17 @@ class RolloutConfig(_Section):
     max_context: int = Field(1536, ge=64, le=10_000_000, description="context tokens a trajectory may reach")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature (the trainer scales logits by it too)")
     tool_threads: int = Field(16, ge=1, le=1_024, description="tool calls in flight at once")
+    min_tokens_per_turn: int = Field(0, ge=0, le=1_000_000, description="a load knob: a training turn generates at "
+                                     "least this many tokens before it may stop (0: the policy stops when it will)")
+    turn_growth: float = Field(0.0, ge=0.0, le=1.0, description="a drift knob: min_tokens_per_turn and "
+                               "max_tokens_per_turn grow by this fraction per training iteration (0: fixed)")
+
+    @model_validator(mode="after")
+    def _floor_below_limit(self) -> RolloutConfig:
+        if self.min_tokens_per_turn > self.max_tokens_per_turn:
+            raise ValueError(f"rollout.min_tokens_per_turn ({self.min_tokens_per_turn}) exceeds max_tokens_per_turn "
+                             f"({self.max_tokens_per_turn}); lower it or raise max_tokens_per_turn")
+        return self
 
 
 class TrainerConfig(_Section):
@@ -194,6 +205,16 @@ class TrainerConfig(_Section):
         return self.run or f"train-{self.env}-seed{self.seed}"
 
 
+class PlacementConfig(_Section):
+    """Where a training run's stages run on this machine's workers, and who moves them."""
+
+    policy: Literal["none", "libra", "static", "colocated"] = Field(
+        "none", description="none: engines and trainer share every core (trainer.pipeline decides the overlap); "
+        "colocated: every worker rolls out, then every worker trains; static: half the workers roll out, the rest "
+        "train, never moved; libra: that split, re-planned from the run's statistics")
+    cores_per_worker: int = Field(1, ge=1, le=1_024, description="CPU cores per worker (the unit the planner moves)")
+
+
 class LibraConfig(_Section):
     """Every subsystem's settings; each section validates itself."""
 
@@ -207,6 +228,18 @@ class LibraConfig(_Section):
     sandbox: SandboxConfig = SandboxConfig()
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
+    placement: PlacementConfig = PlacementConfig()
+
+    @model_validator(mode="after")
+    def _placed_pipeline_fresh_enough(self) -> LibraConfig:
+        if self.placement.policy in ("libra", "static") and self.trainer.max_staleness < 1:
+            raise ValueError(f"placement.policy {self.placement.policy} overlaps rollout and training (one-step-off): "
+                             "trainer.max_staleness must be >= 1 (or use placement.policy colocated)")
+        if self.placement.policy != "none" and self.rollout.engine == "hf" and self.rollout.device == "cpu":
+            raise ValueError(f"placement.policy {self.placement.policy} gives the engines CPU cores of their own, but "
+                             "the transformers engine (rollout.engine hf) runs inside the trainer's process and shares "
+                             "its threads: use rollout.engine vllm, or placement.policy none")
+        return self
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is refused unread

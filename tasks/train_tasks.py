@@ -45,6 +45,21 @@ def _info(s: TrainingSession) -> SessionInfo:
                        dict(s.state.summary.get("heldout", {})), s.last_record is not None, s.state.mlflow_run_id)
 
 
+@dataclass(frozen=True)
+class IterationSetup:
+    pipeline: str  # one_step_off or sync
+    rolled_out: bool  # the iteration's batch was rolled out ahead (or restored from the checkpoint)
+
+
+@task(name="iteration-setup", cache_policy=NO_CACHE)
+def iteration_setup_task(run: str, step: int) -> IterationSetup:
+    """How iteration `step` runs: the placement's pipeline (the stages overlap only on workers of
+    their own), or the trainer's when the run is not placed."""
+    s = session(run)
+    pipeline = s.placement.pipeline if s.placement is not None else s.config.trainer.pipeline
+    return IterationSetup(pipeline, step in s.pending)
+
+
 @task(name="open-session", cache_policy=NO_CACHE)
 def open_session_task(config: LibraConfig, restart: bool = False) -> SessionInfo:
     """Load the policy (or the run's newest checkpoint), start the engines and the trainer.
@@ -163,6 +178,9 @@ def record_task(run: str, mlflow_run_id: str, announce: bool = True) -> int:
         tx.write_step("trajectories", record.step, trajectories_table(run, record.batch.trajectories, step_of))
         tx.write_step("turns", record.step, turns_table(run, record.batch.trajectories, step_of))
         tx.write_step("steps", record.step, pa.Table.from_pylist([record.steps_row(run)]))
+        timings = record.timing_rows(s.hardware_name(), s.model_name())
+        if timings:
+            tx.write_step("timings", record.step, pa.Table.from_pylist(timings))
     log_step_once(mlflow_run_id, record.metrics(), record.step, sentinel="reward")
     if record.heldout_reward is not None:  # by weights version: 0 is the policy before training
         log_step_once(mlflow_run_id, {"heldout_reward": record.heldout_reward}, record.version, sentinel="heldout_reward")

@@ -25,7 +25,9 @@ from typing import Any
 
 from libra.config import LibraConfig
 from libra.errors import LibraError
-from libra.rl.schedule import EVAL_SEED, Admission, admit, train_task_seed
+from libra.rl.cluster import LocalCluster, Placement, initial_placement
+from libra.rl.planning import EngineTiming, TrainTiming, timing_rows
+from libra.rl.schedule import EVAL_SEED, Admission, admit, tokens_per_turn, train_task_seed
 from libra.trainer.checkpoint import (
     CheckpointState,
     latest_checkpoint,
@@ -62,6 +64,7 @@ class Batch:
     samples: tuple[TrainingSample, ...]
     trajectories: tuple[Trajectory, ...]  # with their turns, as the store records them
     stats: RolloutStats
+    decode: tuple[EngineTiming, ...] = ()  # the engines' measured decode steps (the planner's calibration)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Update:
     dropped: int
     staleness_max: int
     staleness_mean: float
+    timing: TrainTiming | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ class IterationRecord:
     heldout_reward: float | None = None  # after this iteration's update, when evaluated
     start_s: float = 0.0  # when the iteration began, in training seconds since the run began
     version: int = 0  # the weights after the update
+    policy: str = "none"  # the placement policy (libra, static, colocated; none: stages share every core)
+    placement: Placement | None = None  # where the iteration ran (None: no placement)
 
     def metrics(self) -> dict[str, float]:
         u, b = self.update.stats, self.batch.stats
@@ -94,14 +100,25 @@ class IterationRecord:
                "logprob_gap": u.logprob_gap, "lr": u.lr, "trained_tokens": float(u.tokens),
                "staleness_max": float(self.update.staleness_max), "staleness_mean": self.update.staleness_mean,
                "dropped_stale": float(self.update.dropped)}
+        if self.placement is not None:
+            out |= {"rollout_workers": float(len(self.placement.rollout_workers)),
+                    "train_workers": float(len(self.placement.train)),
+                    "colocated": float(self.placement.colocated)}
         return out | {f"{stage}_s": seconds for stage, seconds in self.seconds.items()}
 
     def steps_row(self, run: str) -> dict[str, Any]:
         b = self.batch.stats
-        return {"run": run, "step": self.step, "policy": "grpo", "plan_id": None, "start_s": self.start_s,
+        p = self.placement
+        placed = {} if p is None else {"plan_id": p.plan_id, "train_gpus": len(p.train),
+                                       "rollout_gpus": 0 if p.colocated else len(p.rollout_workers), "hybrid_gpus": 0}
+        return placed | {"run": run, "step": self.step, "policy": self.policy, "start_s": self.start_s,
                 "rollout_s": b.wall_s, "train_s": self.seconds["train"],
                 "step_s": self.seconds["iteration"], "trajectories": b.trajectories, "gen_tokens": b.generated_tokens,
                 "trained_tokens": self.update.stats.tokens, "reward_mean": b.reward_mean, "reward_std": b.reward_std}
+
+    def timing_rows(self, hardware: str, model: str) -> list[dict]:
+        """The iteration's measured decode and training samples, as `timings` rows."""
+        return timing_rows(self.step, self.batch.decode, self.update.timing, hardware, model)
 
 
 def config_digest(config: LibraConfig) -> str:
@@ -116,7 +133,7 @@ def config_digest(config: LibraConfig) -> str:
         trainer.pop(key)
     trainer["policy"] = str(Path(config.trainer.policy).resolve())
     data = {"run": config.trainer.run_name(), "rollout": rollout, "trainer": trainer,
-            "scheduler": config.scheduler.model_dump(mode="json")}
+            "scheduler": config.scheduler.model_dump(mode="json"), "placement": config.placement.policy}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -138,6 +155,10 @@ class TrainingSession:
     trained: Batch | None = None  # the batch of the last update
     last_record: IterationRecord | None = None
     lock: Any = None  # the run's lock file, held open while the session lives
+    cluster: LocalCluster | None = None  # this machine's workers (None: no placement policy)
+    placement: Placement | None = None  # where the engines and the trainer run now
+    controller: Any = None  # the planning flow's PlanController (libra policy), kept across iterations
+    engine_start_s: float = 0.0  # measured: the last (re)start of the engines
 
     @classmethod
     def open(cls, config: LibraConfig, restart: bool = False) -> TrainingSession:
@@ -190,15 +211,87 @@ class TrainingSession:
         buckets = Buckets(expert_bounds(env, r.instances, tokenizer))
         router = make_router(r.router, buckets, {}, config.scheduler)
         trainer = PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
-        engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
-        session = cls(config, run, root, policy, state, trainer, engines, env, tokenizer, router,
+        session = cls(config, run, root, policy, state, trainer, [], env, tokenizer, router,
                       engine_version=state.version, lock=lock)
+        planning = load_blob(latest, "planning") if latest is not None else None
+        if config.placement.policy == "none":
+            began = time.perf_counter()
+            session.engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
+            session.engine_start_s = time.perf_counter() - began
+        else:
+            session.cluster = local_cluster(config)
+            placement = planning["placement"] if planning else initial_placement(config.placement.policy, session.cluster)
+            session.controller = planning["controller"] if planning else None
+            session._place(placement, weights)
         if latest is not None:
             trainer.load_optimizer_state(load_blob(latest, "trainer"))
             restore_rng(load_blob(latest, "rng"))
             session.pending = load_blob(latest, "pending") or {}
             session.last_record = load_blob(latest, "record")
         return session
+
+    # -- placement -----------------------------------------------------------------------------
+
+    def _place(self, placement: Placement, weights: Path) -> bool:
+        """Run the engines and the trainer where `placement` says: engines (re)started from `weights`
+        when their workers change, the trainer's threads (and, with vLLM's engines in processes of
+        their own, the cores of this process) set to its workers. Returns whether engines restarted."""
+        from libra.rollout.engines import make_engine, pin_process
+
+        r, cluster = self.config.rollout, self.cluster
+        assert cluster is not None
+        restart = self.placement is None or self.placement.engines != placement.engines or not self.engines
+        if restart:
+            for engine in self.engines:
+                engine.close()
+            self.engines = []
+            if cluster.device == "cpu" and r.engine == "vllm":  # engines inherit this process's cores: all of them
+                pin_process(cluster.units(tuple(range(cluster.size))))
+            began = time.perf_counter()
+            for workers in placement.engines:
+                units = cluster.units(workers)
+                if cluster.device == "cuda":
+                    self.engines.append(make_engine(r.engine, weights, len(units), gpus=units, max_context=r.max_context))
+                else:
+                    self.engines.append(make_engine(r.engine, weights, len(units), units, max_context=r.max_context))
+            self.engine_start_s = time.perf_counter() - began
+            self._route(len(self.engines))
+        if cluster.device == "cpu":
+            cores = cluster.units(placement.train)
+            self.trainer.set_threads(len(cores))
+            if r.engine == "vllm":  # the engines run in processes of their own: this process is the trainer's
+                pin_process(cores)
+        self.placement = placement
+        return restart
+
+    def _route(self, instances: int) -> None:
+        """The router over `instances` buckets, keeping what it learned (Libra's router)."""
+        from libra.rollout.envs import expert_bounds
+        from libra.scheduler.policies import Buckets
+        from libra.scheduler.replay import make_router
+
+        if self.router.buckets.count == instances:
+            return
+        buckets = Buckets(expert_bounds(self.env, instances, self.tokenizer))
+        carried = getattr(self.router, "carried_to", None)
+        self.router = carried(buckets) if carried else make_router(self.config.rollout.router, buckets, {}, self.config.scheduler)
+
+    def apply(self, placement: Placement) -> bool:
+        """Move to `placement` between iterations: the engines restart from the trainer's weights
+        (the version they serve stays the trainer's); returns whether they restarted."""
+        import tempfile
+
+        if self.rolled:
+            raise RuntimeError("cannot move workers while a rollout awaits its rewards")
+        with tempfile.TemporaryDirectory(prefix="libra-place-") as directory:
+            shutil.copytree(self.policy, directory, dirs_exist_ok=True)
+            for stale in Path(directory).glob("*.safetensors"):
+                stale.unlink()
+            self.trainer.save_weights(directory)
+            restarted = self._place(placement, Path(directory))
+        if restarted:
+            self.engine_version = self.trainer.updates
+        return restarted
 
     # -- the stages of an iteration ------------------------------------------------------------
 
@@ -210,11 +303,17 @@ class TrainingSession:
         t, r = self.config.trainer, self.config.rollout
         tasks = self.env.tasks(t.eval_prompts, seed=EVAL_SEED) if evaluation else \
             self.env.tasks(t.prompts_per_step, seed=train_task_seed(t.seed, step))
+        per_turn = r.max_tokens_per_turn if evaluation else tokens_per_turn(r.max_tokens_per_turn, r.turn_growth, step,
+                                                                             r.max_context)
+        floor = 0 if evaluation or not r.min_tokens_per_turn else \
+            tokens_per_turn(r.min_tokens_per_turn, r.turn_growth, step, per_turn)
         workroot = make_workroot("libra-train-")
+        for engine in self.engines:  # what the engines timed before (an evaluation's steps) is not this batch's
+            engine.timer.drain()
         began = time.perf_counter()
         try:
             result = rollout(self.env, tasks, 1 if evaluation else t.samples_per_prompt, self.engines, self.router,
-                             self.tokenizer, max_turns=r.max_turns, max_tokens_per_turn=r.max_tokens_per_turn,
+                             self.tokenizer, max_turns=r.max_turns, max_tokens_per_turn=per_turn, min_tokens_per_turn=floor,
                              max_context=r.max_context, temperature=t.eval_temperature if evaluation else r.temperature,
                              seed=t.seed * 1_000_003 + step,
                              workroot=workroot, tool_threads=r.tool_threads, model_version=self.engine_version,
@@ -222,15 +321,19 @@ class TrainingSession:
         except BaseException:
             shutil.rmtree(workroot, ignore_errors=True)
             raise
-        self.rolled[-1 if evaluation else step] = (result, workroot)
-        return time.perf_counter() - began
+        seconds = time.perf_counter() - began
+        sizes = [len(e) for e in self.placement.engines] if self.placement else [engine.size for engine in self.engines]
+        decode = tuple(EngineTiming(size, timing) for size, engine in zip(sizes, self.engines, strict=True)
+                       for timing in engine.timer.drain())
+        self.rolled[-1 if evaluation else step] = (result, workroot, decode)
+        return seconds
 
     def score(self, step: int) -> Batch:
         """Reward every trajectory of batch `step` with its environment's reward; the batch is then
         ready to train on (and its working directories are gone)."""
         from libra.rollout.agent import score_rewards
 
-        result, workroot = self.rolled.pop(step)
+        result, workroot, decode = self.rolled.pop(step)
         try:
             score_rewards(result.trajectories)
         finally:
@@ -242,7 +345,8 @@ class TrainingSession:
                              statistics.fmean(len(r.turns) for r in runs),
                              statistics.fmean(len(r.ids) - r.prompt_tokens for r in runs), result.migrations,
                              self.engine_version)
-        batch = Batch(step, tuple(to_samples(runs, self.config.trainer.normalize_std)), tuple(result.records()), stats)
+        batch = Batch(step, tuple(to_samples(runs, self.config.trainer.normalize_std)), tuple(result.records()), stats,
+                      decode)
         if step >= 0:
             self.pending[step] = batch
         return batch
@@ -254,15 +358,19 @@ class TrainingSession:
             raise LibraError(f"iteration {step}: all {len(batch.samples)} trajectories are more than "
                              f"{self.config.trainer.max_staleness} updates old; nothing to train on")
         stats = self.trainer.train_step(admission.admitted)
+        workers = len(self.placement.train) if self.placement else self.trainer.threads()
+        timing = TrainTiming(stats.seconds, stats.sequences, stats.padded_tokens,
+                             max(len(s.token_ids) for s in admission.admitted), workers)
         return Update(stats, len(admission.admitted), len(admission.dropped), admission.staleness_max,
-                      admission.staleness_mean)
+                      admission.staleness_mean, timing)
 
     def finish_iteration(self, step: int, update: Update, seconds: dict[str, float],
                          heldout_reward: float | None) -> IterationRecord:
         if self.trained is None or self.trained.step != step:
             raise RuntimeError(f"iteration {step} has not been trained")
         return IterationRecord(step, self.trained, update, seconds, heldout_reward,
-                               float(self.state.summary.get("elapsed_s", 0.0)), self.trainer.updates)
+                               float(self.state.summary.get("elapsed_s", 0.0)), self.trainer.updates,
+                               self.config.placement.policy, self.placement)
 
     def checkpoint(self, record: IterationRecord, mlflow_run_id: str = "") -> Path:
         """The state after iteration `record.step`: weights, optimizer, RNG, the batches rolled out
@@ -276,7 +384,20 @@ class TrainingSession:
         self.last_record = record
         return save_checkpoint(self.root, self.state, self.trainer.save_weights,
                                {"trainer": self.trainer.optimizer_state(), "rng": rng_state(), "pending": self.pending,
-                                "record": record}, copy_from=self.policy, keep=self.config.trainer.keep_checkpoints)
+                                "record": record, "planning": self.planning_state()}, copy_from=self.policy, keep=self.config.trainer.keep_checkpoints)
+
+    def hardware_name(self) -> str:
+        """The planner's name for this machine's workers (the `timings` rows' hardware)."""
+        return self.cluster.planner_cluster().hardware.name if self.cluster else f"local-{self.config.rollout.device}"
+
+    def model_name(self) -> str:
+        return Path(self.config.trainer.policy).name
+
+    def planning_state(self) -> dict | None:
+        """What a resumed run needs to place itself as before: the placement and the controller."""
+        if self.placement is None:
+            return None
+        return {"placement": self.placement, "controller": self.controller}
 
     def sync(self) -> float:
         """The trainer's weights into every engine, in place (through an HF-format directory that
@@ -301,7 +422,7 @@ class TrainingSession:
                                                   "heldout": {**self.state.summary.get("heldout", {}), str(version): reward}})
 
     def close(self) -> None:
-        for _, workroot in self.rolled.values():
+        for _, workroot, _ in self.rolled.values():
             shutil.rmtree(workroot, ignore_errors=True)
         for engine in self.engines:
             engine.close()
@@ -309,6 +430,23 @@ class TrainingSession:
         if self.lock is not None:
             self.lock.close()  # releases the run's lock
             self.lock = None
+
+
+def local_cluster(config: LibraConfig) -> LocalCluster:
+    """This machine's workers: groups of `placement.cores_per_worker` of the cores this process may
+    use (CPU), or one GPU each (rollout.device cuda)."""
+    import os
+
+    from libra.devices import gpu_count
+
+    if config.rollout.device == "cuda":
+        count = gpu_count()
+        if count < 1:
+            raise LibraError("rollout.device is cuda but torch sees no GPU; use device cpu")
+        return LocalCluster(tuple((g,) for g in range(count)), "cuda")
+    cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16 * 2**30
+    return LocalCluster.of_cores(cores, config.placement.cores_per_worker, float(memory))
 
 
 def hold_run(root: Path):

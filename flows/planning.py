@@ -1,0 +1,35 @@
+"""The planning flow: before an iteration, when the trigger says so (the first time after warm-up,
+every `planner.period_steps` iterations, and when the stages' measured times drift from what the
+plan in force predicted), re-plan the run from its own statistics and move its workers.
+
+    read-run-stats   the recent trajectories, timing samples, tool returns and last step (DuckDB)
+    plan             fit the cost model to the timings (`calibrate`), the controller decides
+    move-workers     the engines and the trainer to the new placement (when the plan pays)
+    rebuild-tree     the router's causal trees from the same recent steps, swapped in
+    record-plan      the plan, moves and rebuild into the store and MLflow
+
+The training flow (`flows/train.py`) runs it for runs whose placement policy is `libra`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow
+
+from tasks.planning_tasks import apply_task, plan_task, read_stats_task, rebuild_tree_task, record_plan_task
+
+
+@flow(name="libra-planning", log_prints=False)
+def planning_flow(run: str, step: int, mlflow_run_id: str) -> dict[str, Any]:
+    began = time.perf_counter()
+    stats = read_stats_task(run)
+    outcome = plan_task(run, step, stats)
+    if outcome is None:
+        return {"step": step, "planned": False}
+    moves = apply_task(run, outcome) if outcome.applied else []
+    tree = rebuild_tree_task(run, stats)
+    record_plan_task(run, outcome, moves, tree, time.perf_counter() - began, mlflow_run_id)
+    return {"step": step, "planned": True, "applied": outcome.applied, "reason": outcome.row["reason"],
+            "moved": sum(1 for m in moves if m["event"] == "moved")}

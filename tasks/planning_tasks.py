@@ -1,0 +1,218 @@
+"""Prefect tasks of the planning flow (`flows/planning.py`). Like the training tasks, each names the
+run; the live objects (the session's engines, trainer, router, the plan controller) stay in this
+process's registry (`tasks.train_tasks.SESSIONS`). Results are small records.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from libra.rl.cluster import Placement
+from tasks.train_tasks import session
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What the planning flow reads of the run from the store (DuckDB), over the recent steps."""
+
+    lengths: tuple[dict, ...]  # `trajectory_lengths` rows
+    timings: tuple[dict, ...]  # `timing_samples` rows
+    returns: tuple[dict, ...]  # `remaining_length_paths` rows (the routing tree's input)
+    last_step: dict | None  # the newest `steps` row
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    step: int
+    plan_id: str
+    reason: str
+    applied: bool
+    placement: Placement | None  # the placement to move to, when applied
+    row: dict  # the `plans` row
+    calibration: dict  # samples per kind and mean relative error after the fit
+
+
+@dataclass(frozen=True)
+class TreeRebuild:
+    paths: int
+    nodes: int
+    seconds: float
+
+
+@task(name="planning-due", cache_policy=NO_CACHE)
+def planning_due_task(run: str, step: int) -> str | None:
+    """Why the planning flow should run before iteration `step` (the trigger's reason), or None;
+    the measured rollout time of the last iteration first corrects the plan in force's prediction."""
+    s = session(run)
+    if s.config.placement.policy != "libra" or s.last_record is None:
+        return None
+    from libra.rl.planning import step_times
+
+    controller = _controller(s)
+    record = s.last_record
+    times = step_times({"step": record.step, "rollout_s": record.batch.stats.wall_s, "train_s": record.seconds["train"]})
+    if controller.current is not None:
+        controller.record(times.t_rollout_s, controller.current.t_rollout_s)
+    return controller.due(step, times, force=True)
+
+
+@task(name="read-run-stats", cache_policy=NO_CACHE)
+def read_stats_task(run: str) -> RunStats:
+    """The run's recent trajectories, timing samples, tool returns and last step, from the store."""
+    from storage.catalog import Catalog
+    from storage.queries import run_named
+
+    s = session(run)
+    recent = s.config.planner.recent_steps
+    with Catalog(s.config.store.root, run, threads=s.config.store.duckdb_threads) as catalog:
+        lengths = run_named(catalog, "trajectory_lengths", last_steps=recent).to_pylist()
+        timings = run_named(catalog, "timing_samples", last_steps=recent).to_pylist()
+        returns = run_named(catalog, "remaining_length_paths", last_steps=recent).to_pylist()
+        last = catalog.query("SELECT step, rollout_s, train_s FROM steps ORDER BY step DESC LIMIT 1").to_pylist()
+    return RunStats(tuple(lengths), tuple(timings), tuple(returns), last[0] if last else None)
+
+
+def _controller(s):
+    """The session's plan controller, made on first use: the live variants (split, colocated) over
+    this machine's workers, the trigger's engine start the measured one."""
+    if s.controller is None:
+        from libra.planner.controller import PlanController
+        from libra.planner.settings import trigger_settings
+        from libra.rl.planning import live_variants
+
+        trigger = replace(trigger_settings(s.config.planner), engine_start_s=s.engine_start_s)
+        s.controller = PlanController(_cost(s), trigger=trigger, variants=live_variants(s.cluster, s.config.planner))
+    return s.controller
+
+
+def _cost(s):
+    from libra.planner.settings import cost_model
+    from libra.rl.planning import model_profile_of
+
+    config = json.loads((Path(s.policy) / "config.json").read_text())
+    return cost_model(s.cluster.planner_cluster(), model_profile_of(s.model_name(), config), s.config.planner)
+
+
+@task(name="plan", cache_policy=NO_CACHE)
+def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
+    """Fit the cost model to the run's timing samples, then let the controller decide for the
+    recent workload: the plan, whether it pays to move, and where that puts the workers."""
+    from libra.errors import LibraError
+    from libra.planner.calibrate import fit
+    from libra.planner.planner import Planner
+    from libra.planner.workload import build_workload, lengths_from_rows
+    from libra.rl.cluster import placement_of
+    from libra.rl.planning import plan_row, samples_from_rows, step_times
+
+    s = session(run)
+    if not stats.lengths:
+        return None
+    controller = _controller(s)
+    fitted = fit(_cost(s), samples_from_rows(stats.timings))
+    controller.cost = replace(controller.cost, coefficients=fitted.coefficients)
+    t = s.config.trainer
+    workload = build_workload(lengths_from_rows(stats.lengths), t.prompts_per_step * t.samples_per_prompt)
+    if controller.current is None:  # the run started from its own placement: weigh the first plan against it
+        variant = 1 if s.placement.colocated and len(controller.variants) > 1 else 0
+        planner = Planner(controller.cost, workload, controller.variants[variant])
+        current = planner.plan() if s.placement.colocated else planner.plan_at(len(s.placement.train))
+        controller.adopt(current, variant)
+    times = step_times(stats.last_step) if stats.last_step else None
+    event = controller.observe(step, workload, times, force=True)
+    if event is None:
+        return None
+    plan_id = f"plan-{step}"
+    placement = None
+    if event.applied:
+        try:
+            placement = placement_of(event.candidate, s.cluster, plan_id)
+        except LibraError as exc:  # a plan this machine cannot place is recorded, not applied
+            event = replace(event, applied=False, reason=f"{event.reason}; not placed: {exc}")
+    calibration = {"samples": fitted.samples, "mean_abs_rel_error": fitted.mean_abs_rel_error,
+                   "kept_defaults": list(fitted.kept_defaults)}
+    return PlanOutcome(step, plan_id, event.reason, placement is not None, placement, plan_row(step, plan_id, event),
+                       calibration)
+
+
+@task(name="move-workers", cache_policy=NO_CACHE)
+def apply_task(run: str, outcome: PlanOutcome) -> list[dict]:
+    """Move the workers to the outcome's placement (engines restart only when theirs change); the
+    `pool_events` rows of every worker moved, and of the engines' restart."""
+    from libra.rl.planning import move_rows
+
+    s = session(run)
+    old = s.placement
+    assert outcome.placement is not None and old is not None
+    restarted = s.apply(outcome.placement)
+    time_s = float(s.state.summary.get("elapsed_s", 0.0))
+    rows = move_rows(outcome.step, time_s, old, outcome.placement, s.cluster)
+    if restarted:
+        rows.append({"step": outcome.step, "time_s": time_s, "worker_id": "engines", "gpus": len(outcome.placement.rollout_workers),
+                     "from_state": "serving", "to_state": "serving", "event": "engines_restarted",
+                     "detail": f"{len(s.engines)} engine(s) of {list(outcome.placement.engine_sizes())} workers in "
+                               f"{s.engine_start_s:.1f} s"})
+    return rows
+
+
+@task(name="rebuild-tree", cache_policy=NO_CACHE)
+def rebuild_tree_task(run: str, stats: RunStats) -> TreeRebuild | None:
+    """Rebuild the router's causal trees from the recent steps in the store and swap them in (None
+    when the run's router keeps no tree)."""
+    import time
+
+    from libra.scheduler.causal_tree import paths_from_rows
+
+    s = session(run)
+    rebuild = getattr(s.router, "rebuild_trees", None)
+    if rebuild is None:
+        return None
+    began = time.perf_counter()
+    paths = paths_from_rows(stats.lengths, stats.returns)
+    nodes = rebuild(paths)
+    return TreeRebuild(len(paths), nodes, time.perf_counter() - began)
+
+
+@task(name="record-plan", cache_policy=NO_CACHE, retries=1)
+def record_plan_task(run: str, outcome: PlanOutcome, moves: list[dict], tree: TreeRebuild | None, seconds: float,
+                     mlflow_run_id: str) -> None:
+    """The plan, the moves and the tree rebuild into the store (`plans`, `pool_events`; replacing
+    the step's rows, so a retried or resumed planning writes them once) and MLflow (metrics at the
+    step, among them `planning_s`, the flow's seconds so far; the plan history as an artifact)."""
+    import mlflow
+    import pyarrow as pa
+
+    from storage.ingest import writer_for
+    from tasks.tracking_tasks import log_step_once
+
+    s = session(run)
+    time_s = float(s.state.summary.get("elapsed_s", 0.0))
+    events = list(moves)
+    if tree is not None:
+        events.append({"step": outcome.step, "time_s": time_s, "worker_id": "router", "gpus": 0, "from_state": "serving",
+                       "to_state": "serving", "event": "tree_rebuilt",
+                       "detail": f"{tree.paths} trajectories, {tree.nodes} nodes, {tree.seconds * 1000:.0f} ms"})
+    with writer_for(s.config.store).transaction(run, mode="update", origin="train") as tx:
+        tx.write_step("plans", outcome.step, pa.Table.from_pylist([outcome.row]))
+        if events:
+            tx.write_step("pool_events", outcome.step, pa.Table.from_pylist(events))
+    row = outcome.row
+    log_step_once(mlflow_run_id, {"plan_applied": float(outcome.applied), "plan_t_iter_s": row["t_iter_s"],
+                                  "planning_s": seconds,
+                                  "plan_train_workers": float(row["train_gpus"]),
+                                  "plan_rollout_workers": float(row["rollout_gpus"] or 0),
+                                  "workers_moved": float(sum(1 for m in moves if m["event"] == "moved"))},
+                  outcome.step, sentinel="plan_applied")
+    history = [{"step": e.step, "reason": e.reason, "applied": e.applied, "t_iter_s": e.candidate.t_iter_s,
+                "current_t_iter_s": e.current_t_iter_s, "train_workers": e.candidate.train_gpus,
+                "rollout_workers": e.candidate.rollout_gpus, "mode": e.candidate.mode,
+                "decision": asdict(e.decision) if e.decision else None} for e in s.controller.events]
+    with tempfile.TemporaryDirectory(prefix="libra-plans-") as directory:
+        path = Path(directory) / "plan_history.json"
+        path.write_text(json.dumps({"plans": history, "calibration": outcome.calibration}, indent=1, default=str))
+        mlflow.MlflowClient().log_artifact(mlflow_run_id, str(path))

@@ -1,0 +1,79 @@
+"""Libra places a live training run: the planning flow re-plans from the run's own statistics
+(DuckDB over the store), the plan moves workers between rollout and training, and every step, plan
+and move lands once in the store and MLflow.
+
+The workload drifts: every turn must generate at least `min_tokens_per_turn` tokens, and that floor
+(with the turn limit) grows by 80% each iteration, so rollout outgrows training. The run starts on a
+split (one worker rolls out beside the trainer on the other); with two workers the one move toward
+rollout is colocation (both workers roll out, then both train), which the planner takes once its
+gain over the planning period pays for restarting the engines.
+"""
+
+import json
+
+import yaml
+
+from tests.flows.test_train import finished, libra, mlflow_runs, write_config
+from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
+
+STEPS = 6
+
+
+def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded_once(policy_dir, tmp_path):  # noqa: F811
+    path = write_config(tmp_path, policy_dir, "drift")
+    config = yaml.safe_load(path.read_text())
+    config["rollout"] |= {"engine": "vllm", "max_tokens_per_turn": 64, "min_tokens_per_turn": 32, "turn_growth": 0.8,
+                          "max_context": 2048}
+    config["trainer"] |= {"steps": STEPS, "eval_every": 10}
+    config["planner"] = {"warmup_steps": 2, "period_steps": 40, "recent_steps": 0}
+    config["placement"] = {"policy": "libra"}
+    path.write_text(yaml.safe_dump(config))
+
+    summary = finished(libra(path))
+    assert summary["steps"] == STEPS
+
+    from storage.catalog import Catalog
+
+    with Catalog(tmp_path / "store", "drift") as catalog:
+        steps = catalog.query("SELECT step, policy, plan_id, train_gpus, rollout_gpus FROM steps ORDER BY step").to_pylist()
+        plans = catalog.query("SELECT step, applied, reason, train_gpus, rollout_gpus FROM plans ORDER BY step").to_pylist()
+        moves = catalog.query("SELECT step, worker_id, from_state, to_state FROM pool_events WHERE event = 'moved' "
+                              "ORDER BY step, worker_id").to_pylist()
+        rebuilt = catalog.query("SELECT step FROM pool_events WHERE event = 'tree_rebuilt' ORDER BY step").to_pylist()
+        timings = catalog.query("SELECT kind, count(DISTINCT step) AS steps FROM timings GROUP BY kind "
+                                "ORDER BY kind").to_pylist()
+        generated = catalog.query("SELECT step, max(gen_tokens) AS longest FROM trajectories GROUP BY step "
+                                  "ORDER BY step").to_pylist()
+
+    assert [s["step"] for s in steps] == list(range(STEPS))  # each step once
+    assert all(s["policy"] == "libra" for s in steps)
+    assert (steps[0]["plan_id"], steps[0]["train_gpus"], steps[0]["rollout_gpus"]) == ("initial", 1, 1)
+    assert generated[-1]["longest"] > 3 * generated[0]["longest"]  # the lengths drifted
+    assert timings == [{"kind": "decode_step", "steps": STEPS}, {"kind": "train_step", "steps": STEPS}]
+
+    # the planning flow ran from the warm-up on (the first plan, then whenever the trigger fired),
+    # one plans row each, and rebuilt the routing tree each time
+    planned = [p["step"] for p in plans]
+    assert planned[0] == 2 and planned == sorted(set(planned)) and set(planned) <= set(range(2, STEPS))
+    assert [r["step"] for r in rebuilt] == planned
+    applied = [p for p in plans if p["applied"]]
+    assert applied, plans
+    moved_at = applied[0]["step"]
+    assert "beats switch cost" in applied[0]["reason"]
+    assert [m for m in moves if m["step"] == moved_at] == [
+        {"step": moved_at, "worker_id": "worker-0", "from_state": "rollout", "to_state": "colocated"},
+        {"step": moved_at, "worker_id": "worker-1", "from_state": "train", "to_state": "colocated"}]
+    assert all(s["plan_id"] == "initial" for s in steps if s["step"] < moved_at)
+    assert steps[moved_at]["plan_id"] == f"plan-{moved_at}"
+
+    runs, client = mlflow_runs(tmp_path, "drift")
+    assert len(runs) == 1
+    run_id = summary["mlflow_run_id"]
+    rollout_workers = {m.step: m.value for m in client.get_metric_history(run_id, "rollout_workers")}
+    assert sorted(rollout_workers) == list(range(STEPS))
+    assert [rollout_workers[s] for s in range(moved_at + 1)] == [1.0] * moved_at + [2.0]  # toward rollout
+    assert sorted(m.step for m in client.get_metric_history(run_id, "plan_applied")) == planned
+    history = client.download_artifacts(run_id, "plan_history.json", str(tmp_path))
+    recorded = json.loads(open(history).read())
+    assert [p["step"] for p in recorded["plans"]] == planned
+    assert recorded["calibration"]["samples"]["train_step"] == planned[-1]  # the steps before the last planning
