@@ -56,6 +56,7 @@ def common_options() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     from cli import (
+        compare_command,
         plan_command,
         pool_command,
         rollout_command,
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_command.register(sub, parent)
     run_command.register(sub, parent)
     train_command.register(sub, parent)
+    compare_command.register(sub, parent)
     return parser
 
 

@@ -1,0 +1,43 @@
+"""Training runs side by side (pure)."""
+
+import pytest
+
+from dashboards.compare import RunHistory, compare, default_target, time_to
+
+
+def history(name: str, policy: str, iteration: list[float], tokens: list[float], heldout: dict[int, float],
+            evaluate: dict[int, float] | None = None, planning: dict[int, float] | None = None,
+            applied: dict[int, float] | None = None, moved: dict[int, float] | None = None) -> RunHistory:
+    metrics = {"iteration_s": tuple(enumerate(iteration)), "generated_tokens": tuple(enumerate(tokens)),
+               "heldout_reward": tuple(sorted(heldout.items())), "evaluate_s": tuple(sorted((evaluate or {}).items())),
+               "planning_s": tuple(sorted((planning or {}).items())), "plan_applied": tuple(sorted((applied or {}).items())),
+               "workers_moved": tuple(sorted((moved or {}).items())),
+               "rollout_workers": tuple((s, 1.0 if s < 2 else 2.0) for s in range(len(iteration)))}
+    return RunHistory(name, f"id-{name}", policy, metrics)
+
+
+STATIC = history("s", "static", [10, 10, 10, 10], [100, 100, 100, 100], {0: 0.1, 2: 0.3, 4: 0.4}, evaluate={1: 4.0})
+LIBRA = history("l", "libra", [10, 10, 6, 6], [100, 100, 100, 100], {0: 0.1, 2: 0.2, 4: 0.5},
+                planning={2: 20.0, 3: 1.0}, applied={2: 1.0, 3: 0.0}, moved={2: 2.0, 3: 0.0})
+
+
+def test_training_time_leaves_out_evaluation_and_counts_planning_and_moves():
+    static, libra = compare([STATIC, LIBRA], target=0.4).rows  # fastest first
+    assert static.policy == "static" and static.train_time_s == 36.0 and static.tokens_per_s == pytest.approx(400 / 36)
+    assert libra.train_time_s == 53.0 and libra.tokens_per_s == pytest.approx(400 / 53)
+    assert (libra.plans_applied, libra.workers_moved, libra.rollout_workers_mean) == (1, 2, 1.5)
+    assert (static.heldout_final, libra.heldout_final) == (0.4, 0.5)
+
+
+def test_time_to_a_reward_is_the_training_before_the_update_that_reached_it():
+    assert time_to(STATIC, 0.3) == 16.0  # after updates 0 and 1 (iteration 1 evaluated for 4 s)
+    assert time_to(LIBRA, 0.5) == 53.0
+    assert time_to(LIBRA, 0.1) == 0.0  # the initial policy already does
+    assert time_to(STATIC, 0.9) is None
+
+
+def test_the_default_target_is_the_best_every_run_reached():
+    assert default_target([STATIC, LIBRA]) == 0.4
+    assert compare([STATIC, LIBRA]).target == 0.4
+    assert default_target([STATIC, history("x", "none", [1.0], [1.0], {})]) is None
+    assert compare([history("x", "none", [1.0], [1.0], {})]).rows[0].time_to_target_s is None
