@@ -23,6 +23,18 @@ class WallClock:
         return time.monotonic()
 
 
+class EpochClock:
+    """Wall-clock seconds since `t0` (epoch seconds): one origin that several processes share (the
+    elastic pool's events are timed from its start). Follows the system clock, so it may step if
+    the system clock is set."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+
 class SimClock:
     """Simulated time, moved forward only by its owner (the discrete-event loop or a test)."""
 

@@ -54,9 +54,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from libra.clock import Clock, EpochClock
 from libra.pools import snapshot as snapshots
 from libra.pools.batching import shards
 from libra.pools.control import DONE, Control
+from libra.pools.joins import JoinAction, JoinProgress, JoinSettings, decide
 from libra.pools.states import PoolEvent, Role, State, Worker
 from libra.pools.task import TrainTask
 
@@ -75,9 +77,9 @@ class WorkerSpec:
     t0: float  # the pool's start (epoch seconds); events are timed from it
     gpus_per_worker: int = 1
     group_timeout_s: float = 30.0
-    join_timeout_s: float = 180.0
+    join_timeout_s: float = JoinSettings.join_timeout_s
     max_catchup_steps: int = 64
-    enter_gap: int = 1  # a joining hybrid enters once at most this many updates behind (sent at entry)
+    enter_gap: int = JoinSettings.enter_gap  # a joining hybrid enters once at most this many updates behind
     failure_grace_s: float = 0.25  # how long a failed step waits for death notices (the core waits too)
     min_step_s: float = 0.0  # pace: a step takes at least this long (emulates a real trainer's step)
     threads: int = 1
@@ -89,6 +91,10 @@ class WorkerSpec:
         cpus = dict(self.affinity).get(who)
         if cpus and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cpus)  # the calling thread only
+
+    @property
+    def joins(self) -> JoinSettings:
+        return JoinSettings(self.enter_gap, self.join_timeout_s)
 
     def core_id(self, rank: int) -> str:
         return f"core-{rank}"
@@ -182,6 +188,9 @@ class _Join:
     gap_from: int = 0  # the first of those steps
     entered: int | None = None  # the step it entered the generation
 
+    def progress(self) -> JoinProgress:
+        return JoinProgress(self.started, self.synced, self.gap, self.entered)
+
 
 @dataclass
 class _Snapshot:
@@ -194,9 +203,13 @@ class _Snapshot:
 
 class Leader:
     """Runs on core rank 0. At each step boundary it reads the request channel, moves the hybrids'
-    state machines, and publishes the step's generation."""
+    state machines, and publishes the step's generation. Whether a join enters, replays or times
+    out is the join policy's decision (`libra.pools.joins.decide`) on the leader's clock (wall
+    seconds since the pool's start unless another is injected)."""
 
-    def __init__(self, control: Control, spec: WorkerSpec, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, control: Control, spec: WorkerSpec, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 clock: Clock | None = None) -> None:
+        self.clock = clock or EpochClock(spec.t0)
         self.control = control
         self.spec = spec
         self.model, self.optimizer = model, optimizer
@@ -218,7 +231,7 @@ class Leader:
         self.deferred: list[dict] = []  # requests read during a failure, handled at the next boundary
 
     def _now(self) -> float:
-        return time.time() - self.spec.t0
+        return self.clock.now()
 
     def _emit(self, event: PoolEvent) -> None:
         self.control.post("events", asdict(event))
@@ -363,9 +376,9 @@ class Leader:
         messages, self.deferred = self.deferred + messages, []
         for message in messages:
             self._handle(message)
-        now = self._now()
+        now, settings = self._now(), self.spec.joins
         for hid, join in list(self.joins.items()):
-            if join.entered is None and now - join.started > self.spec.join_timeout_s:
+            if decide(join.progress(), step, now, settings) is JoinAction.TIMED_OUT:
                 self._drop(hid)
                 self.workers[hid].move(State.ROLLOUT, "join_timed_out", step, f"after {now - join.started:.1f} s")
                 self.control.send(hid, {"op": "cancel"})
@@ -382,15 +395,18 @@ class Leader:
                 worker.move(State.LEAVING, "leave_requested", step)
         entering = {}
         for hid, join in self.joins.items():
-            if join.synced is None or join.entered is not None or self.workers[hid].state is not State.JOINING:
+            if self.workers[hid].state is not State.JOINING:
                 continue
-            gap = step - join.synced
-            if gap <= self.spec.enter_gap or (join.gap is not None and gap >= join.gap):
+            action = decide(join.progress(), step, now, settings)
+            if action in (JoinAction.ENTER, JoinAction.ENTER_IDLE):
+                assert join.synced is not None
                 entering[hid] = join.synced  # close enough (or not getting closer): the rest comes at entry
                 join.entered = step
-                if gap <= self.spec.enter_gap:  # a short replay at entry: it takes its shard of this step
+                if action is JoinAction.ENTER:  # a short replay at entry: it takes its shard of this step
                     self.active.add(hid)
-            else:  # replay the logged updates from a file while the core goes on, then ask again
+            elif action is JoinAction.REPLAY:  # replay the logged updates from a file while the core goes on
+                assert join.synced is not None
+                gap = step - join.synced
                 join.gap, join.gap_from, join.synced = gap, join.synced, None
                 self._send_updates(hid, gap)
         self.members = sorted(set(self.members) | set(entering))

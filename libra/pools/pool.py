@@ -31,6 +31,7 @@ from libra.errors import LibraError
 from libra.pools import snapshot as snapshots
 from libra.pools.control import Control
 from libra.pools.elastic import FAULTS, WorkerSpec, core_process
+from libra.pools.joins import JoinSettings
 from libra.pools.providers import LocalProcesses, Provider
 from libra.pools.reconciler import Action, reconcile
 from libra.pools.states import PoolEvent, State
@@ -71,8 +72,9 @@ def _check_device(device: str, local_workers: int) -> None:
 class ElasticPool:
     def __init__(self, task: TrainTask, *, steps: int, core_ranks: int = 2, hybrids: int = 2,
                  out_dir: str | Path | None = None, provider: Provider | None = None,
-                 gpus_per_worker: int = 1, group_timeout_s: float = 30.0, join_timeout_s: float = 180.0,
-                 max_catchup_steps: int = 64, enter_gap: int = 1, min_step_s: float = 0.0, poll_s: float = 0.05,
+                 gpus_per_worker: int = 1, group_timeout_s: float = 30.0,
+                 join_timeout_s: float = JoinSettings.join_timeout_s, max_catchup_steps: int = 64,
+                 enter_gap: int = JoinSettings.enter_gap, min_step_s: float = 0.0, poll_s: float = 0.05,
                  schedule: Mapping[int, int] | None = None, faults: Mapping[str, str] | None = None,
                  on_event: Callable[[PoolEvent], None] | None = None,
                  affinity: Mapping[str, tuple[int, ...]] | None = None, device: str = "cpu") -> None:

@@ -1,5 +1,6 @@
 """Training in the simulator: a batch's training time from the cost model, and hybrid replicas
-joining it (what a join costs and how much it speeds the step up)."""
+joining it (what a join costs, whether the pool's join policy lets it in, and how much it speeds
+the step up)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from libra.errors import LibraError
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.workload import TrajectoryLength, Workload, build_workload
+from libra.pools.joins import JoinAction, JoinProgress, JoinSettings, decide
 from libra.sim.workloads import SimTrajectory
 
 
@@ -43,19 +45,23 @@ def join_seconds(cost: CostModel, config: TrainConfig) -> float:
     return 2.0 + shard_bytes / cost.hw.inter_node_bandwidth
 
 
-def with_hybrids(cost: CostModel, train_s: float, config: TrainConfig,
-                 released: list[tuple[int, float]]) -> tuple[float, list]:
-    """Training time when hybrid GPUs join as extra replicas at their release time + the time to
-    fetch a snapshot (`join_seconds`)."""
+def with_hybrids(cost: CostModel, train_s: float, config: TrainConfig, released: list[tuple[int, float]],
+                 joins: JoinSettings = JoinSettings()) -> tuple[float, list]:
+    """Training time when hybrid GPUs join as extra replicas: each asks to join at its release and
+    has the snapshot `join_seconds` later; the pool's join policy (`libra.pools.joins`) then lets it
+    in (the snapshot is of the step being trained, so it is no step behind) or, past
+    `join_timeout_s`, turns it away. A hybrid arriving after the step would have ended is no help."""
     join_s = join_seconds(cost, config)
     replica = config.tp * config.pp
     arrivals = sorted(t + join_s for _, t in released)
     gpus_joined = 0
     now, done, rate = 0.0, 0.0, 1.0  # rate: replicas relative to the core's
     events = []
-    for (gpus, _), at in zip(sorted(released, key=lambda r: r[1]), arrivals, strict=True):
+    for (gpus, asked), at in zip(sorted(released, key=lambda r: r[1]), arrivals, strict=True):
         if at >= now + (1 - done) * train_s / rate:
             break
+        if decide(JoinProgress(asked, synced=0), 0, at, joins) is not JoinAction.ENTER:
+            continue
         done += (at - now) * rate / train_s
         now = at
         gpus_joined += gpus

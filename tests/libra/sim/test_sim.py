@@ -173,3 +173,22 @@ def test_each_stage_probes_plans_with_its_own_router_and_a_probe_teaches_it_noth
     assert pickle.dumps((live.lengths, live.truth_counts, live.tokens, live.price, live.score)) == state
     assert isinstance(make_policy("+hetero-tp", cost, PlannerSettings(), TriggerSettings())
                       ._make_router(layout, (2000,), (), detached=True), MLFQ)
+
+
+def test_simulated_hybrids_join_by_the_pool_join_policy() -> None:
+    """A released hybrid speeds training up from when it has fetched its snapshot, unless the
+    pool's join policy has timed the join out by then (the same `decide` the pool's leader uses)."""
+    from libra.planner.cost_model import TrainConfig
+    from libra.pools.joins import JoinSettings
+    from libra.sim.training import join_seconds, with_hybrids
+
+    cost = CostModel(parse_cluster("1x8:a800"), MODELS["qwen3-8b"])
+    config = TrainConfig(1, 1, 2, 1, 1)
+    join_s = join_seconds(cost, config)
+    train_s = 100.0
+    joined, events = with_hybrids(cost, train_s, config, [(1, 10.0)])
+    at = 10.0 + join_s  # the core alone (2 replicas) until then, then 3 replicas for the rest
+    assert events == [(at, "join_training", 1)]
+    assert joined == pytest.approx(at + (1 - at / train_s) * train_s * 2 / 3)
+    refused, none = with_hybrids(cost, train_s, config, [(1, 10.0)], JoinSettings(join_timeout_s=join_s * 0.9))
+    assert (refused, none) == (train_s, [])
