@@ -58,14 +58,13 @@ def _lengths(args: argparse.Namespace, config: LibraConfig) -> tuple[list, str]:
 
 
 def _timing_samples(args: argparse.Namespace, config: LibraConfig) -> list:
-    from libra.planner.calibrate import TimingSample
+    from libra.planner.calibrate import samples_from_rows
     from storage.catalog import Catalog
     from storage.queries import run_named
 
-    fields = set(TimingSample.__dataclass_fields__)
     with Catalog(config.store.root, args.run, threads=config.store.duckdb_threads) as catalog:
         rows = run_named(catalog, "timing_samples", last_steps=config.planner.recent_steps).to_pylist()
-    return [TimingSample(**{k: v for k, v in row.items() if k in fields and v is not None}) for row in rows]
+    return samples_from_rows(rows)
 
 
 def cmd_plan(args: argparse.Namespace, config: LibraConfig) -> int:

@@ -104,11 +104,11 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     """Fit the cost model to the run's timing samples, then let the controller decide for the
     recent workload: the plan, whether it pays to move, and where that puts the workers."""
     from libra.errors import LibraError
-    from libra.planner.calibrate import fit
+    from libra.planner.calibrate import fit, samples_from_rows
     from libra.planner.planner import Planner
     from libra.planner.workload import build_workload, lengths_from_rows
     from libra.rl.cluster import placement_of
-    from libra.rl.planning import plan_row, samples_from_rows, step_times
+    from libra.rl.planning import plan_row, step_times
 
     s = session(run)
     if not stats.lengths:

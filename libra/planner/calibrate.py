@@ -83,6 +83,13 @@ def predict(cost: CostModel, sample: TimingSample) -> float:
     return max(c.decode_compute * f[0], c.decode_memory * f[1]) + c.rollout_comm * f[2] + c.decode_step_s * f[3]
 
 
+def samples_from_rows(rows: Sequence[dict]) -> list[TimingSample]:
+    """Rows of the store's `timings` table (the `timing_samples` query) as samples; a row's other
+    columns are ignored and its nulls take the sample's defaults."""
+    fields = set(TimingSample.__dataclass_fields__)
+    return [TimingSample(**{k: v for k, v in row.items() if k in fields and v is not None}) for row in rows]
+
+
 def valid(sample: TimingSample) -> bool:
     """A sample the fit can use: positive finite time and the sizes its kind needs."""
     if not (math.isfinite(sample.seconds) and sample.seconds > 0 and sample.tp >= 1):

@@ -2,7 +2,6 @@
 the planner's outputs -> the store's rows.
 
     timing_rows(step, decode, update, placement, cluster, model)   # one iteration's samples, for the store
-    samples_from_rows(rows)                                         # store rows -> calibration samples
     live_variants(cluster, config)                                  # the placements the planner searches
     plan_row(...), move_rows(...)                                   # a plan and the moves it made, as rows
 
@@ -18,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libra.config import PlannerConfig
-from libra.planner.calibrate import TimingSample
 from libra.planner.controller import PlanEvent
 from libra.planner.planner import PlannerSettings
 from libra.planner.profiles import ModelProfile
@@ -74,12 +72,6 @@ def timing_rows(step: int, decode: Sequence[EngineTiming], train: TrainTiming | 
         rows.append(row("train_step", train.seconds, dp=train.workers, micro_batch=1, sequences=float(train.sequences),
                         tokens=float(train.tokens), max_tokens=train.max_tokens))
     return rows
-
-
-def samples_from_rows(rows: Sequence[dict]) -> list[TimingSample]:
-    """The store's `timing_samples` rows as calibration samples (nulls take the sample's defaults)."""
-    fields = set(TimingSample.__dataclass_fields__)
-    return [TimingSample(**{k: v for k, v in row.items() if k in fields and v is not None}) for row in rows]
 
 
 def step_times(row: dict) -> StepTimes:

@@ -3,7 +3,7 @@
 import pytest
 
 from libra.config import PlannerConfig
-from libra.planner.calibrate import TimingSample
+from libra.planner.calibrate import TimingSample, samples_from_rows
 from libra.rl.cluster import LocalCluster, Placement
 from libra.rl.planning import (
     EngineTiming,
@@ -11,7 +11,6 @@ from libra.rl.planning import (
     live_variants,
     model_profile_of,
     move_rows,
-    samples_from_rows,
     step_times,
     timing_rows,
 )
