@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import statistics
 import time
@@ -159,6 +160,8 @@ class TrainingSession:
     placement: Placement | None = None  # where the engines and the trainer run now
     controller: Any = None  # the planning flow's PlanController (libra policy), kept across iterations
     engine_start_s: float = 0.0  # measured: the last (re)start of the engines
+    affinity: tuple[int, ...] = ()  # this process's cores before placement pinned it; given back at close
+    threads: int = 0  # torch's threads before placement set them; given back at close
 
     @classmethod
     def open(cls, config: LibraConfig, restart: bool = False) -> TrainingSession:
@@ -219,6 +222,8 @@ class TrainingSession:
             session.engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
             session.engine_start_s = time.perf_counter() - began
         else:
+            session.affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+            session.threads = trainer.threads()
             session.cluster = local_cluster(config)
             placement = planning["placement"] if planning else initial_placement(config.placement.policy, session.cluster)
             session.controller = planning["controller"] if planning else None
@@ -427,6 +432,14 @@ class TrainingSession:
         for engine in self.engines:
             engine.close()
         self.engines = []
+        if self.affinity:  # the process may train another run next (a benchmark, a test): all its cores again
+            from libra.rollout.engines import pin_process
+
+            pin_process(self.affinity)
+            self.affinity = ()
+        if self.threads:
+            self.trainer.set_threads(self.threads)
+            self.threads = 0
         if self.lock is not None:
             self.lock.close()  # releases the run's lock
             self.lock = None
@@ -435,8 +448,6 @@ class TrainingSession:
 def local_cluster(config: LibraConfig) -> LocalCluster:
     """This machine's workers: groups of `placement.cores_per_worker` of the cores this process may
     use (CPU), or one GPU each (rollout.device cuda)."""
-    import os
-
     from libra.devices import gpu_count
 
     if config.rollout.device == "cuda":

@@ -13,6 +13,8 @@ from libra.planner.workload import TrajectoryLength, Workload, build_workload
 from libra.pools.joins import JoinAction, JoinProgress, JoinSettings, decide
 from libra.sim.workloads import SimTrajectory
 
+DEFAULT_JOINS = JoinSettings()  # the pool's defaults (`pool.enter_gap`, `pool.join_timeout_s`)
+
 
 def workload_of(trajectories: list[SimTrajectory], steps: int = 1) -> Workload:
     """The planner's view of `trajectories`; with `steps` > 1 they are several steps' batches pooled,
@@ -46,7 +48,7 @@ def join_seconds(cost: CostModel, config: TrainConfig) -> float:
 
 
 def with_hybrids(cost: CostModel, train_s: float, config: TrainConfig, released: list[tuple[int, float]],
-                 joins: JoinSettings = JoinSettings()) -> tuple[float, list]:
+                 joins: JoinSettings = DEFAULT_JOINS) -> tuple[float, list]:
     """Training time when hybrid GPUs join as extra replicas: each asks to join at its release and
     has the snapshot `join_seconds` later; the pool's join policy (`libra.pools.joins`) then lets it
     in (the snapshot is of the step being trained, so it is no step behind) or, past

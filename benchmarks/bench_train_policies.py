@@ -1,0 +1,127 @@
+"""Where rollout and training run, measured on the real pipeline: Libra's planning flow against a
+static split and colocation, on the same steps and seeds.
+
+    python -m benchmarks.bench_train_policies [--steps 10] [--seeds 0 1] [--quick]
+
+Each seed trains the shipped policy on the math tasks three times, once per placement policy
+(`libra train --policy colocated|static|libra`): vLLM engines on their own cores, the trainer on
+the others (a worker is one core). The workload drifts: every training turn generates at least
+`min_tokens_per_turn` tokens and that floor, with the turn limit, grows by `turn_growth` per
+iteration, so the rollout's share of an iteration grows as the run goes on. `libra compare`'s
+figures are read back from MLflow:
+
+- throughput: generated tokens per second of training time (each iteration without its held-out
+  evaluation, plus the planning flow's seconds: planning, moving workers, restarting engines);
+  `libra / static` and `libra / colocated` per seed, then their mean and range;
+- time to a held-out reward: the training seconds until the held-out reward (32 prompts, greedy,
+  every `eval_every` updates) first reached the best one all three runs of the seed reached.
+
+The figures go to benchmarks/out/train_policies.json and the README's performance section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import save
+from libra.config import LibraConfig
+from libra.rollout.policy import SHIPPED
+
+POLICIES = ("libra", "static", "colocated")
+
+
+def config_for(base: Path, policy: str, steps: int, seed: int, eval_every: int) -> LibraConfig:
+    return LibraConfig.model_validate({
+        "store": {"root": str(base / "store"), "fsync": False},
+        "tracking": {"tracking_uri": f"sqlite:///{base / 'mlflow.db'}", "artifact_root": str(base / "artifacts")},
+        "orchestration": {"prefect_home": str(base / "prefect")},
+        "rollout": {"engine": "vllm", "instances": 1, "max_tokens_per_turn": 96, "min_tokens_per_turn": 24,
+                    "turn_growth": 0.15},
+        "trainer": {"policy": str(SHIPPED), "run": f"{policy}-seed{seed}", "env": "math", "steps": steps, "seed": seed,
+                    "lr": 1e-4, "prompts_per_step": 8, "samples_per_prompt": 8, "eval_prompts": 32,
+                    "eval_every": eval_every, "checkpoint_dir": str(base / "checkpoints")},
+        "planner": {"warmup_steps": 2, "period_steps": 10, "recent_steps": 0},
+        "placement": {"policy": policy},
+    })
+
+
+def seed_figures(rows: dict[str, Any]) -> dict[str, Any]:
+    libra, static, colocated = rows["libra"], rows["static"], rows["colocated"]
+    return {"libra_over_static": libra.tokens_per_s / static.tokens_per_s,
+            "libra_over_colocated": libra.tokens_per_s / colocated.tokens_per_s,
+            "runs": {policy: {"tokens_per_s": r.tokens_per_s, "train_time_s": r.train_time_s,
+                              "heldout_final": r.heldout_final, "time_to_target_s": r.time_to_target_s,
+                              "plans_applied": r.plans_applied, "workers_moved": r.workers_moved,
+                              "rollout_workers_mean": r.rollout_workers_mean} for policy, r in rows.items()}}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="3 steps, one seed (a smoke run; figures not saved)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.seeds, args.eval_every = 3, [0], 2
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from transformers.utils import logging as transformers_logging
+
+    from dashboards.compare import compare, read_runs
+    from flows.runtime import prepare_runtime, start_prefect
+    from flows.train import train_flow
+
+    transformers_logging.disable_progress_bar()
+    began = time.perf_counter()
+    per_seed: dict[str, Any] = {}
+    cores = os.sched_getaffinity(0)
+    with tempfile.TemporaryDirectory(prefix="libra-bench-policies-") as tmp:
+        base = Path(tmp)
+        prepare_runtime(config_for(base, "libra", args.steps, 0, args.eval_every))
+        start_prefect()
+        for seed in args.seeds:
+            for policy in POLICIES:
+                config = config_for(base, policy, args.steps, seed, args.eval_every)
+                t0 = time.perf_counter()
+                train_flow(config)
+                # every run starts from the whole machine: a run that left this process pinned would
+                # give the next one fewer workers
+                assert os.sched_getaffinity(0) == cores, f"{policy} left the process on {os.sched_getaffinity(0)}"
+                print(f"seed {seed} {policy}: {args.steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
+            histories = read_runs(f"sqlite:///{base / 'mlflow.db'}", "libra-train-math",
+                                  [f"{p}-seed{seed}" for p in POLICIES])
+            comparison = compare(histories)
+            rows = {r.policy: r for r in comparison.rows}
+            per_seed[str(seed)] = {"target": comparison.target, **seed_figures(rows)}
+            f = per_seed[str(seed)]
+            print(f"seed {seed}: libra/static {f['libra_over_static']:.2f}, libra/colocated "
+                  f"{f['libra_over_colocated']:.2f}; " + ", ".join(
+                      f"{p} {r['tokens_per_s']:.0f} tok/s, {r['plans_applied']} plans applied, to held-out "
+                      f"{comparison.target}: {r['time_to_target_s']} s" for p, r in f["runs"].items()), flush=True)
+    result = {
+        "steps": args.steps, "seeds": per_seed, "workers": len(os.sched_getaffinity(0)),
+        "libra_over_static": spread([s["libra_over_static"] for s in per_seed.values()]),
+        "libra_over_colocated": spread([s["libra_over_colocated"] for s in per_seed.values()]),
+        "bench_s": time.perf_counter() - began,
+    }
+    print(f"libra / static {result['libra_over_static']['mean']:.2f} (seeds {result['libra_over_static']['min']:.2f}-"
+          f"{result['libra_over_static']['max']:.2f}); libra / colocated {result['libra_over_colocated']['mean']:.2f} "
+          f"({result['libra_over_colocated']['min']:.2f}-{result['libra_over_colocated']['max']:.2f})")
+    if not args.quick:
+        print(f"saved {save('train_policies', result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
