@@ -291,9 +291,44 @@ def train_section(result: dict) -> list[str]:
     ]
 
 
+def train_policies_section(result: dict) -> list[str]:
+    seeds = result["seeds"]
+
+    def ratio(name: str) -> str:
+        r = result[name]
+        return f"{r['mean']:.2f} (seeds {r['min']:.2f}-{r['max']:.2f})"
+
+    def to_target(seed: dict, policy: str) -> str:
+        t = seed["runs"][policy]["time_to_target_s"]
+        return "not reached" if t is None else f"{t:.0f} s"
+
+    lines = [
+        f"**Placement policies on the training loop** (`python -m benchmarks.bench_train_policies`; the shipped policy "
+        f"on drifting math tasks, {result['steps']} iterations per run, seeds {', '.join(seeds)}, {result['workers']} "
+        f"workers of one core; {result['machine']})",
+        "",
+        "| measure | Libra | baseline in the same run | figure | goal |",
+        "|---|---|---|---|---|",
+        "| generated tokens / s of training time, libra / static | "
+        + ", ".join(f"seed {k}: {v['runs']['libra']['tokens_per_s']:.0f}" for k, v in seeds.items())
+        + " | static: " + ", ".join(f"{v['runs']['static']['tokens_per_s']:.0f}" for v in seeds.values())
+        + f" | ratio {ratio('libra_over_static')} | > 1 |",
+        "| the same, libra / colocated | - | colocated: "
+        + ", ".join(f"{v['runs']['colocated']['tokens_per_s']:.0f}" for v in seeds.values())
+        + f" | ratio {ratio('libra_over_colocated')} | > 1 |",
+    ]
+    for k, v in seeds.items():
+        lines.append(f"| seed {k}: training time to held-out reward {v['target']} | {to_target(v, 'libra')} "
+                     f"({v['runs']['libra']['plans_applied']} plans applied, {v['runs']['libra']['workers_moved']} "
+                     f"workers moved) | static {to_target(v, 'static')}, colocated {to_target(v, 'colocated')} | - | "
+                     "shorter |")
+    return lines
+
+
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
             "router": router_section, "sim": sim_section, "regimes": regimes_section,
-            "pool": pool_section, "rollout": rollout_section, "train": train_section}
+            "pool": pool_section, "rollout": rollout_section, "train": train_section,
+            "train_policies": train_policies_section}
 
 
 def render() -> str:
