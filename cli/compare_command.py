@@ -26,9 +26,11 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_compare(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.checks import in_range
     from cli.streams import json_stdout
     from dashboards.compare import compare, read_runs
 
+    in_range("--target", args.target, -1e9, 1e9)
     experiment = args.experiment or f"{config.tracking.experiment_prefix}-train-{config.trainer.env}"
     with json_stdout(args.json) as out:
         try:

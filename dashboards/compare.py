@@ -97,8 +97,13 @@ def compare(histories: Sequence[RunHistory], target: float | None = None) -> Com
 def read_runs(tracking_uri: str, experiment: str, runs: Sequence[str] = ()) -> list[RunHistory]:
     """The experiment's training runs (the latest of each name: superseded runs are left out), or
     only those named in `runs`; raises LookupError naming what exists when nothing matches."""
+    from pathlib import Path
+
     import mlflow
 
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+        # opening a missing SQLite file would create an empty tracking database: only read
+        raise LookupError(f"no MLflow database at {tracking_uri}")
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:

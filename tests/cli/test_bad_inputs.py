@@ -102,6 +102,8 @@ BAD = [
     (["rollout", "--env", "chess", "--no-track"], "unknown environment 'chess'; environments: search, math, repo"),
     (["policy", "init", "--demos", "1000000000"], "--demos must be <= 1,000,000, got 1,000,000,000"),
     (["tree", "--run", "r", "--out", "t.json", "--last-steps", "-1"], "--last-steps must be >= 0, got -1"),
+    (["compare"], "no MLflow database at sqlite:///.libra/mlflow.db; train runs with `libra train` first"),
+    (["compare", "--target", "nan"], "--target must be a finite number, got nan"),
 ]
 
 

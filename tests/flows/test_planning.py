@@ -19,7 +19,7 @@ from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session 
 STEPS = 6
 
 
-def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded_once(policy_dir, tmp_path):  # noqa: F811
+def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded_once(policy_dir, tmp_path, capsys):  # noqa: F811
     path = write_config(tmp_path, policy_dir, "drift")
     config = yaml.safe_load(path.read_text())
     config["rollout"] |= {"engine": "vllm", "max_tokens_per_turn": 64, "min_tokens_per_turn": 32, "turn_growth": 0.8,
@@ -77,3 +77,10 @@ def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded
     recorded = json.loads(open(history).read())
     assert [p["step"] for p in recorded["plans"]] == planned
     assert recorded["calibration"]["samples"]["train_step"] == planned[-1]  # the steps before the last planning
+
+    from cli.main import main  # libra compare reads the same run back from MLflow
+
+    assert main(["compare", "--config", str(path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["runs"]
+    assert (row["run"], row["policy"], row["steps"]) == ("drift", "libra", STEPS)
+    assert row["plans_applied"] == len(applied) and row["workers_moved"] == len(moves) and row["tokens_per_s"] > 0
