@@ -253,12 +253,11 @@ class TrainingSession:
             if cluster.device == "cpu" and r.engine == "vllm":  # engines inherit this process's cores: all of them
                 pin_process(cluster.units(tuple(range(cluster.size))))
             began = time.perf_counter()
+            gpu = cluster.device == "cuda"
             for workers in placement.engines:
                 units = cluster.units(workers)
-                if cluster.device == "cuda":
-                    self.engines.append(make_engine(r.engine, weights, len(units), gpus=units, max_context=r.max_context))
-                else:
-                    self.engines.append(make_engine(r.engine, weights, len(units), units, max_context=r.max_context))
+                self.engines.append(make_engine(r.engine, weights, len(units), None if gpu else units,
+                                                units if gpu else None, r.max_context))
             self.engine_start_s = time.perf_counter() - began
             self._route(len(self.engines))
         if cluster.device == "cpu":
@@ -327,9 +326,7 @@ class TrainingSession:
             shutil.rmtree(workroot, ignore_errors=True)
             raise
         seconds = time.perf_counter() - began
-        sizes = [len(e) for e in self.placement.engines] if self.placement else [engine.size for engine in self.engines]
-        decode = tuple(EngineTiming(size, timing) for size, engine in zip(sizes, self.engines, strict=True)
-                       for timing in engine.timer.drain())
+        decode = tuple(EngineTiming(engine.size, timing) for engine in self.engines for timing in engine.timer.drain())
         self.rolled[-1 if evaluation else step] = (result, workroot, decode)
         return seconds
 
