@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import save
+from benchmarks.common import quiet_engines, run_locations, save
 from libra.config import LibraConfig
 from libra.rollout.policy import SHIPPED
 
@@ -37,9 +37,7 @@ STAGES = ("rollout", "score", "update", "sync", "evaluate", "checkpoint")
 def config_for(base: Path, run: str, steps: int, seed: int, pipeline: str, eval_every: int, lr: float = 1e-4,
                eval_prompts: int = 128) -> LibraConfig:
     return LibraConfig.model_validate({
-        "store": {"root": str(base / "store"), "fsync": False},
-        "tracking": {"tracking_uri": f"sqlite:///{base / 'mlflow.db'}", "artifact_root": str(base / "artifacts")},
-        "orchestration": {"prefect_home": str(base / "prefect")},
+        **run_locations(base),
         "rollout": {"engine": "vllm", "instances": 1},
         "trainer": {"policy": str(SHIPPED), "run": run, "env": "math", "steps": steps, "seed": seed, "lr": lr,
                     "prompts_per_step": 8, "samples_per_prompt": 8, "eval_prompts": eval_prompts, "eval_every": eval_every,
@@ -181,12 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.pipeline_steps = 2, [0], 2
-    import os
-
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
+    quiet_engines()
     began = time.perf_counter()
     trainer = trainer_throughput()
     print(f"trainer: {trainer['libra_tokens_per_s']:.0f} policy tokens/s, bare torch loop "

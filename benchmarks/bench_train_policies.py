@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import save
+from benchmarks.common import quiet_engines, run_locations, save
 from libra.config import LibraConfig
 from libra.rollout.policy import SHIPPED
 
@@ -37,9 +37,7 @@ POLICIES = ("libra", "static", "colocated")
 
 def config_for(base: Path, policy: str, steps: int, seed: int, eval_every: int) -> LibraConfig:
     return LibraConfig.model_validate({
-        "store": {"root": str(base / "store"), "fsync": False},
-        "tracking": {"tracking_uri": f"sqlite:///{base / 'mlflow.db'}", "artifact_root": str(base / "artifacts")},
-        "orchestration": {"prefect_home": str(base / "prefect")},
+        **run_locations(base),
         "rollout": {"engine": "vllm", "instances": 1, "max_tokens_per_turn": 96, "min_tokens_per_turn": 24,
                     "turn_growth": 0.15},
         "trainer": {"policy": str(SHIPPED), "run": f"{policy}-seed{seed}", "env": "math", "steps": steps, "seed": seed,
@@ -75,14 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.seeds, args.eval_every = 3, [0], 2
     import os
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from transformers.utils import logging as transformers_logging
-
     from dashboards.compare import compare, read_runs
     from flows.runtime import prepare_runtime, start_prefect
     from flows.train import train_flow
 
-    transformers_logging.disable_progress_bar()
+    quiet_engines()
     began = time.perf_counter()
     per_seed: dict[str, Any] = {}
     cores = os.sched_getaffinity(0)

@@ -48,3 +48,18 @@ def save(name: str, result: dict[str, Any]) -> Path:
     path = OUT / f"{name}.json"
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **result}, indent=2) + "\n")
     return path
+
+
+def run_locations(base: Path) -> dict[str, Any]:
+    """Config sections that put a benchmark's training runs (store, MLflow, Prefect) under `base`."""
+    return {"store": {"root": str(base / "store"), "fsync": False},
+            "tracking": {"tracking_uri": f"sqlite:///{base / 'mlflow.db'}", "artifact_root": str(base / "artifacts")},
+            "orchestration": {"prefect_home": str(base / "prefect")}}
+
+
+def quiet_engines() -> None:
+    """vLLM's logs at errors only and no transformers progress bars (the benchmark prints its own lines)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
