@@ -3,9 +3,10 @@
 The global batch is fixed by the RL algorithm (the step's trajectories); hybrids do not grow it.
 Active replicas, in rank order (core ranks first, then hybrids by id), each take one contiguous
 shard of near-equal size (the first `size % n` shards hold one sample more). Every replica sums
-its per-sample losses; the cross-replica all-reduce sums gradients and sample counts, and the update
-divides by the count, so it is the mean over the whole batch whatever the membership. A replica
-that is not active contributes a zero gradient and a zero count: the update is then exactly the
+its losses (per sample, or per policy token for GRPO); the cross-replica all-reduce sums gradients
+and the units summed over, and the update divides by that total, so it is the mean over the whole
+batch whatever the membership. A replica that is not active contributes a zero gradient and a zero
+weight: the update is then exactly the
 one the other replicas would compute alone. Each sample is in exactly one shard, so no trajectory
 is trained on twice or dropped; a step that fails is redone from the start by the core alone.
 """

@@ -10,9 +10,10 @@ Processes and groups:
   the code (and produces exactly the bits) of a run without hybrids.
 
 A step: every replica computes the summed loss gradient of its shard of the step's global batch
-(`batching.shards`; a replica that is not active contributes zeros and a zero count), the gradients
-and counts are summed by one all-reduce, and every replica applies `sum / count` with its own
-optimizer, so all replicas stay identical.
+and the shard's weight (what the task's loss sums over: samples, or GRPO's policy tokens;
+`batching.shards`; a replica that is not active contributes zeros and a zero weight), the gradients
+and weights are summed by one all-reduce, and every replica applies `sum / weight` through the
+task's own optimizer step, so all replicas stay identical.
 
 Join (hybrid h, requested at step boundary s0): the leader snapshots weights and optimizer state
 (staged by a memory copy that overlaps the step's forward and backward, written to disk by a
@@ -123,35 +124,35 @@ class WorkerSpec:
 # -- one replica's arithmetic --------------------------------------------------------------------
 
 def _payload(task: TrainTask, model: nn.Module, step: int, shard: range | None) -> torch.Tensor:
-    """[summed gradient of the shard..., sample count] on the model's device; zeros for a replica
-    without a shard."""
+    """[summed loss gradient of the shard..., its weight] on the model's device; zeros for a replica
+    without a shard. The weight is what the task's sum is over (samples, or GRPO's policy tokens)."""
     params = [p for p in model.parameters()]
     dtype, device = params[0].dtype, params[0].device
     if shard is None or len(shard) == 0:
         size = sum(p.numel() for p in params)
         return torch.zeros(size + 1, dtype=dtype, device=device)
     model.zero_grad(set_to_none=True)
-    inputs, targets = task.batch(step, shard)
-    task.loss_sum(model, inputs.to(device), targets.to(device)).backward()
+    weight = task.accumulate(model, step, shard)
     grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype, device=device)
              for p in params]
-    return torch.cat(grads + [torch.tensor([float(len(shard))], dtype=dtype, device=device)])
+    return torch.cat(grads + [torch.tensor([float(weight)], dtype=dtype, device=device)])
 
 
 def _step_payload(task: TrainTask, model: nn.Module, step: int, active: list[str], me: str) -> torch.Tensor:
     """`me`'s payload for `step` when `active` replicas (rank order) share the batch; zeros if `me`
     is not among them."""
-    return _payload(task, model, step, shards(task.batch_size, active).get(me))
+    return _payload(task, model, step, shards(task.step_size(step), active).get(me))
 
 
-def _apply(model: nn.Module, optimizer: torch.optim.Optimizer, update: torch.Tensor) -> None:
-    """Load the mean gradient `update` into the parameters' grads and take one optimizer step."""
+def _apply(task: TrainTask, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, update: torch.Tensor) -> None:
+    """Load step `step`'s mean gradient `update` into the parameters' grads (copies: the update stays
+    as it was, for the log that joining hybrids replay) and let the task take the optimizer step."""
     offset = 0
     for p in model.parameters():
         n = p.numel()
-        p.grad = update[offset:offset + n].view_as(p)  # a view: the optimizer only reads gradients
+        p.grad = update[offset:offset + n].view_as(p).clone()
         offset += n
-    optimizer.step()
+    task.update(model, optimizer, step)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -159,7 +160,9 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def _mean(payload: torch.Tensor) -> torch.Tensor:
-    return payload[:-1] / payload[-1]
+    """The summed gradient over the summed weight; a zero gradient when nothing had weight (a GRPO
+    step without policy tokens), as the trainer's token mean."""
+    return payload[:-1] / payload[-1] if payload[-1] > 0 else torch.zeros_like(payload[:-1])
 
 
 def state_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
@@ -539,7 +542,7 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
             marks.append(time.perf_counter())
             if leader is not None:
                 leader.before_update()
-            _apply(model, optimizer, update)
+            _apply(spec.task, model, optimizer, step, update)
             if leader is not None:
                 leader.record_update(step, update)
             marks.append(time.perf_counter())
@@ -625,22 +628,23 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
             Path(message["path"]).unlink(missing_ok=True)
             if extra["first"] != loaded:
                 continue  # not the updates after this state (a cancelled attempt's): wait for the leader
-            for update in state["updates"]:
-                _apply(model, optimizer, update.to(model_device(model)))
+            for i, update in enumerate(state["updates"]):
+                _apply(spec.task, model, optimizer, loaded + i, update.to(model_device(model)))
             loaded += len(state["updates"])
             control.post("requests", {"type": "loaded", "what": "updates", "hid": hid, "step": loaded})
         elif op == "enter" and loaded is not None:
             if fault == "die_entering":
                 os.kill(os.getpid(), signal.SIGKILL)
-            last = _member(hid, spec, control, model, optimizer, message["gen"], message["step"])
+            last = _member(hid, spec, control, model, optimizer, message["gen"], message["step"], loaded)
             loaded = None
             control.post("requests", {"type": "exited", "hid": hid, "step": last})
             model, optimizer = spec.build(index)  # back to rollout; a later join loads a fresh snapshot
 
 
 def _member(hid: str, spec: WorkerSpec, control: Control, model: nn.Module, optimizer: torch.optim.Optimizer,
-            gen: int, step: int) -> int:
-    """Train as a member of generation `gen` from `step` until left out; returns the last step done."""
+            gen: int, step: int, since: int) -> int:
+    """Train as a member of generation `gen` from `step` until left out (its state is at step
+    `since`: the leader first sends the updates of steps since..step-1); returns the last step done."""
     info = control.get(f"gen/{gen}")
     group = _group(control, spec, gen, info["members"].index(hid), len(info["members"]))
     device = model_device(model)
@@ -651,8 +655,8 @@ def _member(hid: str, spec: WorkerSpec, control: Control, model: nn.Module, opti
             size = sum(p.numel() for p in model.parameters())
             block = torch.zeros(int(count.item()), size, dtype=next(model.parameters()).dtype, device=device)
             group.recv([block], 0, 1).wait()
-            for update in block:
-                _apply(model, optimizer, update)
+            for i, update in enumerate(block):
+                _apply(spec.task, model, optimizer, since + i, update)
         core = [spec.core_id(r) for r in range(spec.core_ranks)]
         last = step - 1
         while True:
@@ -668,7 +672,7 @@ def _member(hid: str, spec: WorkerSpec, control: Control, model: nn.Module, opti
                 gen, info = g, new
             payload = _step_payload(spec.task, model, step, core + info["active"], hid)
             group.allreduce([payload]).wait()
-            _apply(model, optimizer, _mean(payload))
+            _apply(spec.task, model, optimizer, step, _mean(payload))
             last, step = step, step + 1
     except Exception:  # the generation failed: the leader rolls this hybrid back
         return step - 1

@@ -26,13 +26,14 @@ def _replica(rank: int, world: int, port: int, task: TrainTask, steps: int, out:
     ddp = DistributedDataParallel(model)
     ids = [str(r) for r in range(world)]
     for step in range(steps):
-        shard = shards(task.batch_size, ids)[str(rank)]
+        shard = shards(task.step_size(step), ids)[str(rank)]
         optimizer.zero_grad(set_to_none=True)
-        # DDP averages gradients over replicas; each replica's mean over its (equal) shard makes
-        # that the mean over the whole batch
-        loss = task.loss_sum(ddp, *task.batch(step, shard)) / len(shard)
-        loss.backward()
-        optimizer.step()
+        # dividing by each replica's (equal) shard weight makes DDP's average the whole batch's mean
+        weight = task.accumulate(ddp, step, shard)  # DDP averages the summed gradients over replicas
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad /= weight
+        task.update(model, optimizer, step)
     if rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, Path(out) / "ddp.pt")
     dist.barrier()  # tearing groups down while a peer is still in a collective can abort the process
@@ -43,8 +44,10 @@ def _replica(rank: int, world: int, port: int, task: TrainTask, steps: int, out:
 def ddp_run(task: TrainTask, replicas: int, steps: int) -> dict:
     """Final {"model", "optimizer"} state of plain DDP over `replicas` processes for `steps` steps;
     the global batch must divide evenly among them."""
-    if task.batch_size % replicas:
-        raise ValueError(f"global batch {task.batch_size} does not divide among {replicas} replicas")
+    uneven = [s for s in range(steps) if task.step_size(s) % replicas]
+    if uneven:
+        raise ValueError(f"step {uneven[0]}'s global batch ({task.step_size(uneven[0])}) does not divide among "
+                         f"{replicas} replicas")
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out:

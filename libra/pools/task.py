@@ -1,10 +1,12 @@
-"""What the elastic pool trains: a `TrainTask` builds the model and optimizer, produces each step's
-global batch, and computes the summed loss of a shard. Every replica builds the same task from the
-same seed, so core ranks and hybrids start identical and draw the same batch for a step.
+"""What the elastic pool trains: a `TrainTask` builds the model and optimizer, says how many samples
+a step's global batch holds, accumulates the gradient of a shard's summed loss (and says how many
+units the sum is over: samples, or policy tokens for GRPO), and takes the optimizer step once the mean gradient
+is in place. Every replica builds the same task from the same seed, so core ranks and hybrids start
+identical and see the same batch for a step.
 
 `RegressionTask` is a small multi-layer perceptron on a seeded synthetic regression problem, with
-AdamW (so optimizer state matters when a hybrid joins). A real RL trainer implements the same four
-methods around its policy and the step's trajectories.
+AdamW (so optimizer state matters when a hybrid joins). `libra.trainer.pool_task.GRPOTask` is the
+policy trainer's GRPO update on the run's trajectories.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from torch import nn
 class TrainTask(Protocol):
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]: ...
 
-    def batch(self, step: int, rows: range | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's global batch (inputs, targets), or only its `rows` (a replica's shard)."""
+    def step_size(self, step: int) -> int:
+        """Samples in the step's global batch (what the replicas' shards divide)."""
         ...
 
-    def loss_sum(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+    def accumulate(self, model: nn.Module, step: int, rows: range) -> float:
+        """Add the gradient of the summed loss of the step's samples `rows` into the parameters'
+        grads (on the model's device); return how many units the sum is over."""
+        ...
 
-    @property
-    def batch_size(self) -> int: ...
+    def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Step `step`'s mean gradient is in the parameters' grads: take the optimizer step."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -40,10 +46,6 @@ class RegressionTask:
     lr: float = 1e-3
     seed: int = 0
     dtype: str = "float32"
-
-    @property
-    def batch_size(self) -> int:
-        return self.global_batch
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -78,3 +80,15 @@ class RegressionTask:
 
     def loss_sum(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return ((model(inputs) - targets) ** 2).mean(dim=1).sum()
+
+    def step_size(self, step: int) -> int:
+        return self.global_batch
+
+    def accumulate(self, model: nn.Module, step: int, rows: range) -> float:
+        inputs, targets = self.batch(step, rows)
+        device = next(model.parameters()).device
+        self.loss_sum(model, inputs.to(device), targets.to(device)).backward()
+        return float(len(rows))
+
+    def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+        optimizer.step()

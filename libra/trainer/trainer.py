@@ -21,7 +21,7 @@ import torch.distributed as dist
 from libra.config import RolloutConfig, TrainerConfig
 from libra.trainer.grpo import clipped_surrogate, kl_k3, token_entropy, token_logprobs, token_mean
 from libra.trainer.optim import learning_rate, make_optimizer, set_learning_rate
-from libra.trainer.samples import TrainingSample, collate, micro_batches
+from libra.trainer.samples import MicroBatch, TrainingSample, collate, micro_batches
 
 
 @dataclass(frozen=True)
@@ -47,26 +47,90 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
+def load_policy(policy_dir: str | Path, device: torch.device) -> torch.nn.Module:
+    """The HF-format policy in float32, in training mode, on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).to(device)
+    model.train()
+    model.config.use_cache = False
+    return model
+
+
+def load_reference(policy_dir: str | Path, device: torch.device) -> torch.nn.Module:
+    """The frozen reference of the KL term."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    return model.to(device).eval().requires_grad_(False)
+
+
+@dataclass(frozen=True)
+class TokenLosses:
+    """One micro-batch's GRPO terms at each target position ([B, T-1])."""
+
+    per_token: torch.Tensor  # clipped surrogate + kl_coef * k3 KL: the loss before the token mean
+    kl: torch.Tensor  # zeros without a reference
+    logits: torch.Tensor  # temperature-scaled
+    logprobs: torch.Tensor  # the trainer's log p of each target
+    clipped: torch.Tensor  # 1 where the clipped term was taken
+
+
+def _logits(module: torch.nn.Module, batch: MicroBatch, temperature: float, device: torch.device) -> torch.Tensor:
+    logits = module(input_ids=batch.input_ids.to(device), attention_mask=batch.attention.to(device)).logits
+    return logits[:, :-1] / temperature
+
+
+def token_losses(module: torch.nn.Module, reference: torch.nn.Module | None, batch: MicroBatch,
+                 config: TrainerConfig, temperature: float, device: torch.device) -> TokenLosses:
+    """The loss terms of one micro-batch: the one definition of GRPO's loss, used by the trainer and
+    by the elastic pool's training task."""
+    logits = _logits(module, batch, temperature, device)
+    targets = batch.targets.to(device)
+    logprobs = token_logprobs(logits, targets)
+    surrogate = clipped_surrogate(logprobs, batch.behaviour.to(device), batch.advantages.to(device),
+                                  config.clip_low, config.clip_high)
+    per_token, kl = surrogate.loss, torch.zeros_like(surrogate.loss)
+    if reference is not None:
+        with torch.no_grad():
+            ref = token_logprobs(_logits(reference, batch, temperature, device), targets)
+        kl = kl_k3(logprobs, ref)
+        per_token = per_token + config.kl_coef * kl
+    return TokenLosses(per_token, kl, logits, logprobs, surrogate.clipped)
+
+
+@dataclass(frozen=True)
+class AppliedUpdate:
+    lr: float
+    grad_norm: float  # before clipping
+
+
+def take_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: TrainerConfig,
+                index: int) -> AppliedUpdate:
+    """Update `index` (from 0) with the mean gradient already in the parameters' grads: the
+    schedule's learning rate, the global-norm clip, one AdamW step. The trainer and the elastic
+    pool's training task both update through here."""
+    lr = learning_rate(index, config.steps, config.lr, config.warmup_steps, config.schedule)
+    set_learning_rate(optimizer, lr)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return AppliedUpdate(lr, grad_norm)
+
+
 class PolicyTrainer:
     def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig | None = None,
                  device: str = "cpu", reference_dir: str | Path | None = None) -> None:
         """`policy_dir`: the weights to start from (the initial policy, or a checkpoint's);
         `reference_dir`: the frozen reference of the KL term (default `policy_dir`)."""
-        from transformers import AutoModelForCausalLM
-
         from libra.devices import torch_device
 
         self.config = trainer
         self.temperature = (rollout or RolloutConfig()).temperature
         self.device = torch_device(device)
         torch.manual_seed(trainer.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).to(self.device)
-        self.model.train()
-        self.model.config.use_cache = False
-        self.reference = None
-        if trainer.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(reference_dir or policy_dir, dtype=torch.float32)
-            self.reference = self.reference.to(self.device).eval().requires_grad_(False)
+        self.model = load_policy(policy_dir, self.device)
+        self.reference = load_reference(reference_dir or policy_dir, self.device) if trainer.kl_coef > 0 else None
         self.rank, self.world = _world()
         self.module: torch.nn.Module = self.model
         if self.world > 1:
@@ -77,10 +141,6 @@ class PolicyTrainer:
         self.updates = 0  # updates applied: the version of the weights held
         self.pad = int(self.model.config.pad_token_id or 0)
 
-    def _logits(self, module: torch.nn.Module, batch) -> torch.Tensor:
-        logits = module(input_ids=batch.input_ids.to(self.device), attention_mask=batch.attention.to(self.device)).logits
-        return logits[:, :-1] / self.temperature
-
     def train_step(self, samples: Sequence[TrainingSample]) -> UpdateStats:
         """One update on the step's samples (every rank passes the same list)."""
         began = time.perf_counter()
@@ -88,8 +148,6 @@ class PolicyTrainer:
         mine = list(samples[self.rank::self.world])
         totals = torch.tensor([float(sum(s.policy_tokens for s in samples))], dtype=torch.float64)
         step_tokens = float(totals.item())
-        lr = learning_rate(self.updates, cfg.steps, cfg.lr, cfg.warmup_steps, cfg.schedule)
-        set_learning_rate(self.optimizer, lr)
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(5, dtype=torch.float64)  # loss, kl, entropy, clipped, |gap| (token sums)
         padded = 0
@@ -101,39 +159,27 @@ class PolicyTrainer:
             sync = self.world == 1 or i == len(groups) - 1
             context = self.module.no_sync() if not sync and hasattr(self.module, "no_sync") else nullcontext()
             with context:
-                logits = self._logits(self.module, batch)
-                logprobs = token_logprobs(logits, batch.targets.to(self.device))
-                surrogate = clipped_surrogate(logprobs, batch.behaviour.to(self.device), batch.advantages.to(self.device),
-                                              cfg.clip_low, cfg.clip_high)
-                per_token = surrogate.loss
-                kl = torch.zeros_like(per_token)
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref = token_logprobs(self._logits(self.reference, batch), batch.targets.to(self.device))
-                    kl = kl_k3(logprobs, ref)
-                    per_token = per_token + cfg.kl_coef * kl
+                terms = token_losses(self.module, self.reference, batch, cfg, self.temperature, self.device)
                 # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
-                loss = token_mean(per_token, mask, step_tokens) * self.world
+                loss = token_mean(terms.per_token, mask, step_tokens) * self.world
                 loss.backward()
             with torch.no_grad():
                 m = mask.double()
-                sums += torch.stack([(per_token.double() * m).sum(), (kl.double() * m).sum(),
-                                     (token_entropy(logits.detach()).double() * m).sum(),
-                                     (surrogate.clipped.double() * m).sum(),
-                                     ((logprobs.detach() - batch.behaviour.to(self.device)).abs().double() * m).sum()]).cpu()
+                sums += torch.stack([(terms.per_token.double() * m).sum(), (terms.kl.double() * m).sum(),
+                                     (token_entropy(terms.logits.detach()).double() * m).sum(),
+                                     (terms.clipped.double() * m).sum(),
+                                     ((terms.logprobs.detach() - batch.behaviour.to(self.device)).abs().double() * m).sum()]).cpu()
         if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
             blank = torch.full((1, 2), self.pad, dtype=torch.int64, device=self.device)
             (self.module(input_ids=blank).logits.sum() * 0.0).backward()
         if self.world > 1:
             dist.all_reduce(sums)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        applied = take_update(self.model, self.optimizer, cfg, self.updates)
         self.updates += 1
         per = max(step_tokens, 1.0)
         loss, kl, entropy, clipped, gap = (float(v) / per for v in sums)
-        return UpdateStats(loss, grad_norm, kl, entropy, clipped, gap, int(step_tokens), len(samples), padded, lr,
-                           time.perf_counter() - began)
+        return UpdateStats(loss, applied.grad_norm, kl, entropy, clipped, gap, int(step_tokens), len(samples), padded,
+                           applied.lr, time.perf_counter() - began)
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: Sequence[int], temperature: float = 1.0) -> list[float]:

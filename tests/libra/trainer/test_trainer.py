@@ -2,7 +2,6 @@
 resumed trainer continues exactly."""
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,23 +9,11 @@ import torch.multiprocessing as mp
 
 from libra.config import TrainerConfig
 from libra.trainer.checkpoint import CheckpointState, latest_checkpoint, load_blob, save_checkpoint
-from libra.trainer.samples import TrainingSample, to_samples
+from libra.trainer.samples import to_samples
 from libra.trainer.trainer import PolicyTrainer
+from tests.libra.trainer.policies import VOCAB, random_samples
 
-VOCAB, PROMPT, GOOD = 16, (2, 3), 5
-
-
-@pytest.fixture(scope="module")
-def tiny_policy(tmp_path_factory) -> Path:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-policy")
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=None)
-    Qwen2ForCausalLM(config).save_pretrained(out)
-    return out
+PROMPT, GOOD = (2, 3), 5
 
 
 class Sampled:
@@ -88,18 +75,6 @@ def test_kl_to_the_reference_is_zero_before_training_and_grows_after(tiny_policy
     assert first.kl == pytest.approx(0.0, abs=1e-7) and last.kl > 1e-4
 
 
-def _samples(seed: int) -> list[TrainingSample]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(6):
-        n = 20 + 7 * (i % 3)  # with micro_batch_tokens 64: micro-batches of one to three samples
-        ids = tuple(int(x) for x in torch.randint(2, VOCAB, (n,), generator=g))
-        mask = (0, 0) + (1,) * (n - 2)
-        logprobs = (0.0, 0.0) + tuple(float(x) for x in -torch.rand(n - 2, generator=g) * 3)
-        out.append(TrainingSample(f"{i}", str(i // 2), ids, mask, logprobs, float(i % 2) - 0.5, 0.0, 0))
-    return out
-
-
 def _rank(rank: int, world: int, policy: str, port: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -108,7 +83,7 @@ def _rank(rank: int, world: int, policy: str, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         trainer = PolicyTrainer(policy, TrainerConfig(lr=0.01, warmup_steps=0, micro_batch_tokens=64, seed=0))
-        stats = [trainer.train_step(_samples(seed)) for seed in (0, 1)]
+        stats = [trainer.train_step(random_samples(seed)) for seed in (0, 1)]
         if rank == 0:
             torch.save({"state": trainer.model.state_dict(), "stats": stats}, out)
     finally:
@@ -126,7 +101,7 @@ def test_two_ddp_ranks_over_gloo_make_the_same_update_as_one_process(tiny_policy
     ddp = torch.load(out, weights_only=False)
     torch.set_num_threads(1)
     single = PolicyTrainer(tiny_policy, TrainerConfig(lr=0.01, warmup_steps=0, micro_batch_tokens=64, seed=0))
-    stats = [single.train_step(_samples(seed)) for seed in (0, 1)]
+    stats = [single.train_step(random_samples(seed)) for seed in (0, 1)]
     for name, value in single.model.state_dict().items():
         assert torch.allclose(ddp["state"][name], value, atol=1e-6, rtol=0), name
     for got, want in zip(ddp["stats"], stats, strict=True):
@@ -138,17 +113,17 @@ def test_a_trainer_resumed_from_a_checkpoint_continues_exactly(tiny_policy, tmp_
     config = TrainerConfig(lr=0.01, warmup_steps=3, steps=4, seed=0)
     straight = PolicyTrainer(tiny_policy, config)
     for seed in range(4):
-        straight.train_step(_samples(seed))
+        straight.train_step(random_samples(seed))
 
     first = PolicyTrainer(tiny_policy, config)
     for seed in range(2):
-        first.train_step(_samples(seed))
+        first.train_step(random_samples(seed))
     path = save_checkpoint(tmp_path, CheckpointState("r", 2, 2, "x"), first.save_weights, {"trainer": first.optimizer_state()})
     assert latest_checkpoint(tmp_path) == path
     resumed = PolicyTrainer(path, config)
     resumed.load_optimizer_state(load_blob(path, "trainer"))
     assert resumed.updates == 2
     for seed in (2, 3):
-        resumed.train_step(_samples(seed))
+        resumed.train_step(random_samples(seed))
     for name, value in straight.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[name], value), name
