@@ -124,7 +124,8 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
         current = planner.plan() if s.placement.colocated else planner.plan_at(len(s.placement.train))
         controller.adopt(current, variant)
     times = step_times(stats.last_step) if stats.last_step else None
-    event = controller.observe(step, workload, times, force=True)
+    # a move pays off over the run's remaining iterations at most (step..steps-1)
+    event = controller.observe(step, workload, times, force=True, steps_left=t.steps - step)
     if event is None:
         return None
     plan_id = f"plan-{step}"

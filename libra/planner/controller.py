@@ -75,8 +75,9 @@ class PlanController:
         return reason
 
     def observe(self, step: int, workload: Workload, times: StepTimes | None = None,
-                force: bool = False) -> PlanEvent | None:
-        """Plan at `step` if the trigger says so (`due`); the event says what was decided."""
+                force: bool = False, steps_left: int | None = None) -> PlanEvent | None:
+        """Plan at `step` if the trigger says so (`due`); the event says what was decided.
+        `steps_left`: the run's steps from `step` on, when known (a move must pay off within them)."""
         reason = self.due(step, times, force)
         if reason is None:
             return None
@@ -120,7 +121,7 @@ class PlanController:
                 current_t = self.probe(self.current)
             else:
                 current_t = evaluate(planner, corrected(self.current, self.rollout_correction[self.current_variant]))
-            decision = decide(current_t, candidate, self.current, self.cost, self.trigger)
+            decision = decide(current_t, candidate, self.current, self.cost, self.trigger, steps_left)
             event = PlanEvent(step, reason, candidate, current_t, decision, decision.apply)
         if event.applied:
             self.current = raw  # kept as predicted; corrections are applied when plans are compared

@@ -2,8 +2,8 @@
 
 Re-plan after warm-up every `period_steps` steps, and earlier on pressure: when one stage's measured
 time exceeds the other's by `pressure_ratio` (the stages are out of balance). A new plan is applied
-only if it differs from the current one, the gain per step times the steps until the next periodic
-plan exceeds the cost of moving, and the relative gain passes `min_relative_gain` (hysteresis: noise
+only if it differs from the current one, the gain per step times the steps it can still pay off (until
+the next periodic plan, or the end of the run when that comes first) exceeds the cost of moving, and the relative gain passes `min_relative_gain` (hysteresis: noise
 does not move GPUs back and forth).
 """
 
@@ -89,10 +89,12 @@ def switch_cost_s(cost: CostModel, old: Plan, new: Plan, settings: TriggerSettin
     return seconds
 
 
-def decide(current_t_iter_s: float, candidate: Plan, current: Plan, cost: CostModel, settings: TriggerSettings) -> Decision:
+def decide(current_t_iter_s: float, candidate: Plan, current: Plan, cost: CostModel, settings: TriggerSettings,
+           steps_left: int | None = None) -> Decision:
     """Apply `candidate` instead of `current`? `current_t_iter_s` is the current plan re-costed on
-    the current workload (`planner.evaluate`)."""
-    horizon = settings.period_steps
+    the current workload (`planner.evaluate`). `steps_left`: the run's steps still to come, when it
+    knows them: a move pays off over at most those."""
+    horizon = settings.period_steps if steps_left is None else max(0, min(settings.period_steps, steps_left))
     if same_plan(current, candidate):
         return Decision(False, "same plan", 0.0, 0.0, horizon)
     switch = switch_cost_s(cost, current, candidate, settings)

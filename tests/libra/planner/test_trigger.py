@@ -41,6 +41,21 @@ def test_decide_weighs_gain_against_switch_cost() -> None:
     assert decide(float("inf"), large, small, cost, s).apply
 
 
+def test_a_move_pays_off_only_over_the_steps_the_run_has_left() -> None:
+    cost = a800_14b()
+    small = Planner(cost, trace_workload("swe_gemini3_mini_A", scale=0.25)).plan()
+    large = Planner(cost, trace_workload("swe_gemini3_mini_A", scale=0.5)).plan()
+    s = TriggerSettings(period_steps=10, min_relative_gain=0.0)  # the payback rule alone
+    switch = switch_cost_s(cost, small, large, s)
+    current = large.t_iter_s + switch / 4  # the gain repays the move in 4 steps
+    assert decide(current, large, small, cost, s).horizon_steps == 10
+    assert decide(current, large, small, cost, s, steps_left=25).horizon_steps == 10  # the next plan comes first
+    assert decide(current, large, small, cost, s, steps_left=5).apply
+    late = decide(current, large, small, cost, s, steps_left=3)
+    assert (late.apply, late.horizon_steps) == (False, 3) and "x 3 steps <= switch cost" in late.reason
+    assert decide(current, large, small, cost, s, steps_left=0).horizon_steps == 0
+
+
 def _drive(controller: PlanController, workloads) -> None:
     for step, workload in enumerate(workloads):
         current = controller.current
