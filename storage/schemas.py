@@ -169,7 +169,7 @@ TIMINGS = TableSchema(
     "one row per measured (configuration, tokens) -> seconds sample, for calibrating the cost model",
     _key_columns()
     + (
-        Column("kind", pa.string(), "train_step, decode_step or prefill", nullable=False),
+        Column("kind", pa.string(), "train_step, decode_step, prefill; engine_start: engines (re)started on tp workers", nullable=False),
         Column("seconds", pa.float64(), "measured wall time", "s", nullable=False),
         Column("hardware", pa.string(), "hardware profile the sample was taken on"),
         Column("model", pa.string(), "model profile"),

@@ -84,15 +84,17 @@ def predict(cost: CostModel, sample: TimingSample) -> float:
 
 
 def samples_from_rows(rows: Sequence[dict]) -> list[TimingSample]:
-    """Rows of the store's `timings` table (the `timing_samples` query) as samples; a row's other
-    columns are ignored and its nulls take the sample's defaults."""
+    """Rows of the store's `timings` table (the `timing_samples` query) as samples; rows of other
+    kinds (engine_start) are not cost-model samples and are left out, a row's other columns are
+    ignored and its nulls take the sample's defaults."""
     fields = set(TimingSample.__dataclass_fields__)
-    return [TimingSample(**{k: v for k, v in row.items() if k in fields and v is not None}) for row in rows]
+    return [TimingSample(**{k: v for k, v in row.items() if k in fields and v is not None})
+            for row in rows if row.get("kind") in MIN_SAMPLES]
 
 
 def valid(sample: TimingSample) -> bool:
     """A sample the fit can use: positive finite time and the sizes its kind needs."""
-    if not (math.isfinite(sample.seconds) and sample.seconds > 0 and sample.tp >= 1):
+    if sample.kind not in MIN_SAMPLES or not (math.isfinite(sample.seconds) and sample.seconds > 0 and sample.tp >= 1):
         return False
     if sample.kind == "train_step":
         return sample.sequences > 0 and sample.tokens > 0 and sample.max_tokens > 0 and min(sample.pp, sample.dp, sample.ep, sample.micro_batch) >= 1

@@ -44,6 +44,14 @@ class TrainTiming:
     workers: int
 
 
+@dataclass(frozen=True)
+class EngineStart:
+    """Rollout engines (re)started on `workers` workers, taking `seconds` (all of them, one after another)."""
+
+    workers: int
+    seconds: float
+
+
 def model_profile_of(name: str, hf_config: dict) -> ModelProfile:
     """A Hugging Face `config.json` (Qwen2/Llama-style fields) as the planner's model profile."""
     heads = int(hf_config["num_attention_heads"])
@@ -56,11 +64,13 @@ def model_profile_of(name: str, hf_config: dict) -> ModelProfile:
 
 
 def timing_rows(step: int, decode: Sequence[EngineTiming], train: TrainTiming | None, hardware: str,
-                model: str) -> list[dict]:
+                model: str, starts: Sequence[EngineStart] = ()) -> list[dict]:
     """An iteration's measured samples as rows of the store's `timings` table: one decode_step row
-    per (engine, batch size), weighted by nothing (each row is a mean of its steps), and one
-    train_step row. An engine of k workers is tensor-parallel degree k to the cost model; a trainer
-    on k workers is data-parallel degree k."""
+    per (engine, batch size), weighted by nothing (each row is a mean of its steps), one train_step
+    row, and one engine_start row per (re)start of the engines before or during it (`tp`: the
+    workers they were started on; the cost of moving workers, not a cost-model sample). An engine
+    of k workers is tensor-parallel degree k to the cost model; a trainer on k workers is
+    data-parallel degree k."""
     def row(kind: str, seconds: float, **sizes) -> dict:  # every row has every column (one table schema)
         return {"step": step, "kind": kind, "seconds": seconds, "hardware": hardware, "model": model, "tp": 1, "pp": 1,
                 "dp": 1, "ep": 1, "micro_batch": None, "sequences": None, "tokens": None, "max_tokens": None,
@@ -71,6 +81,7 @@ def timing_rows(step: int, decode: Sequence[EngineTiming], train: TrainTiming | 
     if train is not None and train.seconds > 0 and train.sequences > 0:
         rows.append(row("train_step", train.seconds, dp=train.workers, micro_batch=1, sequences=float(train.sequences),
                         tokens=float(train.tokens), max_tokens=train.max_tokens))
+    rows += [row("engine_start", start.seconds, tp=start.workers) for start in starts if start.seconds > 0]
     return rows
 
 

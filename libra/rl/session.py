@@ -27,7 +27,7 @@ from typing import Any
 from libra.config import LibraConfig
 from libra.errors import LibraError
 from libra.rl.cluster import LocalCluster, Placement, initial_placement
-from libra.rl.planning import EngineTiming, TrainTiming, timing_rows
+from libra.rl.planning import EngineStart, EngineTiming, TrainTiming, timing_rows
 from libra.rl.schedule import EVAL_SEED, Admission, admit, tokens_per_turn, train_task_seed
 from libra.trainer.checkpoint import (
     CheckpointState,
@@ -91,6 +91,7 @@ class IterationRecord:
     version: int = 0  # the weights after the update
     policy: str = "none"  # the placement policy (libra, static, colocated; none: stages share every core)
     placement: Placement | None = None  # where the iteration ran (None: no placement)
+    engine_starts: tuple[EngineStart, ...] = ()  # engines (re)started since the last iteration's record
 
     def metrics(self) -> dict[str, float]:
         u, b = self.update.stats, self.batch.stats
@@ -119,7 +120,7 @@ class IterationRecord:
 
     def timing_rows(self, hardware: str, model: str) -> list[dict]:
         """The iteration's measured decode and training samples, as `timings` rows."""
-        return timing_rows(self.step, self.batch.decode, self.update.timing, hardware, model)
+        return timing_rows(self.step, self.batch.decode, self.update.timing, hardware, model, self.engine_starts)
 
 
 def config_digest(config: LibraConfig) -> str:
@@ -160,6 +161,7 @@ class TrainingSession:
     placement: Placement | None = None  # where the engines and the trainer run now
     controller: Any = None  # the planning flow's PlanController (libra policy), kept across iterations
     engine_start_s: float = 0.0  # measured: the last (re)start of the engines
+    engine_starts: list[EngineStart] = field(default_factory=list)  # (re)starts not in a record yet
     affinity: tuple[int, ...] = ()  # this process's cores before placement pinned it; given back at close
     threads: int = 0  # torch's threads before placement set them; given back at close
 
@@ -221,6 +223,7 @@ class TrainingSession:
             began = time.perf_counter()
             session.engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
             session.engine_start_s = time.perf_counter() - began
+            session.engine_starts.append(EngineStart(r.instances, session.engine_start_s))
         else:
             session.affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
             session.threads = trainer.threads()
@@ -259,6 +262,7 @@ class TrainingSession:
                 self.engines.append(make_engine(r.engine, weights, len(units), None if gpu else units,
                                                 units if gpu else None, r.max_context))
             self.engine_start_s = time.perf_counter() - began
+            self.engine_starts.append(EngineStart(len(placement.rollout_workers), self.engine_start_s))
             self._route(len(self.engines))
         if cluster.device == "cpu":
             cores = cluster.units(placement.train)
@@ -370,9 +374,10 @@ class TrainingSession:
                          heldout_reward: float | None) -> IterationRecord:
         if self.trained is None or self.trained.step != step:
             raise RuntimeError(f"iteration {step} has not been trained")
+        starts, self.engine_starts = tuple(self.engine_starts), []
         return IterationRecord(step, self.trained, update, seconds, heldout_reward,
                                float(self.state.summary.get("elapsed_s", 0.0)), self.trainer.updates,
-                               self.config.placement.policy, self.placement)
+                               self.config.placement.policy, self.placement, starts)
 
     def checkpoint(self, record: IterationRecord, mlflow_run_id: str = "") -> Path:
         """The state after iteration `record.step`: weights, optimizer, RNG, the batches rolled out

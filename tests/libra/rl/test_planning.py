@@ -6,6 +6,7 @@ from libra.config import PlannerConfig
 from libra.planner.calibrate import TimingSample, samples_from_rows
 from libra.rl.cluster import LocalCluster, Placement
 from libra.rl.planning import (
+    EngineStart,
     EngineTiming,
     TrainTiming,
     live_variants,
@@ -50,6 +51,14 @@ def test_an_iteration_becomes_one_row_per_engine_batch_size_and_one_training_row
     assert samples[0] == TimingSample("decode_step", 0.03, tp=2, batch=4.0, context_tokens=110.0)
     assert samples[1].dp == 3 and samples[1].tokens == 4096.0 and samples[1].batch == TimingSample.batch
     assert timing_rows(1, (), TrainTiming(0.0, 0, 0, 0, 1), "h", "m") == []
+
+
+def test_an_engine_restart_is_a_timing_row_that_calibration_leaves_out():
+    rows = timing_rows(4, (), None, "h", "m", (EngineStart(2, 31.5), EngineStart(1, 0.0)))
+    nothing = dict.fromkeys(["micro_batch", "sequences", "tokens", "max_tokens", "batch", "context_tokens"])
+    assert rows == [{"step": 4, "kind": "engine_start", "seconds": 31.5, "hardware": "h", "model": "m", "tp": 2, "pp": 1,
+                     "dp": 1, "ep": 1, **nothing}]
+    assert samples_from_rows(rows) == []
 
 
 def test_a_steps_row_is_the_trigger_measured_times():
