@@ -4,10 +4,13 @@ Every policy sees the same trajectories at every step (same seed). A step rolls 
 policy's instances with its router; its training time comes from the planner's cost model for the
 policy's training configuration and the step's tokens. Pipelining:
 
-    colocated     step = rollout(k) + offload/onload + train(k) + weight sync
+    colocated     step = reconfiguration + rollout(k) + offload/onload + train(k) + weight sync (the
+                  planner settings' `offload_s`); a step that switches from one-step-off first trains
+                  the batch rolled out ahead
     one_step_off  step = max(rollout(k) + reconfiguration, train(k-1)) + weight sync; hybrid instances
                   leave the rollout for its tail and join train(k-1) as extra data-parallel replicas
-                  after fetching a snapshot, which speeds the rest of that training up
+                  after fetching a snapshot, which speeds the rest of that training up; a step that
+                  switches from colocated has nothing to train yet
 
 Non-oracle policies plan on the previous step's trajectories (step 0 on a separate warm-up batch).
 """
@@ -24,8 +27,6 @@ from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.sim.policies import POLICIES, StepConfig, SystemPolicy, make_policy
 from libra.sim.training import train_seconds, with_hybrids
 from libra.sim.workloads import SimTrajectory, WorkloadGenerator, WorkloadSpec
-
-OFFLOAD_S = 20.0  # colocated: offloading and reloading training state around each rollout
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,11 @@ def run_policy(policy: SystemPolicy, cost: CostModel, batches: list[list[SimTraj
         policy.observe(batch)
         if config.mode == "colocated":
             train_s, train_config = train_seconds(cost, config.train_config, config.train_gpus, batch, planner)
-            step_s = rollout.makespan_s + OFFLOAD_S + train_s + sync_s
             trained, events = batch, []
+            if pending is not None:  # switched from one-step-off: the batch rolled out ahead is trained first
+                ahead_s, _ = train_seconds(cost, pending[0].train_config, pending[0].train_gpus, pending[1], planner)
+                train_s, trained, pending = train_s + ahead_s, pending[1] + batch, None
+            step_s = config.switch_cost_s + rollout.makespan_s + planner.offload_s + train_s + sync_s
             idle_rollout = rollout.idle_gpu_s
             idle_train = 0.0
         else:

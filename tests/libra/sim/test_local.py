@@ -1,0 +1,91 @@
+"""The live placement policies in the simulator: a run's turns as the simulator's trajectories, and
+colocated / static / libra on a two-worker machine, checked by the runner's own accounting."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from libra.config import PlannerConfig
+from libra.errors import LibraError
+from libra.planner.settings import cost_model, trigger_settings
+from libra.rl.cluster import LocalCluster
+from libra.rl.planning import model_profile_of
+from libra.sim.local import LocalPlacement, batches_from_turns, predict
+from libra.sim.workloads import SimTrajectory, SimTurn
+from libra.types import NO_TOOL
+
+POLICY = Path(__file__).resolve().parents[3] / "data" / "policy" / "config.json"
+CLUSTER = LocalCluster.of_cores((0, 1))
+
+
+def turn(step, tid, idx, context, gen, tool="python", payload=10, status="ok", latency=0.5):
+    return {"step": step, "trajectory_id": tid, "prompt_id": tid.split("/")[0], "turn_idx": idx,
+            "context_tokens": context, "gen_tokens": gen, "tool_name": tool, "tool_payload_tokens": payload,
+            "tool_status": status, "tool_latency_s": latency}
+
+
+def test_turn_rows_become_one_batch_per_step_with_the_tool_calls_between_turns():
+    rows = [turn(1, "p/1", 1, 70, 5, "none", 0, "none", None), turn(1, "p/1", 0, 50, 10),
+            turn(0, "q/0", 0, 40, 7, "none", 0, "none", None), turn(-1, "e/0", 0, 40, 9)]
+    batches = batches_from_turns(rows)
+    assert batches == [
+        [SimTrajectory("0/q/0", "q", 40, (SimTurn(7, NO_TOOL, 0, "none", 0.0),))],
+        [SimTrajectory("1/p/1", "p", 50, (SimTurn(10, "python", 10, "ok", 0.5), SimTurn(5, NO_TOOL, 0, "none", 0.0)))],
+    ]
+    with pytest.raises(LibraError, match=r"trajectory p/1: turns \[0, 2\] are not 0..n-1"):
+        batches_from_turns([turn(0, "p/1", 0, 50, 10), turn(0, "p/1", 2, 80, 5)])
+
+
+def batch(step: int, gen: int, count: int = 16) -> list[SimTrajectory]:
+    return [SimTrajectory(f"{step}/{p}/{i}", str(p), 60, (SimTurn(gen, "python", 20, "ok", 0.2),
+                                                         SimTurn(gen // 2, NO_TOOL, 0, "none", 0.0)))
+            for p in range(count // 4) for i in range(4)]
+
+
+def cost():
+    return cost_model(CLUSTER.planner_cluster(), model_profile_of("policy", json.loads(POLICY.read_text())), PlannerConfig())
+
+
+def runs(batches, engine_start_s=30.0, **config):
+    return predict(batches, cost(), CLUSTER, PlannerConfig(**config), engine_start_s)
+
+
+def test_every_policy_trains_every_batch_once_whatever_it_switches():
+    batches = [batch(k, 40 * (k + 1)) for k in range(8)]  # generation grows 8x over the run
+    result = runs(batches, period_steps=2, min_relative_gain=0.0)
+    tokens = sum(t.total_tokens for b in batches for t in b)
+    for run in result.values():
+        assert run.trained_tokens == tokens
+        assert run.total_time_s == pytest.approx(sum(s.step_s for s in run.steps) + run.tail_train_s)
+
+
+def test_colocated_takes_turns_on_both_workers_and_static_never_moves():
+    batches = [batch(k, 200) for k in range(4)]
+    result = runs(batches)
+    sync = cost().weight_sync_s()
+    for s in result["colocated"].steps:
+        assert (s.train_gpus, s.rollout_gpus) == (2, 2)
+        assert s.step_s == pytest.approx(s.rollout_s + s.train_s + sync)  # no offload on CPU workers
+    static = result["static"].steps
+    assert {(s.train_gpus, s.rollout_gpus) for s in static} == {(1, 1)}
+    assert static[0].train_s == 0.0  # one step off: nothing to train while the first batch rolls out
+    for s in static[1:]:
+        assert s.step_s == pytest.approx(max(s.rollout_s, s.train_s) + sync)
+
+
+def test_a_libra_move_pays_the_measured_engine_start_and_is_planned_as_live():
+    batches = [batch(k, 20 * 3 ** k) for k in range(6)]  # the rollout's share grows fast
+    config = PlannerConfig(period_steps=1, min_relative_gain=0.0)
+    policy = LocalPlacement("libra", CLUSTER, cost(), config, trigger_settings(config), len(batches))
+    assert policy.placement.describe() == "split: rollout 1 (1x1) | train 1"
+    result = runs(batches, engine_start_s=42.0, period_steps=1, min_relative_gain=0.0)["libra"]
+    moves = [s for s in result.steps if s.switch_cost_s > 0]
+    assert moves and all(s.switch_cost_s == 42.0 for s in moves)  # each move restarted the engines
+    assert [s.plan_reason for s in result.steps[:2]] == ["initial", ""]  # no plan during warm-up
+    # it moved to colocation (both workers roll out, then both train), first training the batch
+    # rolled out ahead: that step's training is both batches'
+    move = moves[0]
+    assert (move.train_gpus, move.rollout_gpus, move.plan_reason) == (2, 2, "periodic")
+    colocated = runs(batches, engine_start_s=42.0)["colocated"].steps[move.step]
+    assert move.train_s > colocated.train_s
