@@ -14,7 +14,11 @@ figures are read back from MLflow:
   evaluation, plus the planning flow's seconds: planning, moving workers, restarting engines);
   `libra / static` and `libra / colocated` per seed, then their mean and range;
 - time to a held-out reward: the training seconds until the held-out reward (32 prompts, greedy,
-  every `eval_every` updates) first reached the best one all three runs of the seed reached.
+  every `eval_every` updates) first reached the best one all three runs of the seed reached;
+- the simulator's prediction for the same three policies on the same workload
+  (`libra.sim.local.predict`): the static run's trajectories, turn by turn, on the cost model of
+  these workers fitted to all three runs' timing samples, moves priced at the measured engine start;
+  its ratios beside the live ones, and whether each comparison points the same way.
 
 The figures go to benchmarks/out/train_policies.json and the README's performance section.
 """
@@ -33,6 +37,12 @@ from libra.config import LibraConfig
 from libra.rollout.policy import SHIPPED
 
 POLICIES = ("libra", "static", "colocated")
+RATIOS = ("libra_over_static", "libra_over_colocated")
+
+
+def same_direction(live: float, simulated: float) -> bool:
+    """Whether two throughput ratios say the same thing: both above 1, or both at most 1."""
+    return (live > 1.0) == (simulated > 1.0)
 
 
 def config_for(base: Path, policy: str, steps: int, seed: int, eval_every: int) -> LibraConfig:
@@ -56,6 +66,38 @@ def seed_figures(rows: dict[str, Any]) -> dict[str, Any]:
                               "heldout_final": r.heldout_final, "time_to_target_s": r.time_to_target_s,
                               "plans_applied": r.plans_applied, "workers_moved": r.workers_moved,
                               "rollout_workers_mean": r.rollout_workers_mean} for policy, r in rows.items()}}
+
+
+def simulated(base: Path, seed: int, config: LibraConfig) -> dict[str, Any]:
+    """The simulator's prediction for the seed's three runs, from what they wrote to the store."""
+    import json
+    from dataclasses import replace
+
+    from libra.planner.calibrate import fit, samples_from_rows
+    from libra.rl.planning import local_cost_model
+    from libra.rl.session import local_cluster
+    from libra.sim.local import batches_from_turns, predict
+    from storage.catalog import Catalog
+
+    timings: list[dict] = []
+    turns: list[dict] = []
+    for policy in POLICIES:
+        with Catalog(config.store.root, f"{policy}-seed{seed}") as catalog:
+            timings += catalog.query("SELECT * FROM timings").to_pylist()
+            if policy == "static":
+                turns = catalog.query("SELECT * FROM turns").to_pylist()
+    cluster = local_cluster(config)
+    cost = local_cost_model(cluster, SHIPPED.name, json.loads((SHIPPED / "config.json").read_text()), config.planner)
+    fitted = fit(cost, samples_from_rows(timings))
+    starts = [r["seconds"] for r in timings if r["kind"] == "engine_start"]
+    engine_start_s = statistics.fmean(starts) if starts else config.planner.engine_start_s
+    runs = predict(batches_from_turns(turns), replace(cost, coefficients=fitted.coefficients), cluster, config.planner,
+                   engine_start_s)
+    return {"libra_over_static": runs["libra"].tokens_per_s / runs["static"].tokens_per_s,
+            "libra_over_colocated": runs["libra"].tokens_per_s / runs["colocated"].tokens_per_s,
+            "engine_start_s": engine_start_s, "fit_error": fitted.mean_abs_rel_error, "fit_samples": fitted.samples,
+            "libra_moves": sum(1 for s in runs["libra"].steps if s.switch_cost_s > 0),
+            "time_s": {p: r.total_time_s for p, r in runs.items()}}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -98,21 +140,32 @@ def main(argv: list[str] | None = None) -> int:
                                   [f"{p}-seed{seed}" for p in POLICIES])
             comparison = compare(histories)
             rows = {r.policy: r for r in comparison.rows}
-            per_seed[str(seed)] = {"target": comparison.target, **seed_figures(rows)}
+            per_seed[str(seed)] = {"target": comparison.target, **seed_figures(rows),
+                                   "simulated": simulated(base, seed, config_for(base, "static", args.steps, seed,
+                                                                                  args.eval_every))}
             f = per_seed[str(seed)]
+            sim = f["simulated"]
+            print(f"seed {seed} simulated: libra/static {sim['libra_over_static']:.2f}, libra/colocated "
+                  f"{sim['libra_over_colocated']:.2f} ({sim['libra_moves']} moves); the same direction as live: "
+                  + ", ".join(f"{k} {same_direction(f[k], sim[k])}" for k in RATIOS), flush=True)
             print(f"seed {seed}: libra/static {f['libra_over_static']:.2f}, libra/colocated "
                   f"{f['libra_over_colocated']:.2f}; " + ", ".join(
                       f"{p} {r['tokens_per_s']:.0f} tok/s, {r['plans_applied']} plans applied, to held-out "
                       f"{comparison.target}: {r['time_to_target_s']} s" for p, r in f["runs"].items()), flush=True)
     result = {
         "steps": args.steps, "seeds": per_seed, "workers": len(os.sched_getaffinity(0)),
-        "libra_over_static": spread([s["libra_over_static"] for s in per_seed.values()]),
-        "libra_over_colocated": spread([s["libra_over_colocated"] for s in per_seed.values()]),
+        **{k: spread([s[k] for s in per_seed.values()]) for k in RATIOS},
+        "simulated": {k: spread([s["simulated"][k] for s in per_seed.values()]) for k in RATIOS},
+        "agree": {k: all(same_direction(s[k], s["simulated"][k]) for s in per_seed.values()) for k in RATIOS},
         "bench_s": time.perf_counter() - began,
     }
     print(f"libra / static {result['libra_over_static']['mean']:.2f} (seeds {result['libra_over_static']['min']:.2f}-"
           f"{result['libra_over_static']['max']:.2f}); libra / colocated {result['libra_over_colocated']['mean']:.2f} "
           f"({result['libra_over_colocated']['min']:.2f}-{result['libra_over_colocated']['max']:.2f})")
+    sim = result["simulated"]
+    print(f"simulated: libra / static {sim['libra_over_static']['mean']:.2f}, libra / colocated "
+          f"{sim['libra_over_colocated']['mean']:.2f}; same direction as live on every seed: "
+          + ", ".join(f"{k} {v}" for k, v in result["agree"].items()))
     if not args.quick:
         print(f"saved {save('train_policies', result)}")
     return 0

@@ -317,6 +317,17 @@ def train_policies_section(result: dict) -> list[str]:
         + ", ".join(f"{v['runs']['colocated']['tokens_per_s']:.0f}" for v in seeds.values())
         + f" | ratio {ratio('libra_over_colocated')} | > 1 |",
     ]
+    if "simulated" in result:
+        sim, agree = result["simulated"], result["agree"]
+
+        def predicted(name: str) -> str:
+            r = sim[name]
+            return (f"{r['mean']:.2f} (seeds {r['min']:.2f}-{r['max']:.2f}); "
+                    f"{'agrees' if agree[name] else 'disagrees'} with live")
+
+        lines += [f"| simulator's prediction, same workload: libra / static | - | - | {predicted('libra_over_static')} | "
+                  "agrees |",
+                  f"| simulator's prediction: libra / colocated | - | - | {predicted('libra_over_colocated')} | agrees |"]
     for k, v in seeds.items():
         lines.append(f"| seed {k}: training time to held-out reward {v['target']} | {to_target(v, 'libra')} "
                      f"({v['runs']['libra']['plans_applied']} plans applied, {v['runs']['libra']['workers_moved']} "

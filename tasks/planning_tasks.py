@@ -92,11 +92,10 @@ def _controller(s):
 
 
 def _cost(s):
-    from libra.planner.settings import cost_model
-    from libra.rl.planning import model_profile_of
+    from libra.rl.planning import local_cost_model
 
     config = json.loads((Path(s.policy) / "config.json").read_text())
-    return cost_model(s.cluster.planner_cluster(), model_profile_of(s.model_name(), config), s.config.planner)
+    return local_cost_model(s.cluster, s.model_name(), config, s.config.planner)
 
 
 @task(name="plan", cache_policy=NO_CACHE)

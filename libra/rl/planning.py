@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 from libra.config import PlannerConfig
 from libra.planner.controller import PlanEvent
+from libra.planner.cost_model import CostModel
 from libra.planner.planner import PlannerSettings
 from libra.planner.profiles import ModelProfile
+from libra.planner.settings import cost_model
 from libra.planner.trigger import StepTimes
 from libra.rl.cluster import LocalCluster, Placement
 from libra.rollout.engines import DecodeTiming
@@ -61,6 +63,12 @@ def model_profile_of(name: str, hf_config: dict) -> ModelProfile:
         int(hf_config.get("num_key_value_heads", heads)), int(hf_config.get("head_dim") or hidden // heads),
         int(hf_config["vocab_size"]), bool(hf_config.get("tie_word_embeddings", False)),
         qkv_bias=hf_config.get("model_type") == "qwen2", qk_norm=hf_config.get("model_type") == "qwen3")
+
+
+def local_cost_model(cluster: LocalCluster, model: str, hf_config: dict, config: PlannerConfig) -> CostModel:
+    """The planner's cost model of `cluster`'s workers for the policy whose HF config is `hf_config`
+    (default coefficients: `libra.planner.calibrate.fit` replaces them with the run's)."""
+    return cost_model(cluster.planner_cluster(), model_profile_of(model, hf_config), config)
 
 
 def timing_rows(step: int, decode: Sequence[EngineTiming], train: TrainTiming | None, hardware: str,

@@ -8,9 +8,9 @@ import pytest
 
 from libra.config import PlannerConfig
 from libra.errors import LibraError
-from libra.planner.settings import cost_model, trigger_settings
+from libra.planner.settings import trigger_settings
 from libra.rl.cluster import LocalCluster
-from libra.rl.planning import model_profile_of
+from libra.rl.planning import local_cost_model
 from libra.sim.local import LocalPlacement, batches_from_turns, predict
 from libra.sim.workloads import SimTrajectory, SimTurn
 from libra.types import NO_TOOL
@@ -44,7 +44,7 @@ def batch(step: int, gen: int, count: int = 16) -> list[SimTrajectory]:
 
 
 def cost():
-    return cost_model(CLUSTER.planner_cluster(), model_profile_of("policy", json.loads(POLICY.read_text())), PlannerConfig())
+    return local_cost_model(CLUSTER, "policy", json.loads(POLICY.read_text()), PlannerConfig())
 
 
 def runs(batches, engine_start_s=30.0, **config):
