@@ -4,7 +4,8 @@ static split and colocation, on the same steps and seeds.
     python -m benchmarks.bench_train_policies [--steps 10] [--seeds 0 1] [--quick]
 
 Each seed trains the shipped policy on the math tasks three times, once per placement policy
-(`libra train --policy colocated|static|libra`): vLLM engines on their own cores, the trainer on
+(`libra train --policy colocated|static|libra`; after one unmeasured warm-up iteration, and each seed
+in another order, so no policy always runs first): vLLM engines on their own cores, the trainer on
 the others (a worker is one core). The workload drifts: every training turn generates at least
 `min_tokens_per_turn` tokens and that floor, with the turn limit, grows by `turn_growth` per
 iteration, so the rollout's share of an iteration grows as the run goes on. `libra compare`'s
@@ -127,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp)
         prepare_runtime(config_for(base, "libra", args.steps, 0, args.eval_every))
         start_prefect()
-        for seed in args.seeds:
-            for policy in POLICIES:
+        # not measured: the machine's cold start (file cache, the engines' first start) would
+        # otherwise be charged to whichever policy runs first
+        warm = config_for(base, "static", 1, 0, args.eval_every)
+        train_flow(warm.model_copy(update={"trainer": warm.trainer.model_copy(update={"run": "warm-up"})}))
+        for i, seed in enumerate(args.seeds):
+            for policy in POLICIES[i % 3:] + POLICIES[:i % 3]:  # each seed in another order
                 config = config_for(base, policy, args.steps, seed, args.eval_every)
                 t0 = time.perf_counter()
                 train_flow(config)
