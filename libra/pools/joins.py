@@ -8,7 +8,7 @@ join that has not entered `join_timeout_s` after it was requested is abandoned.
 
     decide(progress, step, now_s, settings) -> JoinAction
 
-The pool's leader (`libra/pools/elastic.py`) asks it at every step boundary for every join in
+The pool's leader (`libra/pools/leader.py`) asks it at every step boundary for every join in
 progress, with its clock's reading; the simulator (`libra/sim/training.py`) asks it when a
 released hybrid has fetched its snapshot, on simulated time. Nothing here reads a clock.
 """

@@ -30,10 +30,11 @@ from libra.devices import gpu_count
 from libra.errors import LibraError
 from libra.pools import snapshot as snapshots
 from libra.pools.control import Control
-from libra.pools.elastic import FAULTS, WorkerSpec, core_process
+from libra.pools.elastic import FAULTS, core_process
 from libra.pools.joins import JoinSettings
 from libra.pools.providers import LocalProcesses, Provider
 from libra.pools.reconciler import Action, reconcile
+from libra.pools.spec import WorkerSpec
 from libra.pools.states import PoolEvent, State
 from libra.pools.task import TrainTask
 

@@ -8,7 +8,8 @@ import os
 import signal
 from typing import Protocol
 
-from libra.pools.elastic import WorkerSpec, hybrid_main
+from libra.pools.elastic import hybrid_main
+from libra.pools.spec import WorkerSpec
 
 
 class Provider(Protocol):

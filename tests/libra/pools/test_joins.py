@@ -44,7 +44,7 @@ def test_settings_are_checked():
 
 def test_the_pool_config_defaults_are_the_policy_defaults():
     from libra.config import PoolConfig
-    from libra.pools.elastic import WorkerSpec
+    from libra.pools.spec import WorkerSpec
 
     pool = PoolConfig()
     assert (pool.enter_gap, pool.join_timeout_s) == (JoinSettings.enter_gap, JoinSettings.join_timeout_s) == (1, 180.0)
