@@ -41,9 +41,16 @@ POLICIES = ("libra", "static", "colocated")
 RATIOS = ("libra_over_static", "libra_over_colocated")
 
 
+LEVEL = 0.02  # ratios within 2% of 1 say "no difference"
+
+
+def direction(ratio: float) -> str:
+    return "better" if ratio > 1 + LEVEL else "worse" if ratio < 1 - LEVEL else "level"
+
+
 def same_direction(live: float, simulated: float) -> bool:
-    """Whether two throughput ratios say the same thing: both above 1, or both at most 1."""
-    return (live > 1.0) == (simulated > 1.0)
+    """Whether two throughput ratios say the same thing: both better, both worse, or both level."""
+    return direction(live) == direction(simulated)
 
 
 def config_for(base: Path, policy: str, steps: int, seed: int, eval_every: int) -> LibraConfig:
