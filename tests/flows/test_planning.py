@@ -2,14 +2,18 @@
 (DuckDB over the store), the plan moves workers between rollout and training, and every step, plan
 and move lands once in the store and MLflow.
 
-The workload drifts: every turn must generate at least `min_tokens_per_turn` tokens, and that floor
-(with the turn limit) grows by 80% each iteration, so rollout outgrows training. The run starts on a
+The workload drifts: every turn must generate at least `min_tokens_per_turn` tokens (128 at first),
+and that floor (with the turn limit) grows by 80% each iteration, so rollout outgrows training. The run starts on a
 split (one worker rolls out beside the trainer on the other); with two workers the one move toward
 rollout is colocation (both workers roll out, then both train), which the planner takes once its
-gain over the planning period pays for restarting the engines.
+gain over the planning period pays for restarting the engines. The run is killed with SIGKILL after
+its fourth iteration and resumed: it goes on where it was placed, with the planner's state it had.
 """
 
 import json
+import os
+import signal
+import time
 
 import yaml
 
@@ -17,20 +21,34 @@ from tests.flows.test_train import finished, libra, mlflow_runs, write_config
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
 
 STEPS = 6
+KILLED_AFTER = 4  # iterations done when the run is killed
 
 
 def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded_once(policy_dir, tmp_path, capsys):  # noqa: F811
     path = write_config(tmp_path, policy_dir, "drift")
     config = yaml.safe_load(path.read_text())
-    config["rollout"] |= {"engine": "vllm", "max_tokens_per_turn": 64, "min_tokens_per_turn": 32, "turn_growth": 0.8,
+    config["rollout"] |= {"engine": "vllm", "max_tokens_per_turn": 160, "min_tokens_per_turn": 128, "turn_growth": 0.8,
                           "max_context": 2048}
     config["trainer"] |= {"steps": STEPS, "eval_every": 10}
-    config["planner"] = {"warmup_steps": 2, "period_steps": 40, "recent_steps": 0}
+    # a move pays off over the steps the run has left (4 at the first plan): only the engines' measured
+    # restart is charged, not the cluster-sized fixed cost of a move
+    config["planner"] = {"warmup_steps": 2, "period_steps": 40, "recent_steps": 0, "switch_base_s": 0.0}
     config["placement"] = {"policy": "libra"}
     path.write_text(yaml.safe_dump(config))
 
+    proc = libra(path)
+    latest = tmp_path / "checkpoints" / "drift" / "LATEST"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and proc.poll() is None:
+        if latest.exists() and latest.read_text().strip() == f"step-{KILLED_AFTER:06d}":
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the run, its engines and Prefect's server
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
     summary = finished(libra(path))
-    assert summary["steps"] == STEPS
+    assert summary["steps"] == STEPS and summary["resumed_at"] == KILLED_AFTER
 
     from storage.catalog import Catalog
 
@@ -42,6 +60,8 @@ def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded
         rebuilt = catalog.query("SELECT step FROM pool_events WHERE event = 'tree_rebuilt' ORDER BY step").to_pylist()
         timings = catalog.query("SELECT kind, count(DISTINCT step) AS steps FROM timings GROUP BY kind "
                                 "ORDER BY kind").to_pylist()
+        starts = catalog.query("SELECT DISTINCT step FROM timings WHERE kind = 'engine_start' ORDER BY step").to_pylist()
+        restarts = catalog.query("SELECT step FROM pool_events WHERE event = 'engines_restarted' ORDER BY step").to_pylist()
         generated = catalog.query("SELECT step, max(gen_tokens) AS longest FROM trajectories GROUP BY step "
                                   "ORDER BY step").to_pylist()
 
@@ -49,7 +69,11 @@ def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded
     assert all(s["policy"] == "libra" for s in steps)
     assert (steps[0]["plan_id"], steps[0]["train_gpus"], steps[0]["rollout_gpus"]) == ("initial", 1, 1)
     assert generated[-1]["longest"] > 3 * generated[0]["longest"]  # the lengths drifted
-    assert timings == [{"kind": "decode_step", "steps": STEPS}, {"kind": "train_step", "steps": STEPS}]
+    assert [t for t in timings if t["kind"] != "engine_start"] == [{"kind": "decode_step", "steps": STEPS},
+                                                                    {"kind": "train_step", "steps": STEPS}]
+    # the engines' starts are measured: at the start, at each move that restarted them, and when the
+    # resumed run started them again
+    assert [s["step"] for s in starts] == sorted({0, KILLED_AFTER} | {r["step"] for r in restarts})
 
     # the planning flow ran from the warm-up on (the first plan, then whenever the trigger fired),
     # one plans row each, and rebuilt the routing tree each time
@@ -65,6 +89,13 @@ def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded
         {"step": moved_at, "worker_id": "worker-1", "from_state": "train", "to_state": "colocated"}]
     assert all(s["plan_id"] == "initial" for s in steps if s["step"] < moved_at)
     assert steps[moved_at]["plan_id"] == f"plan-{moved_at}"
+    # resumed where it was placed: the plan in force before the kill, unless a new one applied then
+    before = steps[KILLED_AFTER - 1]
+    after = steps[KILLED_AFTER]
+    if KILLED_AFTER not in [p["step"] for p in applied]:
+        assert (after["plan_id"], after["train_gpus"], after["rollout_gpus"]) == (
+            before["plan_id"], before["train_gpus"], before["rollout_gpus"])
+    assert sum(p["reason"].startswith("initial") for p in plans) == 1  # the controller came back with the run
 
     runs, client = mlflow_runs(tmp_path, "drift")
     assert len(runs) == 1
