@@ -104,10 +104,9 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     recent workload: the plan, whether it pays to move, and where that puts the workers."""
     from libra.errors import LibraError
     from libra.planner.calibrate import fit, samples_from_rows
-    from libra.planner.planner import Planner
     from libra.planner.workload import build_workload, lengths_from_rows
     from libra.rl.cluster import placement_of
-    from libra.rl.planning import plan_row, step_times
+    from libra.rl.planning import adopt_placement, plan_row, step_times
 
     s = session(run)
     if not stats.lengths:
@@ -118,10 +117,7 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     t = s.config.trainer
     workload = build_workload(lengths_from_rows(stats.lengths), t.prompts_per_step * t.samples_per_prompt)
     if controller.current is None:  # the run started from its own placement: weigh the first plan against it
-        variant = 1 if s.placement.colocated and len(controller.variants) > 1 else 0
-        planner = Planner(controller.cost, workload, controller.variants[variant])
-        current = planner.plan() if s.placement.colocated else planner.plan_at(len(s.placement.train))
-        controller.adopt(current, variant)
+        adopt_placement(controller, s.placement, workload)
     times = step_times(stats.last_step) if stats.last_step else None
     # a move pays off over the run's remaining iterations at most (step..steps-1)
     event = controller.observe(step, workload, times, force=True, steps_left=t.steps - step)

@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libra.config import PlannerConfig
-from libra.planner.controller import PlanEvent
+from libra.planner.controller import PlanController, PlanEvent
 from libra.planner.cost_model import CostModel
-from libra.planner.planner import PlannerSettings
+from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.profiles import ModelProfile
 from libra.planner.settings import cost_model
 from libra.planner.trigger import StepTimes
+from libra.planner.workload import Workload
 from libra.rl.cluster import LocalCluster, Placement
 from libra.rollout.engines import DecodeTiming
 
@@ -109,6 +110,15 @@ def live_variants(cluster: LocalCluster, config: PlannerConfig) -> tuple[Planner
                            rollout_tps=tps)
     colocated = PlannerSettings(mode="colocated", max_hybrid_fraction=0.0, granularity=1, offload_s=0.0, rollout_tps=tps)
     return (base, colocated) if cluster.size >= 2 else (colocated,)
+
+
+def adopt_placement(controller: PlanController, placement: Placement, workload: Workload) -> None:
+    """Give `controller` the run's own placement as the plan in force (its variant: colocated or
+    split), so the first plan it makes is weighed against where the run is, not applied outright.
+    The planning flow and the simulator's replay of it (`libra.sim.local`) both start this way."""
+    variant = 1 if placement.colocated and len(controller.variants) > 1 else 0
+    planner = Planner(controller.cost, workload, controller.variants[variant])
+    controller.adopt(planner.plan() if placement.colocated else planner.plan_at(len(placement.train)), variant)
 
 
 def plan_row(step: int, plan_id: str, event: PlanEvent) -> dict:

@@ -30,12 +30,11 @@ from libra.config import PlannerConfig
 from libra.errors import LibraError
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel
-from libra.planner.planner import Planner
 from libra.planner.settings import trigger_settings
 from libra.planner.trigger import TriggerSettings
 from libra.planner.workload import Workload
 from libra.rl.cluster import POLICIES, LocalCluster, Placement, initial_placement, placement_of
-from libra.rl.planning import live_variants
+from libra.rl.planning import adopt_placement, live_variants
 from libra.sim.policies import StepConfig, SystemPolicy
 from libra.sim.rollout import InstanceSpec
 from libra.sim.runner import PolicyRun, run_policy
@@ -112,10 +111,7 @@ class LocalPlacement(SystemPolicy):
             return quiet
         workload = self._workload()
         if controller.current is None:  # as the plan task does: the first plan is weighed against the start
-            variant = 1 if self.placement.colocated and len(self.variants) > 1 else 0
-            planner = Planner(controller.cost, workload, self.variants[variant])
-            start = planner.plan() if self.placement.colocated else planner.plan_at(len(self.placement.train))
-            controller.adopt(start, variant)
+            adopt_placement(controller, self.placement, workload)
         event = controller.observe(step, workload, times, force=True, steps_left=self.steps - step)
         if event is None or not event.applied:
             return quiet
