@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="3 steps, one seed (a smoke run; figures not saved)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="write the runs' store, MLflow and checkpoints here and keep them (default: a "
+                             "temporary directory, removed at the end); the directory must not exist yet")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.eval_every = 3, [0], 2
@@ -131,8 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     per_seed: dict[str, Any] = {}
     cores = os.sched_getaffinity(0)
+    if args.keep is not None and args.keep.exists():
+        parser.error(f"--keep {args.keep}: the directory exists; name a new one (runs are not mixed)")
     with tempfile.TemporaryDirectory(prefix="libra-bench-policies-") as tmp:
-        base = Path(tmp)
+        base = Path(tmp) if args.keep is None else args.keep
+        base.mkdir(parents=True, exist_ok=True)
         prepare_runtime(config_for(base, "libra", args.steps, 0, args.eval_every))
         start_prefect()
         # not measured: the machine's cold start (file cache, the engines' first start) would

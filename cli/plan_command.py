@@ -110,7 +110,8 @@ def make_plan(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
     payload = plan_json(plan, cluster, model, workload, source)
     if calibration is not None:
         payload["calibration"] = {"coefficients": asdict(calibration.coefficients), "samples": calibration.samples,
-                                  "mean_abs_rel_error": calibration.mean_abs_rel_error}
+                                  "mean_abs_rel_error": calibration.mean_abs_rel_error,
+                                  "set_aside": calibration.set_aside}
     return payload
 
 
@@ -172,5 +173,6 @@ def render_plan(p: dict[str, Any]) -> str:
     if "calibration" in p:
         c = p["calibration"]
         errors = ", ".join(f"{k} {v:.1%}" for k, v in c["mean_abs_rel_error"].items())
-        lines.append(f"  calibrated on {sum(c['samples'].values())} timing samples (mean error {errors})")
+        aside = f"; {c['set_aside']} decode samples over 3x off set aside" if c.get("set_aside") else ""
+        lines.append(f"  calibrated on {sum(c['samples'].values())} timing samples (mean error {errors}{aside})")
     return "\n".join(lines)

@@ -131,7 +131,7 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
         except LibraError as exc:  # a plan this machine cannot place is recorded, not applied
             event = replace(event, applied=False, reason=f"{event.reason}; not placed: {exc}")
     calibration = {"samples": fitted.samples, "mean_abs_rel_error": fitted.mean_abs_rel_error,
-                   "kept_defaults": list(fitted.kept_defaults)}
+                   "kept_defaults": list(fitted.kept_defaults), "set_aside": fitted.set_aside}
     return PlanOutcome(step, plan_id, event.reason, placement is not None, placement, plan_row(step, plan_id, event),
                        calibration)
 

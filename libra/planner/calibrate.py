@@ -7,10 +7,16 @@ non-negative coefficients:
 
     train_step   seconds = train_compute * compute + train_comm * comm + train_step_s
     prefill      seconds = prefill_compute * flops_time
-    decode_step  seconds = max(decode_compute * compute, decode_memory * memory) + rollout_comm * comm + decode_step_s
+    decode_step  seconds = max(decode_compute * compute, decode_memory * memory) + rollout_comm * comm
+                           + decode_step_s + decode_seq_s * batch
 
 The max() of the decode roofline is fitted by alternating: label each sample with the bound that
 binds under the current coefficients, solve the linear problem, repeat until the labels settle.
+Decode samples are weighted by the fitted time rather than the measured one (iteratively), and a
+sample more than 3x off the fit is set aside (at most a quarter of them), so that a few near-empty
+engine steps do not decide the fit. The terms that shrink with the instance's size (compute,
+memory, all-reduces) are told apart from the host's overheads, which do not, only by samples of more
+than one instance size; with one size, only the overheads are fitted and the rest keep their values.
 Coefficients of a kind with too few samples keep their current values.
 """
 
@@ -54,6 +60,7 @@ class FitResult:
     mean_abs_rel_error: dict[str, float]  # on the samples, after fitting
     rejected: int = 0  # samples dropped as invalid (non-positive or non-finite values)
     kept_defaults: tuple[str, ...] = ()  # kinds whose samples could not determine the coefficients
+    set_aside: int = 0  # decode samples more than 3x off the fit, not used (nor in the errors)
 
 
 def _train_workload(sample: TimingSample) -> Workload:
@@ -71,7 +78,7 @@ def features(cost: CostModel, sample: TimingSample) -> tuple[float, ...]:
     if sample.kind == "prefill":
         return (cost.prefill_ideal_s(sample.tp, sample.tokens, sample.context_tokens),)
     compute, memory, comm = cost.decode_step_features(sample.tp, sample.batch, sample.context_tokens)
-    return compute, memory, comm, 1.0
+    return compute, memory, comm, 1.0, sample.batch
 
 
 def predict(cost: CostModel, sample: TimingSample) -> float:
@@ -80,7 +87,8 @@ def predict(cost: CostModel, sample: TimingSample) -> float:
         return c.train_compute * f[0] + c.train_comm * f[1] + c.train_step_s * f[2]
     if sample.kind == "prefill":
         return c.prefill_compute * f[0]
-    return max(c.decode_compute * f[0], c.decode_memory * f[1]) + c.rollout_comm * f[2] + c.decode_step_s * f[3]
+    return (max(c.decode_compute * f[0], c.decode_memory * f[1]) + c.rollout_comm * f[2] + c.decode_step_s * f[3]
+            + c.decode_seq_s * f[4])
 
 
 def samples_from_rows(rows: Sequence[dict]) -> list[TimingSample]:
@@ -107,13 +115,15 @@ class Underdetermined(Exception):
     """The samples do not pin down the coefficients (too few distinct configurations)."""
 
 
-def _solve(rows: list[tuple[float, ...]], seconds: list[float], active: list[int], current: list[float]) -> list[float]:
-    """Non-negative least squares on relative error over the `active` columns; others keep `current`."""
+def _solve(rows: list[tuple[float, ...]], seconds: list[float], active: list[int], current: list[float],
+           scale: Sequence[float] | None = None) -> list[float]:
+    """Non-negative least squares on error relative to `scale` (default: the measured seconds) over
+    the `active` columns; others keep `current`."""
     a = np.array(rows, dtype=float)
     y = np.array(seconds, dtype=float)
     fixed = [i for i in range(a.shape[1]) if i not in active]
     target = y - (a[:, fixed] @ np.array([current[i] for i in fixed]) if fixed else 0.0)
-    weights = 1.0 / y
+    weights = 1.0 / (y if scale is None else np.asarray(scale, dtype=float))
     design = a[:, active] * weights[:, None]
     if np.linalg.matrix_rank(design / np.maximum(np.abs(design).max(axis=0), 1e-300)) < len(active):
         raise Underdetermined()
@@ -151,25 +161,24 @@ def fit(cost: CostModel, samples: Sequence[TimingSample], max_rounds: int = 50) 
             kept.append("prefill")
 
     decode = by_kind["decode_step"]
+    set_aside: list[TimingSample] = []
     if len(decode) >= MIN_SAMPLES["decode_step"]:
-        names = ["decode_compute", "decode_memory", "rollout_comm", "decode_step_s"]
-        raw = [features(cost, s) for s in decode]
+        names = ["decode_compute", "decode_memory", "rollout_comm", "decode_step_s", "decode_seq_s"]
         start = [values[n] for n in names]
-        current = list(start)
-        labels: list[bool] | None = None
+        free = [0, 1, 2, 3, 4] if len({s.tp for s in decode}) > 1 else [3, 4]
         try:
-            for _ in range(max_rounds):
-                compute_bound = [current[0] * r[0] >= current[1] * r[1] for r in raw]
-                if compute_bound == labels:
-                    break
-                labels = compute_bound
-                rows = [(r[0] if cb else 0.0, 0.0 if cb else r[1], r[2], r[3]) for r, cb in zip(raw, labels, strict=True)]
-                active = [i for i in range(4) if any(row[i] > 0 for row in rows)]
-                current = _solve(rows, [s.seconds for s in decode], active, current)
+            current, outliers = _fit_decode([features(cost, s) for s in decode], [s.seconds for s in decode], start,
+                                            free, max_rounds)
         except Underdetermined:
-            current = start
-            kept.append("decode_step")
+            try:  # the sizes measured cannot separate the device's terms: fit the host's alone
+                current, outliers = _fit_decode([features(cost, s) for s in decode], [s.seconds for s in decode],
+                                                start, [3, 4], max_rounds)
+            except Underdetermined:
+                current, outliers = start, []
+                kept.append("decode_step")
         values.update(zip(names, current, strict=True))
+        set_aside = [decode[i] for i in outliers]
+        by_kind["decode_step"] = [s for i, s in enumerate(decode) if i not in set(outliers)]
 
     fitted = replace(cost, coefficients=Coefficients(**values))
     errors = {
@@ -177,7 +186,39 @@ def fit(cost: CostModel, samples: Sequence[TimingSample], max_rounds: int = 50) 
         for kind, group in by_kind.items() if group
     }
     return FitResult(fitted.coefficients, {k: len(v) for k, v in by_kind.items()}, errors,
-                     rejected=len(samples) - len(usable), kept_defaults=tuple(kept))
+                     rejected=len(samples) - len(usable), kept_defaults=tuple(kept), set_aside=len(set_aside))
+
+
+OUTLIER_RATIO = 3.0  # a decode sample this many times off the fit (either way) is set aside
+MAX_SET_ASIDE = 0.25  # ... unless more than this share would be: then the model, not the samples, is off
+
+
+def _fit_decode(raw: list[tuple[float, ...]], seconds: list[float], start: list[float], free: list[int],
+                max_rounds: int) -> tuple[list[float], list[int]]:
+    """The decode coefficients (`free` columns fitted, the others kept at `start`) and the indices
+    of the samples set aside. Alternates the roofline's labels, the weights (1 / fitted seconds) and
+    the set-aside samples until all three settle."""
+    current = list(start)
+    y = np.array(seconds, dtype=float)
+    scale = y.copy()  # the first round: relative to the measured time
+    keep = np.ones(len(raw), dtype=bool)
+    state = None
+    for _ in range(max_rounds):
+        compute_bound = [current[0] * r[0] >= current[1] * r[1] for r in raw]
+        rows = [(r[0] if cb else 0.0, 0.0 if cb else r[1], r[2], r[3], r[4]) for r, cb in zip(raw, compute_bound, strict=True)]
+        kept_rows = [row for row, k in zip(rows, keep, strict=True) if k]
+        active = [i for i in free if any(row[i] > 0 for row in kept_rows)]
+        current = _solve(kept_rows, list(y[keep]), active, current, scale[keep])
+        fitted = np.array(rows, dtype=float) @ np.array(current)
+        ratio = np.where(fitted > 0, y / np.maximum(fitted, 1e-300), np.inf)
+        off = (ratio > OUTLIER_RATIO) | (ratio < 1 / OUTLIER_RATIO)
+        keep = ~off if off.mean() <= MAX_SET_ASIDE else np.ones(len(raw), dtype=bool)
+        scale = np.where(fitted > 0, fitted, y)
+        settled = (tuple(compute_bound), tuple(keep), tuple(round(v, 12) for v in current))
+        if settled == state:
+            break
+        state = settled
+    return current, [i for i, k in enumerate(keep) if not k]
 
 
 def mean_abs_rel_error(cost: CostModel, samples: Sequence[TimingSample]) -> float:

@@ -13,9 +13,11 @@ Training (one RL step over all its tokens, Megatron-style layout: TP inside a no
 Rollout (a group of `count` instances of TP `tp` serving some length buckets, continuous batching):
     batch    = KV pool (HBM left after weights and activations, over the instance's GPUs) / mean
                resident context, capped by `max_batch` and by the trajectories each instance holds
-    step     = max(compute, weight + KV bytes / bandwidth) + TP all-reduces + per-step overhead;
-               the all-reduces are small messages, run as inference engines run them inside a
-               node (one-shot or two-shot: one or two hops of latency, not the ring's 2(n-1))
+    step     = max(compute, weight + KV bytes / bandwidth) + TP all-reduces + per-step overhead
+               + per-sequence overhead * batch; the all-reduces are small messages, run as
+               inference engines run them inside a node (one-shot or two-shot: one or two hops of
+               latency, not the ring's 2(n-1)); the overheads are the host's work (scheduling,
+               sampling, output processing), which no instance size shrinks
     time     = max(prefill + decode steps of an instance's share, the longest trajectory's own
                time: its tokens decode at the steady batch while the rest of the share lasts, then
                alone, at batch 1, as the physics runs a shrinking tail)
@@ -45,6 +47,9 @@ class Coefficients:
     decode_step_s: float = 0.0005  # fixed seconds per decode step of an instance (scheduling, sampling, launches
     # under CUDA graphs); with it Qwen3-14B on A800 decodes a lone sequence in 17.6 / 9.6 / 5.4 / 3.3 ms at
     # TP 1/2/4/8, against 17-19 / 9-10 / 5 / 3-4 ms from weights over HBM bandwidth plus NVLink all-reduces
+    decode_seq_s: float = 0.0  # host seconds per sequence per decode step (sampling, output processing), at
+    # any instance size; none by default (a GPU engine overlaps it with the device), fitted where it shows:
+    # a small model on CPU cores decodes in 10 ms + 0.5 ms per sequence at one core or two alike
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -254,7 +259,8 @@ class CostModel:
     def decode_step_s(self, tp: int, batch: float, context: float) -> float:
         compute, memory, comm = self.decode_step_features(tp, batch, context)
         c = self.coefficients
-        return max(c.decode_compute * compute, c.decode_memory * memory) + c.rollout_comm * comm + c.decode_step_s
+        return (max(c.decode_compute * compute, c.decode_memory * memory) + c.rollout_comm * comm + c.decode_step_s
+                + c.decode_seq_s * batch)
 
     def prefill_ideal_s(self, tp: int, tokens: float, context: float) -> float:
         """Prefill FLOPs of `tokens` new tokens attending `context` tokens, at peak."""

@@ -5,12 +5,13 @@ Two facts of the physics give it.
 
 Work. A GPU does one thing at a time, so a step lasts at least the GPU-seconds of work in it over
 the cluster's GPUs. A step of a TP-`tp` instance decoding `batch` sequences costs `tp` GPUs for
-max(compute, memory) + all-reduces + a fixed cost, where compute is the batch's FLOPs over the
-instance's peak and memory is the weights' share plus the batch's KV over HBM bandwidth. Over any
-set of steps the sum of maxima is at least the larger of the two sums, and each sum splits into
-per-token terms that do not depend on the TP: a token decoded at context c costs at least its FLOPs
-at peak, and at least (weights / `max_batch` + c tokens of KV at TP1) over bandwidth plus
-fixed / `max_batch`. Prefill costs its FLOPs at the prefill efficiency on any TP. Training a batch
+max(compute, memory) + all-reduces + a fixed cost + a host cost per sequence, where compute is the
+batch's FLOPs over the instance's peak and memory is the weights' share plus the batch's KV over HBM
+bandwidth. Over any set of steps the sum of maxima is at least the larger of the two sums, and each
+sum splits into per-token terms that do not depend on the TP: a token decoded at context c costs at
+least its FLOPs at peak, and at least (weights / `max_batch` + c tokens of KV at TP1) over bandwidth
+plus fixed / `max_batch`, plus its host cost (on one GPU at least). Prefill costs its FLOPs at the
+prefill efficiency on any TP. Training a batch
 costs at least its FLOPs at the modelled MFU (no pipeline bubble, no communication).
 
 The longest trajectory. Its turns run one after another: each prompt or tool result is prefilled,
@@ -96,7 +97,8 @@ def rollout_gpu_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> flo
             traffic += gen * (weights_per_token + kv * context)
     compute = c.decode_compute * flops / hw.peak_flops
     memory = c.decode_memory * traffic / hw.hbm_bandwidth
-    return prefill + max(compute, memory) + tokens * c.decode_step_s / cost.rollout.max_batch
+    # the host's per-sequence work takes its time on an instance of one GPU at least, whatever the batch
+    return prefill + max(compute, memory) + tokens * (c.decode_step_s / cost.rollout.max_batch + c.decode_seq_s)
 
 
 def longest_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> float:

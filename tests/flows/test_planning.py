@@ -6,7 +6,10 @@ The workload drifts: every turn must generate at least `min_tokens_per_turn` tok
 and that floor (with the turn limit) grows by 80% each iteration, so rollout outgrows training. The run starts on a
 split (one worker rolls out beside the trainer on the other); with two workers the one move toward
 rollout is colocation (both workers roll out, then both train), which the planner takes once its
-gain over the planning period pays for restarting the engines. The run is started for 40 steps, killed
+gain over the steps left pays for restarting the engines (25-90 s). With eight trajectories a step
+the rollout is bound by its longest trajectory, which a second engine does not shorten, so the gain
+may stay under that price: the test asserts the move when one was applied, and otherwise that every
+decision names the rule that held it back. The run is started for 40 steps, killed
 with SIGKILL after its fourth iteration and resumed for 6: it goes on where it was placed, with the
 planner's state it had.
 """

@@ -68,3 +68,54 @@ def test_invalid_and_underdetermined_samples_are_refused() -> None:
     assert result.rejected == 4
     assert result.kept_defaults == ("train_step",)  # five samples of one configuration cannot separate 3 terms
     assert result.coefficients == default.coefficients
+
+
+HOST = Coefficients(decode_compute=2.0, decode_memory=1.3, rollout_comm=1.6, decode_step_s=0.004, decode_seq_s=4e-5)
+
+
+def _decode_samples(truth: CostModel, tps: tuple[int, ...], n: int, rng: random.Random) -> list[TimingSample]:
+    out = []
+    for _ in range(n):
+        sample = TimingSample("decode_step", 0.0, tp=rng.choice(tps), batch=rng.randint(1, 256),
+                              context_tokens=rng.randint(100, 8_000))
+        out.append(replace(sample, seconds=predict(truth, sample) * (1 + rng.gauss(0, 0.02))))
+    return out
+
+
+def test_host_cost_per_sequence_is_told_apart_from_the_device_by_two_instance_sizes() -> None:
+    """A per-sequence host cost that no instance size shrinks is recovered with the device's terms
+    when two sizes were measured."""
+    default = CostModel(parse_cluster("1x8:a800"), MODELS["qwen3-4b"])
+    truth = replace(default, coefficients=HOST)
+    result = fit(default, _decode_samples(truth, (1, 2), 200, random.Random(3)))
+    c = result.coefficients
+    assert abs(c.decode_seq_s - 4e-5) / 4e-5 < 0.05
+    assert abs(c.decode_memory - 1.3) / 1.3 < 0.05
+    assert result.mean_abs_rel_error["decode_step"] < 0.03
+    assert result.set_aside == 0
+
+
+def test_one_instance_size_fits_only_the_host_terms() -> None:
+    """Samples of one size cannot say what a larger instance would shrink: the device's coefficients
+    keep their values, the per-step and per-sequence host costs are fitted."""
+    default = CostModel(parse_cluster("1x8:a800"), MODELS["qwen3-4b"])
+    truth = replace(default, coefficients=replace(default.coefficients, decode_step_s=0.004, decode_seq_s=4e-5))
+    result = fit(default, _decode_samples(truth, (1,), 100, random.Random(4)))
+    c, d = result.coefficients, default.coefficients
+    assert (c.decode_compute, c.decode_memory, c.rollout_comm) == (d.decode_compute, d.decode_memory, d.rollout_comm)
+    assert abs(c.decode_step_s - 0.004) / 0.004 < 0.05
+    assert abs(c.decode_seq_s - 4e-5) / 4e-5 < 0.05
+
+
+def test_near_empty_engine_steps_are_set_aside() -> None:
+    """Eight of 200 samples at a tenth of their time (steps that returned before the batch ran) would
+    drag a fit on relative error down; they are set aside and the coefficients still recovered."""
+    default = CostModel(parse_cluster("1x8:a800"), MODELS["qwen3-4b"])
+    truth = replace(default, coefficients=HOST)
+    samples = _decode_samples(truth, (1, 2), 200, random.Random(5))
+    samples[:8] = [replace(s, seconds=s.seconds / 10) for s in samples[:8]]
+    result = fit(default, samples)
+    assert result.set_aside == 8
+    assert result.samples["decode_step"] == 192
+    assert abs(result.coefficients.decode_seq_s - 4e-5) / 4e-5 < 0.05
+    assert result.mean_abs_rel_error["decode_step"] < 0.03

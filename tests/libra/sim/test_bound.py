@@ -1,6 +1,8 @@
 """The proven bound: no policy beats it, and each of its terms is exactly what the physics charges
 for the cases where the physics can reach it."""
 
+from dataclasses import replace
+
 import pytest
 
 from libra.planner.cost_model import CostModel
@@ -50,3 +52,15 @@ def test_rollout_work_is_below_what_any_layout_spends() -> None:
     full = [SimTrajectory(f"p{i}/0", f"p{i}", 100, (SimTurn(800, "none", 0, "none", 0.0),)) for i in range(256)]
     busy = RolloutSim(COST, [InstanceSpec(1, 0)], LeastLoad(Buckets(()))).run(full).busy_gpu_s
     assert busy == pytest.approx(rollout_gpu_s(COST, full), rel=1e-12)
+
+
+def test_host_cost_per_sequence_keeps_the_bound_below_every_policy() -> None:
+    """With a host cost per sequence per decode step (a CPU engine's), the bound still holds."""
+    spec = workload_spec("dapo-math", group_size=4, prompts_per_step=8)
+    base = CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"])
+    cost = replace(base, coefficients=replace(base.coefficients, decode_seq_s=2e-4))
+    runs = simulate(spec, cost, 3, list(POLICIES), seed=1)
+    bound = run_bound(cost, [WorkloadGenerator(spec, 1).step(k) for k in range(3)])
+    assert bound.total_s > run_bound(base, [WorkloadGenerator(spec, 1).step(k) for k in range(3)]).total_s
+    for name, run in runs.items():
+        assert run.total_time_s >= bound.total_s, name
