@@ -17,7 +17,9 @@ Rollout (a group of `count` instances of TP `tp` serving some length buckets, co
                + per-sequence overhead * batch; the all-reduces are small messages, run as
                inference engines run them inside a node (one-shot or two-shot: one or two hops of
                latency, not the ring's 2(n-1)); the overheads are the host's work (scheduling,
-               sampling, output processing), which no instance size shrinks
+               sampling, output processing), which no instance size shrinks; where one process
+               drives every instance (`shared_host`: a local run) a step also waits for the
+               per-sequence work of the other instances' sequences
     time     = max(prefill + decode steps of an instance's share, the longest trajectory's own
                time: its tokens decode at the steady batch while the rest of the share lasts, then
                alone, at batch 1, as the physics runs a shrinking tail)
@@ -78,6 +80,9 @@ class RolloutSettings:
     activation_reserve_bytes: float = 1.0 * GB  # per GPU, kept for activations and CUDA graphs
     max_batch: int = 256  # concurrent sequences per instance
     max_context_tokens: int = 131_072  # engine max_model_len
+    shared_host: bool = False  # one process drives every instance (a local run's engines), so the host's
+    # per-sequence work (`Coefficients.decode_seq_s`) of all instances takes turns: a step of one instance
+    # also waits for the sequences of the others (servers of their own on a cluster: False)
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,12 @@ class CostModel:
         return (max(c.decode_compute * compute, c.decode_memory * memory) + c.rollout_comm * comm + c.decode_step_s
                 + c.decode_seq_s * batch)
 
+    def host_wait_s(self, sequences_elsewhere: float) -> float:
+        """What a decode step also waits for when one process drives every instance
+        (`rollout.shared_host`): the host's per-sequence work of the other instances' sequences.
+        The planner's group of instances and the rollout simulator's instances both add it."""
+        return self.coefficients.decode_seq_s * sequences_elsewhere if self.rollout.shared_host else 0.0
+
     def prefill_ideal_s(self, tp: int, tokens: float, context: float) -> float:
         """Prefill FLOPs of `tokens` new tokens attending `context` tokens, at peak."""
         m = self.model
@@ -287,7 +298,7 @@ class CostModel:
         kv_batch = self.kv_capacity_tokens(tp) / max(resident, 1.0)
         share = n / count  # trajectories per instance
         batch = max(1.0, min(kv_batch, self.rollout.max_batch, share))
-        step = self.decode_step_s(tp, batch, resident)
+        step = self.decode_step_s(tp, batch, resident) + self.host_wait_s(batch * (count - 1))
         steady_steps = share * gen / batch  # decode steps the instance runs at its steady batch
         instance = self.prefill_s(tp, share * (prompt + payload), resident) + steady_steps * step
         return max(instance, max(self._straggler_s(tp, b, steady_steps, step) for b in buckets))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from libra.config import PlannerConfig
 from libra.planner.controller import PlanController, PlanEvent
@@ -68,8 +68,12 @@ def model_profile_of(name: str, hf_config: dict) -> ModelProfile:
 
 def local_cost_model(cluster: LocalCluster, model: str, hf_config: dict, config: PlannerConfig) -> CostModel:
     """The planner's cost model of `cluster`'s workers for the policy whose HF config is `hf_config`
-    (default coefficients: `libra.planner.calibrate.fit` replaces them with the run's)."""
-    return cost_model(cluster.planner_cluster(), model_profile_of(model, hf_config), config)
+    (default coefficients: `libra.planner.calibrate.fit` replaces them with the run's). The run's
+    one process drives every engine (its agent loop polls them in turn), so the engines share its
+    host time per sequence (`RolloutSettings.shared_host`): on two cores, two one-core engines roll
+    out no faster than one."""
+    cost = cost_model(cluster.planner_cluster(), model_profile_of(model, hf_config), config)
+    return replace(cost, rollout=replace(cost.rollout, shared_host=True))
 
 
 def timing_rows(step: int, decode: Sequence[EngineTiming], train: TrainTiming | None, hardware: str,

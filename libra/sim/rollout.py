@@ -5,7 +5,9 @@ generation) fits its KV pool (the HBM its GPUs have left after weights and activ
 tokens at TP8); the rest wait in its queue. A single sequence is also held to the engine's context
 limit, a separate check. All its active sequences decode one
 token per step, and a step takes the cost model's decode time at the current batch and mean
-context, so between events every sequence advances at the same rate. Admitting a turn first
+context (plus, when one process drives every instance, the host's per-sequence work of the other
+instances' sequences: `CostModel.host_wait_s`), so between events every sequence advances at the
+same rate. Admitting a turn first
 prefills its new tokens (the prompt, the tool result, or the whole context after a migration),
 during which the instance makes no decode progress. Between turns a trajectory waits for its tool
 and holds no GPU. The router picks a bucket at the start and at each tool return; within a bucket
@@ -99,6 +101,7 @@ class Instance:
         self.hybrid = spec.hybrid
         self.draining = False
         self.released_at: float | None = None  # when a draining hybrid held no work any more
+        self.sequences_elsewhere = 0  # active sequences of the other instances (a shared host's wait)
 
     @property
     def load(self) -> int:
@@ -149,7 +152,17 @@ class Instance:
     def _rate(self) -> None:
         if self.active:
             mean_context = self.context_sum / len(self.active)
-            self.step_s = self.cost.decode_step_s(self.tp, len(self.active), mean_context)
+            self.step_s = (self.cost.decode_step_s(self.tp, len(self.active), mean_context)
+                           + self.cost.host_wait_s(self.sequences_elsewhere))
+
+    def share_host(self, sequences_elsewhere: int) -> None:
+        """The other instances now hold `sequences_elsewhere` active sequences (one process drives
+        them all): progress so far at the old step time, the rest at the new one."""
+        if sequences_elsewhere != self.sequences_elsewhere:
+            self._sync()
+            self.sequences_elsewhere = sequences_elsewhere
+            self._rate()
+            self._reschedule()
 
     def _reschedule(self) -> None:
         if self.event is not None:
@@ -216,6 +229,7 @@ class RolloutSim:
         self.router = router
         self.instances = [Instance(i, spec, cost, self.loop, self._turn_done, self._load_changed)
                           for i, spec in enumerate(layout)]
+        self.shared_host = cost.rollout.shared_host and cost.coefficients.decode_seq_s > 0 and len(self.instances) > 1
         self.by_bucket: dict[int, list[Instance]] = {}
         for inst in self.instances:
             self.by_bucket.setdefault(inst.bucket, []).append(inst)
@@ -269,6 +283,11 @@ class RolloutSim:
 
     def _load_changed(self, instance: Instance) -> None:
         heapq.heappush(self.loads[instance.bucket], (instance.load, instance.index))
+        if self.shared_host:
+            total = sum(len(i.active) for i in self.instances)
+            for other in self.instances:
+                if other is not instance:
+                    other.share_host(total - len(other.active))
 
     def _send(self, trajectory: SimTrajectory, turn: int, bucket: int, new_tokens: int) -> None:
         tid = trajectory.trajectory_id

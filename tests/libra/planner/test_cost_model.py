@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -107,3 +108,27 @@ def test_group_time_agrees_with_the_rollout_physics() -> None:
         for tp, count in ((1, 16), (2, 8), (4, 4), (8, 2)):
             simulated = RolloutSim(cost, [InstanceSpec(tp, 0)] * count, LeastLoad(Buckets(()))).run(batch).makespan_s
             assert 0.8 < cost.group_time(tp, count, buckets) / simulated < 1.2, (name, tp)
+
+
+def test_instances_driven_by_one_process_share_its_host_time_per_sequence() -> None:
+    """With only a host cost per sequence (0.4 ms a token), 64 equal trajectories take 64 x 200 x
+    0.4 ms = 5.12 s on one instance; two instances halve it when each has a server of its own, and
+    do not when one process drives both (`shared_host`: each step also waits for the other's
+    sequences). The rollout simulator runs the same batch to the same times."""
+    from libra.scheduler.policies import Buckets, LeastLoad
+    from libra.sim.rollout import InstanceSpec, RolloutSim
+    from libra.sim.training import workload_of
+    from libra.sim.workloads import SimTrajectory, SimTurn
+
+    base = a800_14b()
+    host_only = replace(base.coefficients, decode_compute=0.0, decode_memory=0.0, rollout_comm=0.0, decode_step_s=0.0,
+                        prefill_compute=0.0, decode_seq_s=4e-4)
+    batch = [SimTrajectory(f"p{i}/0", f"p{i}", 100, (SimTurn(200, "none", 0, "none", 0.0),)) for i in range(64)]
+    buckets = workload_of(batch).buckets
+    for shared, two in ((False, 2.56), (True, 5.12)):
+        cost = replace(base, coefficients=host_only, rollout=replace(base.rollout, shared_host=shared))
+        assert cost.group_time(1, 1, buckets) == pytest.approx(5.12)
+        assert cost.group_time(1, 2, buckets) == pytest.approx(two)
+        for count, expected in ((1, 5.12), (2, two)):
+            simulated = RolloutSim(cost, [InstanceSpec(1, 0)] * count, LeastLoad(Buckets(()))).run(batch).makespan_s
+            assert simulated == pytest.approx(expected), (shared, count)
