@@ -161,24 +161,22 @@ def fit(cost: CostModel, samples: Sequence[TimingSample], max_rounds: int = 50) 
             kept.append("prefill")
 
     decode = by_kind["decode_step"]
-    set_aside: list[TimingSample] = []
+    outliers: set[int] = set()
     if len(decode) >= MIN_SAMPLES["decode_step"]:
         names = ["decode_compute", "decode_memory", "rollout_comm", "decode_step_s", "decode_seq_s"]
         start = [values[n] for n in names]
+        raw, seconds = [features(cost, s) for s in decode], [s.seconds for s in decode]
         free = [0, 1, 2, 3, 4] if len({s.tp for s in decode}) > 1 else [3, 4]
         try:
-            current, outliers = _fit_decode([features(cost, s) for s in decode], [s.seconds for s in decode], start,
-                                            free, max_rounds)
+            current, outliers = _fit_decode(raw, seconds, start, free, max_rounds)
         except Underdetermined:
             try:  # the sizes measured cannot separate the device's terms: fit the host's alone
-                current, outliers = _fit_decode([features(cost, s) for s in decode], [s.seconds for s in decode],
-                                                start, [3, 4], max_rounds)
+                current, outliers = _fit_decode(raw, seconds, start, [3, 4], max_rounds)
             except Underdetermined:
-                current, outliers = start, []
+                current = start
                 kept.append("decode_step")
         values.update(zip(names, current, strict=True))
-        set_aside = [decode[i] for i in outliers]
-        by_kind["decode_step"] = [s for i, s in enumerate(decode) if i not in set(outliers)]
+        by_kind["decode_step"] = [s for i, s in enumerate(decode) if i not in outliers]
 
     fitted = replace(cost, coefficients=Coefficients(**values))
     errors = {
@@ -186,7 +184,7 @@ def fit(cost: CostModel, samples: Sequence[TimingSample], max_rounds: int = 50) 
         for kind, group in by_kind.items() if group
     }
     return FitResult(fitted.coefficients, {k: len(v) for k, v in by_kind.items()}, errors,
-                     rejected=len(samples) - len(usable), kept_defaults=tuple(kept), set_aside=len(set_aside))
+                     rejected=len(samples) - len(usable), kept_defaults=tuple(kept), set_aside=len(outliers))
 
 
 OUTLIER_RATIO = 3.0  # a decode sample this many times off the fit (either way) is set aside
@@ -194,7 +192,7 @@ MAX_SET_ASIDE = 0.25  # ... unless more than this share would be: then the model
 
 
 def _fit_decode(raw: list[tuple[float, ...]], seconds: list[float], start: list[float], free: list[int],
-                max_rounds: int) -> tuple[list[float], list[int]]:
+                max_rounds: int) -> tuple[list[float], set[int]]:
     """The decode coefficients (`free` columns fitted, the others kept at `start`) and the indices
     of the samples set aside. Alternates the roofline's labels, the weights (1 / fitted seconds) and
     the set-aside samples until all three settle."""
@@ -218,7 +216,7 @@ def _fit_decode(raw: list[tuple[float, ...]], seconds: list[float], start: list[
         if settled == state:
             break
         state = settled
-    return current, [i for i, k in enumerate(keep) if not k]
+    return current, {i for i, k in enumerate(keep) if not k}
 
 
 def mean_abs_rel_error(cost: CostModel, samples: Sequence[TimingSample]) -> float:
