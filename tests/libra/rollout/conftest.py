@@ -5,14 +5,13 @@ import pytest
 
 from libra.rollout.policy import PolicySettings, init_policy
 
-# a smaller policy than `libra policy init` builds (about a minute here), cached between test runs
-TEST_POLICY = PolicySettings(demos_per_env=64, steps=150)
-
 
 @pytest.fixture(scope="session")
 def policy_dir() -> Path:
+    """The shipped policy, copied once into a cache directory the tests may read (and copy) freely;
+    building one from scratch took four minutes on a fresh machine."""
     out = Path(__file__).resolve().parents[3] / ".libra" / "test-policy"
-    init_policy(out, TEST_POLICY, log=lambda _: None)
+    init_policy(out, PolicySettings(), log=lambda _: None)
     return out
 
 

@@ -118,9 +118,12 @@ def test_vllm_agent_loop(vllm_engine, hf_engines, tmp_path):
 
 
 def test_vllm_exact_decoding_makes_exactly_the_tokens_asked_for(vllm_engine, hf_engines):
-    ids = hf_engines[0].tokenizer("Question: Who founded Kaonzu?", add_special_tokens=False)["input_ids"]
-    greedy = vllm_engine.generate([ids], 600, [], temperature=0.0)[0]
-    assert greedy.token_ids[-1] == hf_engines[0].tokenizer.eos_token_id and len(greedy.token_ids) < 600
+    tokenizer = hf_engines[0].tokenizer
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("Question: Who founded Kaonzu?", "hello")]
+    ends = [(ids, g) for ids, g in zip(prompts, vllm_engine.generate(prompts, 600, [], temperature=0.0))
+            if g.token_ids[-1] == tokenizer.eos_token_id and len(g.token_ids) < 600]
+    assert ends, "the policy ends none of the prompts by itself; add one it ends"
+    ids, greedy = ends[0]
     exact = vllm_engine.generate([ids, ids[:4]], 600, [], temperature=0.0, exact=True)  # past the end of sequence
     assert [len(g.token_ids) for g in exact] == [600, 600] and exact[0].token_ids[:len(greedy.token_ids)] == greedy.token_ids
 
