@@ -102,11 +102,10 @@ def _cost(s):
 def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     """Fit the cost model to the run's timing samples, then let the controller decide for the
     recent workload: the plan, whether it pays to move, and where that puts the workers."""
-    from libra.errors import LibraError
     from libra.planner.calibrate import fit, samples_from_rows
     from libra.planner.workload import build_workload, lengths_from_rows
     from libra.rl.cluster import placement_of
-    from libra.rl.planning import adopt_placement, plan_row, step_times
+    from libra.rl.planning import adopt_placement, move_held, plan_row, step_times
 
     s = session(run)
     if not stats.lengths:
@@ -119,17 +118,15 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     if controller.current is None:  # the run started from its own placement: weigh the first plan against it
         adopt_placement(controller, s.placement, workload)
     times = step_times(stats.last_step) if stats.last_step else None
+    plan_id = f"plan-{step}"
+
+    calibrating = fitted.wait_reason()
     # a move pays off over the run's remaining iterations at most (step..steps-1)
-    event = controller.observe(step, workload, times, force=True, steps_left=t.steps - step)
+    event = controller.observe(step, workload, times, force=True, steps_left=t.steps - step,
+                               hold=lambda plan: move_held(plan, s.cluster, plan_id, calibrating))
     if event is None:
         return None
-    plan_id = f"plan-{step}"
-    placement = None
-    if event.applied:
-        try:
-            placement = placement_of(event.candidate, s.cluster, plan_id)
-        except LibraError as exc:  # a plan this machine cannot place is recorded, not applied
-            event = replace(event, applied=False, reason=f"{event.reason}; not placed: {exc}")
+    placement = placement_of(event.candidate, s.cluster, plan_id) if event.applied else None
     calibration = {"samples": fitted.samples, "mean_abs_rel_error": fitted.mean_abs_rel_error,
                    "kept_defaults": list(fitted.kept_defaults), "set_aside": fitted.set_aside}
     return PlanOutcome(step, plan_id, event.reason, placement is not None, placement, plan_row(step, plan_id, event),

@@ -62,6 +62,25 @@ class FitResult:
     kept_defaults: tuple[str, ...] = ()  # kinds whose samples could not determine the coefficients
     set_aside: int = 0  # decode samples more than 3x off the fit, not used (nor in the errors)
 
+    def wait_reason(self, kinds: Sequence[str] = ("train_step", "decode_step")) -> str | None:
+        """Why decisions that rest on `kinds` should wait for more measurements, or None: see
+        `calibration_wait`."""
+        return calibration_wait(self.samples, kinds, self.kept_defaults)
+
+
+def calibration_wait(samples: dict[str, int], kinds: Sequence[str] = ("train_step", "decode_step"),
+                     kept_defaults: Sequence[str] = ()) -> str | None:
+    """Why a decision resting on `kinds` should wait, or None: a kind with fewer samples than its
+    fit needs (`MIN_SAMPLES`), or whose samples could not determine it, still has the cost model's
+    default coefficients, which are guesses (a run's first plan comes after two iterations: two
+    training samples). The live planning flow and the simulator's replay of it hold moves on it."""
+    waiting = [f"{kind} has {samples.get(kind, 0)} samples of the {MIN_SAMPLES[kind]} its fit needs"
+               if samples.get(kind, 0) < MIN_SAMPLES[kind] else f"{kind}'s samples do not determine its coefficients"
+               for kind in kinds if samples.get(kind, 0) < MIN_SAMPLES[kind] or kind in kept_defaults]
+    if not waiting:
+        return None
+    return "calibrating: " + "; ".join(waiting) + " (the cost model still has its default coefficients)"
+
 
 def _train_workload(sample: TimingSample) -> Workload:
     mean = sample.tokens / sample.sequences

@@ -34,6 +34,7 @@ class PlanEvent:
     current_t_iter_s: float  # the plan in force, re-costed on this step's workload (inf if none)
     decision: Decision | None  # None for the initial plan
     applied: bool
+    held: str = ""  # why a move that pays was not made (see `observe`'s hold); empty when none
 
 
 class PlanController:
@@ -75,9 +76,13 @@ class PlanController:
         return reason
 
     def observe(self, step: int, workload: Workload, times: StepTimes | None = None,
-                force: bool = False, steps_left: int | None = None) -> PlanEvent | None:
+                force: bool = False, steps_left: int | None = None,
+                hold: Callable[[Plan], str | None] | None = None) -> PlanEvent | None:
         """Plan at `step` if the trigger says so (`due`); the event says what was decided.
-        `steps_left`: the run's steps from `step` on, when known (a move must pay off within them)."""
+        `steps_left`: the run's steps from `step` on, when known (a move must pay off within them).
+        `hold`: asked about a candidate the decision would move to; a reason it returns keeps the plan
+        in force (e.g. the cost model is not calibrated yet, or the machine cannot place the plan),
+        and the event is recorded unapplied with that reason."""
         reason = self.due(step, times, force)
         if reason is None:
             return None
@@ -123,6 +128,8 @@ class PlanController:
                 current_t = evaluate(planner, corrected(self.current, self.rollout_correction[self.current_variant]))
             decision = decide(current_t, candidate, self.current, self.cost, self.trigger, steps_left)
             event = PlanEvent(step, reason, candidate, current_t, decision, decision.apply)
+        if event.applied and self.current is not None and hold is not None and (held := hold(candidate)):
+            event = replace(event, applied=False, held=held)
         if event.applied:
             self.current = raw  # kept as predicted; corrections are applied when plans are compared
             self.current_variant = variant

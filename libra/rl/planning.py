@@ -3,6 +3,7 @@ the planner's outputs -> the store's rows.
 
     timing_rows(step, decode, update, placement, cluster, model)   # one iteration's samples, for the store
     live_variants(cluster, config)                                  # the placements the planner searches
+    move_held(plan, cluster, plan_id, calibrating)                  # why a move that pays must wait
     plan_row(...), move_rows(...)                                   # a plan and the moves it made, as rows
 
 The planning flow (`flows/planning.py`) reads the rows back with DuckDB, fits the cost model to them
@@ -17,14 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from libra.config import PlannerConfig
+from libra.errors import LibraError
 from libra.planner.controller import PlanController, PlanEvent
 from libra.planner.cost_model import CostModel
-from libra.planner.planner import Planner, PlannerSettings
+from libra.planner.planner import Plan, Planner, PlannerSettings
 from libra.planner.profiles import ModelProfile
 from libra.planner.settings import cost_model
 from libra.planner.trigger import StepTimes
 from libra.planner.workload import Workload
-from libra.rl.cluster import LocalCluster, Placement
+from libra.rl.cluster import LocalCluster, Placement, placement_of
 from libra.rollout.engines import DecodeTiming
 
 
@@ -125,12 +127,26 @@ def adopt_placement(controller: PlanController, placement: Placement, workload: 
     controller.adopt(planner.plan() if placement.colocated else planner.plan_at(len(placement.train)), variant)
 
 
+def move_held(plan: Plan, cluster: LocalCluster, plan_id: str, calibrating: str | None) -> str | None:
+    """Why a move to `plan` that pays must still wait, or None: the cost model is `calibrating`
+    (`libra.planner.calibrate.calibration_wait`), or this machine cannot place the plan. The planning
+    flow and the simulator's replay of it hold moves on it."""
+    if calibrating is not None:
+        return calibrating
+    try:
+        placement_of(plan, cluster, plan_id)
+    except LibraError as exc:
+        return f"not placed: {exc}"
+    return None
+
+
 def plan_row(step: int, plan_id: str, event: PlanEvent) -> dict:
     """A planner decision as a row of the store's `plans` table."""
     plan = event.candidate
     train = plan.train.config if plan.train else None
     decision = event.decision
-    reason = event.reason if decision is None else f"{event.reason}; {decision.reason}"
+    held = f"not moved: {event.held}" if event.held else ""
+    reason = "; ".join(part for part in (event.reason, decision.reason if decision else "", held) if part)
     return {"step": step, "plan_id": plan_id, "applied": event.applied, "reason": reason,
             "train_gpus": plan.train_gpus, "rollout_gpus": plan.rollout_gpus, "hybrid_gpus": plan.hybrid_gpus,
             "train_tp": train.tp if train else None, "train_pp": train.pp if train else None,

@@ -28,13 +28,14 @@ from dataclasses import replace
 
 from libra.config import PlannerConfig
 from libra.errors import LibraError
+from libra.planner.calibrate import MIN_SAMPLES, calibration_wait
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel
 from libra.planner.settings import trigger_settings
 from libra.planner.trigger import TriggerSettings
 from libra.planner.workload import Workload
 from libra.rl.cluster import POLICIES, LocalCluster, Placement, initial_placement, placement_of
-from libra.rl.planning import adopt_placement, live_variants
+from libra.rl.planning import adopt_placement, live_variants, move_held
 from libra.sim.policies import StepConfig, SystemPolicy
 from libra.sim.rollout import InstanceSpec
 from libra.sim.runner import PolicyRun, run_policy
@@ -112,13 +113,15 @@ class LocalPlacement(SystemPolicy):
         workload = self._workload()
         if controller.current is None:  # as the plan task does: the first plan is weighed against the start
             adopt_placement(controller, self.placement, workload)
-        event = controller.observe(step, workload, times, force=True, steps_left=self.steps - step)
+        # as live: a move waits until the calibration has the training samples its fit needs (one
+        # per recent step done; the engines' decode samples come many a step)
+        trained = min(step, self.recent_steps) if self.recent_steps > 0 else step
+        calibrating = calibration_wait({"train_step": trained, "decode_step": MIN_SAMPLES["decode_step"]})
+        event = controller.observe(step, workload, times, force=True, steps_left=self.steps - step,
+                                   hold=lambda plan: move_held(plan, self.cluster, f"plan-{step}", calibrating))
         if event is None or not event.applied:
             return quiet
-        try:
-            placement = placement_of(event.candidate, self.cluster, f"plan-{step}")
-        except LibraError:  # a plan this machine cannot place is not applied (as live)
-            return quiet
+        placement = placement_of(event.candidate, self.cluster, f"plan-{step}")
         # what the move costs on these workers: restarting the engines when theirs change (the
         # trainer's threads move for free); the planner's own estimate only decided whether to move
         switch = self.trigger.engine_start_s if placement.engines != self.placement.engines else 0.0

@@ -119,3 +119,23 @@ def test_near_empty_engine_steps_are_set_aside() -> None:
     assert result.samples["decode_step"] == 192
     assert abs(result.coefficients.decode_seq_s - 4e-5) / 4e-5 < 0.05
     assert result.mean_abs_rel_error["decode_step"] < 0.03
+
+
+def test_decisions_wait_while_a_kind_still_has_its_default_coefficients() -> None:
+    from libra.planner.calibrate import calibration_wait
+
+    assert calibration_wait({"train_step": 2, "decode_step": 40}) == (
+        "calibrating: train_step has 2 samples of the 4 its fit needs "
+        "(the cost model still has its default coefficients)")
+    assert calibration_wait({"train_step": 4, "decode_step": 40}, kept_defaults=("decode_step",)) == (
+        "calibrating: decode_step's samples do not determine its coefficients "
+        "(the cost model still has its default coefficients)")
+    assert calibration_wait({"train_step": 4, "decode_step": 6}) is None
+    assert calibration_wait({"train_step": 0}, kinds=("decode_step",)) == (
+        "calibrating: decode_step has 0 samples of the 6 its fit needs (the cost model still has its default coefficients)")
+    default = CostModel(parse_cluster("1x8:a800"), MODELS["qwen3-4b"])
+    same_config = [TimingSample("train_step", 100.0 + i, tp=2, pp=1, dp=2, micro_batch=1, sequences=64,
+                                tokens=64 * 4000, max_tokens=4000) for i in range(5)]
+    assert fit(default, same_config).wait_reason(("train_step",)) == (
+        "calibrating: train_step's samples do not determine its coefficients "
+        "(the cost model still has its default coefficients)")

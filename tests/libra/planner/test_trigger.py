@@ -56,7 +56,7 @@ def test_a_move_pays_off_only_over_the_steps_the_run_has_left() -> None:
     assert decide(current, large, small, cost, s, steps_left=0).horizon_steps == 0
 
 
-def _drive(controller: PlanController, workloads) -> None:
+def _drive(controller: PlanController, workloads, hold=None) -> None:
     for step, workload in enumerate(workloads):
         current = controller.current
         times = None
@@ -64,7 +64,7 @@ def _drive(controller: PlanController, workloads) -> None:
             counts = {g.tp: g.count for g in current.rollout.groups}
             times = StepTimes(step, fixed_layout_time(controller.cost, workload, counts),
                               controller.cost.train_time(current.train.config, workload).seconds)
-        controller.observe(step, workload, times)
+        controller.observe(step, workload, times, hold=hold)
 
 
 def test_stationary_noisy_workload_never_moves() -> None:
@@ -110,3 +110,22 @@ def test_probe_replaces_the_cost_model_and_learns_per_variant() -> None:
     assert set(event.candidate.rollout.instance_counts) == {2}
     assert event.candidate.t_iter_s == probed[[set(p.rollout.instance_counts) for p in probed].index({2})].t_iter_s
     assert controller.probe_correction == [pytest.approx(2.0), pytest.approx(1.0)]  # 0.5 x 1 + 0.5 x 3
+
+
+def test_a_held_move_is_recorded_unapplied_and_keeps_the_plan_in_force() -> None:
+    base = trace_workload("taubench_airline", scale=4)
+    free, held = PlanController(a800_14b()), PlanController(a800_14b())
+    workloads = [base.scaled(1 + step / 100) for step in range(100)]
+    _drive(free, workloads)
+    first_move = next(e for e in free.events[1:] if e.applied)
+    asked = []
+
+    def hold(plan):
+        asked.append(plan)
+        return "calibrating: not yet"
+
+    _drive(held, workloads[: first_move.step + 1], hold)  # the same decisions until the first move
+    event = held.events[-1]
+    assert (event.step, event.applied, event.held) == (first_move.step, False, "calibrating: not yet")
+    assert event.decision is not None and event.decision.apply  # the move paid; the hold kept it back
+    assert asked == [event.candidate] and held.current is held.events[0].candidate  # the plan in force stays

@@ -120,7 +120,7 @@ def test_vllm_agent_loop(vllm_engine, hf_engines, tmp_path):
 def test_vllm_exact_decoding_makes_exactly_the_tokens_asked_for(vllm_engine, hf_engines):
     tokenizer = hf_engines[0].tokenizer
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("Question: Who founded Kaonzu?", "hello")]
-    ends = [(ids, g) for ids, g in zip(prompts, vllm_engine.generate(prompts, 600, [], temperature=0.0))
+    ends = [(ids, g) for ids, g in zip(prompts, vllm_engine.generate(prompts, 600, [], temperature=0.0), strict=True)
             if g.token_ids[-1] == tokenizer.eos_token_id and len(g.token_ids) < 600]
     assert ends, "the policy ends none of the prompts by itself; add one it ends"
     ids, greedy = ends[0]

@@ -89,3 +89,12 @@ def test_a_libra_move_pays_the_measured_engine_start_and_is_planned_as_live():
     assert (move.train_gpus, move.rollout_gpus, move.plan_reason) == (2, 2, "periodic")
     colocated = runs(batches, engine_start_s=42.0)["colocated"].steps[move.step]
     assert move.train_s > colocated.train_s
+
+
+def test_libra_waits_for_the_training_samples_its_calibration_needs_before_it_moves():
+    """As live: the first plan (step 2) has two training samples, fewer than the four the fit
+    needs, so a move that pays waits until step 4; the decision itself is the planner's."""
+    batches = [batch(k, 2000) for k in range(6)]
+    result = runs(batches, engine_start_s=5.0, period_steps=1, min_relative_gain=0.0)["libra"]
+    assert [(s.step, s.train_gpus, s.rollout_gpus) for s in result.steps if s.switch_cost_s > 0] == [(4, 2, 2)]
+    assert [(s.train_gpus, s.rollout_gpus) for s in result.steps[:4]] == [(1, 1)] * 4
