@@ -44,7 +44,8 @@ class TrainTiming:
 
     seconds: float
     sequences: int
-    tokens: int  # padded tokens the forward passes computed
+    tokens: int  # the sequences' tokens (prompt, generations, tool returns), without padding: the
+    # basis the planner's workloads count (`Workload.tokens`); the fitted coefficient absorbs padding
     max_tokens: int  # the longest sequence
     workers: int
 

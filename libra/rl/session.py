@@ -365,7 +365,7 @@ class TrainingSession:
                              f"{self.config.trainer.max_staleness} updates old; nothing to train on")
         stats = self.trainer.train_step(admission.admitted)
         workers = len(self.placement.train) if self.placement else self.trainer.threads()
-        timing = TrainTiming(stats.seconds, stats.sequences, stats.padded_tokens,
+        timing = TrainTiming(stats.seconds, stats.sequences, sum(len(s.token_ids) for s in admission.admitted),
                              max(len(s.token_ids) for s in admission.admitted), workers)
         return Update(stats, len(admission.admitted), len(admission.dropped), admission.staleness_max,
                       admission.staleness_mean, timing)

@@ -5,6 +5,7 @@ import pytest
 
 from libra.config import LibraConfig
 from libra.errors import LibraError
+from libra.planner.workload import build_workload, lengths_from_trajectories
 from libra.rl.session import TrainingSession, config_digest, hold_run
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
 
@@ -23,7 +24,13 @@ def test_a_batch_rolled_out_beyond_the_staleness_bound_is_never_trained_on(polic
             session.rollout(step)
             session.score(step)
         assert {b.stats.model_version for b in session.pending.values()} == {0}
+        batch = session.pending[0]
         first = session.update(0)
+        # the update's timing sample counts tokens as the planner's workload of the batch does (the
+        # calibration fits on one basis and predicts on the other): no padding
+        workload = build_workload(lengths_from_trajectories(batch.trajectories))
+        assert first.timing.tokens == sum(t.total_tokens for t in batch.trajectories) == pytest.approx(workload.tokens)
+        assert first.timing.tokens <= first.stats.padded_tokens
         session.sync()
         second = session.update(1)
         assert (first.staleness_max, first.dropped, second.staleness_max, second.dropped) == (0, 0, 1, 0)
