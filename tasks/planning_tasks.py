@@ -119,8 +119,7 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
         adopt_placement(controller, s.placement, workload)
     times = step_times(stats.last_step) if stats.last_step else None
     plan_id = f"plan-{step}"
-
-    calibrating = fitted.wait_reason()
+    calibrating = fitted.wait_reason()  # a move that pays waits while the fit keeps default coefficients
     # a move pays off over the run's remaining iterations at most (step..steps-1)
     event = controller.observe(step, workload, times, force=True, steps_left=t.steps - step,
                                hold=lambda plan: move_held(plan, s.cluster, plan_id, calibrating))
