@@ -1,4 +1,4 @@
-"""`libra train` end to end on the transformers engine and the small test policy: GRPO iterations as
+"""`libra train` end to end on the transformers engine and the shipped policy: GRPO iterations as
 Prefect flows, the store and MLflow written once per step, and a run killed with SIGKILL
 mid-iteration that continues where it stopped.
 

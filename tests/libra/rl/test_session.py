@@ -1,4 +1,4 @@
-"""A training session on the transformers engine and the small test policy: what it may train on,
+"""A training session on the transformers engine and the shipped policy: what it may train on,
 its lock, and what a resume must share with the run it continues."""
 
 import pytest
