@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from libra.config import PlannerConfig
 from libra.errors import LibraError
-from libra.planner.calibrate import MIN_SAMPLES, calibration_wait
+from libra.planner.calibrate import calibration_wait
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel
 from libra.planner.settings import trigger_settings
@@ -114,9 +114,9 @@ class LocalPlacement(SystemPolicy):
         if controller.current is None:  # as the plan task does: the first plan is weighed against the start
             adopt_placement(controller, self.placement, workload)
         # as live: a move waits until the calibration has the training samples its fit needs (one
-        # per recent step done; the engines' decode samples come many a step)
+        # per recent step done; the engines' decode samples come many a step, so they never hold it)
         trained = min(step, self.recent_steps) if self.recent_steps > 0 else step
-        calibrating = calibration_wait({"train_step": trained, "decode_step": MIN_SAMPLES["decode_step"]})
+        calibrating = calibration_wait({"train_step": trained}, kinds=("train_step",))
         event = controller.observe(step, workload, times, force=True, steps_left=self.steps - step,
                                    hold=lambda plan: move_held(plan, self.cluster, f"plan-{step}", calibrating))
         if event is None or not event.applied:
