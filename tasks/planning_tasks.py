@@ -200,7 +200,7 @@ def record_plan_task(run: str, outcome: PlanOutcome, moves: list[dict], tree: Tr
                                   "plan_rollout_workers": float(row["rollout_gpus"] or 0),
                                   "workers_moved": float(sum(1 for m in moves if m["event"] == "moved"))},
                   outcome.step, sentinel="plan_applied")
-    history = [{"step": e.step, "reason": e.reason, "applied": e.applied, "t_iter_s": e.candidate.t_iter_s,
+    history = [{"step": e.step, "reason": e.reason, "applied": e.applied, "held": e.held, "t_iter_s": e.candidate.t_iter_s,
                 "current_t_iter_s": e.current_t_iter_s, "train_workers": e.candidate.train_gpus,
                 "rollout_workers": e.candidate.rollout_gpus, "mode": e.candidate.mode,
                 "decision": asdict(e.decision) if e.decision else None} for e in s.controller.events]
