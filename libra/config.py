@@ -216,6 +216,20 @@ class PlacementConfig(_Section):
         "colocated: every worker rolls out, then every worker trains; static: half the workers roll out, the rest "
         "train, never moved; libra: that split, re-planned from the run's statistics")
     cores_per_worker: int = Field(1, ge=1, le=1_024, description="CPU cores per worker (the unit the planner moves)")
+    hybrids: int = Field(0, ge=0, le=4_096, description="rollout workers that also train, as hybrids of the elastic pool "
+                         "beside the trainer's core rank (static and libra; pool.* sets the joins); 0: the trainer "
+                         "trains in the run's process")
+    hybrid_schedule: dict[int, int] = Field(
+        default_factory=dict, description="hybrids wanted in training from an iteration on ({0: 1, 6: 0}: one, "
+        "then none from iteration 6); empty: every hybrid from the start")
+
+    @model_validator(mode="after")
+    def _schedule_within_hybrids(self) -> PlacementConfig:
+        bad = {k: v for k, v in self.hybrid_schedule.items() if k < 0 or not 0 <= v <= self.hybrids}
+        if bad:
+            raise ValueError(f"placement.hybrid_schedule {bad}: iterations must be >= 0 and counts 0..placement.hybrids "
+                             f"({self.hybrids})")
+        return self
 
 
 class LibraConfig(_Section):
@@ -238,6 +252,10 @@ class LibraConfig(_Section):
         if self.placement.policy in ("libra", "static") and self.trainer.max_staleness < 1:
             raise ValueError(f"placement.policy {self.placement.policy} overlaps rollout and training (one-step-off): "
                              "trainer.max_staleness must be >= 1 (or use placement.policy colocated)")
+        if self.placement.hybrids and self.placement.policy not in ("libra", "static"):
+            raise ValueError(f"placement.hybrids {self.placement.hybrids}: hybrids are rollout workers that also train, "
+                             f"which needs a split placement (placement.policy static or libra, not "
+                             f"{self.placement.policy})")
         if self.placement.policy != "none" and self.rollout.engine == "hf" and self.rollout.device == "cpu":
             raise ValueError(f"placement.policy {self.placement.policy} gives the engines CPU cores of their own, but "
                              "the transformers engine (rollout.engine hf) runs inside the trainer's process and shares "

@@ -122,7 +122,8 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     calibrating = fitted.wait_reason()  # a move that pays waits while the fit keeps default coefficients
     # a move pays off over the run's remaining iterations at most (step..steps-1)
     event = controller.observe(step, workload, times, force=True, steps_left=t.steps - step,
-                               hold=lambda plan: move_held(plan, s.cluster, plan_id, calibrating))
+                               hold=lambda plan: move_held(plan, s.cluster, plan_id, calibrating,
+                                                           s.placement if s.config.placement.hybrids else None))
     if event is None:
         return None
     placement = placement_of(event.candidate, s.cluster, plan_id) if event.applied else None
@@ -193,6 +194,7 @@ def record_plan_task(run: str, outcome: PlanOutcome, moves: list[dict], tree: Tr
         tx.write_step("plans", outcome.step, pa.Table.from_pylist([outcome.row]))
         if events:
             tx.write_step("pool_events", outcome.step, pa.Table.from_pylist(events))
+    s.plan_events[outcome.step] = events  # the iteration's record rewrites the step's pool_events with its own
     row = outcome.row
     log_step_once(mlflow_run_id, {"plan_applied": float(outcome.applied), "plan_t_iter_s": row["t_iter_s"],
                                   "planning_s": seconds,

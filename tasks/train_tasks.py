@@ -181,6 +181,10 @@ def record_task(run: str, mlflow_run_id: str, announce: bool = True) -> int:
         timings = record.timing_rows(s.hardware_name(), s.model_name())
         if timings:
             tx.write_step("timings", record.step, pa.Table.from_pylist(timings))
+        hybrids = record.pool_rows()
+        if hybrids:  # the step's pool_events: the planning's rows (moves, tree rebuild), then the hybrids'
+            tx.write_step("pool_events", record.step, pa.Table.from_pylist(s.plan_events.get(record.step, []) + hybrids))
+    s.plan_events.pop(record.step, None)
     log_step_once(mlflow_run_id, record.metrics(), record.step, sentinel="reward")
     if record.heldout_reward is not None:  # by weights version: 0 is the policy before training
         log_step_once(mlflow_run_id, {"heldout_reward": record.heldout_reward}, record.version, sentinel="heldout_reward")

@@ -108,13 +108,14 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
                     payload = core_only(step)
                     if leader is not None:
                         leader.on_failure(step, failed or "another core rank saw the failure")
-            update = mean_update(payload)
+            reduced = mean_update(spec.task, payload)
             marks.append(time.perf_counter())
             if leader is not None:
                 leader.before_update()
-            apply_update(spec.task, model, optimizer, step, update)
+            apply_update(spec.task, model, optimizer, step, reduced.update)
             if leader is not None:
-                leader.record_update(step, update)
+                leader.record_update(step, reduced.update)
+                spec.task.publish(model, optimizer, step, reduced, len(info["active"]))
             marks.append(time.perf_counter())
             if spec.min_step_s > 0:
                 time.sleep(max(0.0, spec.min_step_s - (time.perf_counter() - began)))
@@ -242,7 +243,7 @@ def _member(hid: str, spec: WorkerSpec, control: Control, model: nn.Module, opti
                 gen, info = g, new
             payload = step_payload(spec.task, model, step, core + info["active"], hid)
             group.allreduce([payload]).wait()
-            apply_update(spec.task, model, optimizer, step, mean_update(payload))
+            apply_update(spec.task, model, optimizer, step, mean_update(spec.task, payload).update)
             last, step = step, step + 1
     except Exception:  # the generation failed: the leader rolls this hybrid back
         return step - 1

@@ -162,6 +162,19 @@ class ElasticPool:
         steps = json.loads((self.out_dir / "steps.json").read_text())
         return PoolResult(final["model"], final["optimizer"], steps, list(self.monitor.events), str(self.out_dir))
 
+    def abort(self) -> None:
+        """End the pool before its steps are done (the run driving it stopped): the core ranks are
+        killed, the hybrids told to stop (and killed if they do not)."""
+        for proc in self.core:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        self._stop.set()
+        self._thread.join()
+        for hid in self.hybrid_ids:
+            self.control.send(hid, {"op": "stop"})
+        self.provider.close(2.0)
+
     # driving ------------------------------------------------------------------------------------
     def set_desired(self, hybrids: int) -> None:
         if not 0 <= hybrids <= len(self.hybrid_ids):

@@ -29,7 +29,7 @@ def _replica(rank: int, world: int, port: int, task: TrainTask, steps: int, out:
         shard = shards(task.step_size(step), ids)[str(rank)]
         optimizer.zero_grad(set_to_none=True)
         # dividing by each replica's (equal) shard weight makes DDP's average the whole batch's mean
-        weight = task.accumulate(ddp, step, shard)  # DDP averages the summed gradients over replicas
+        weight = task.accumulate(ddp, step, shard).weight  # DDP averages the summed gradients over replicas
         for p in model.parameters():
             if p.grad is not None:
                 p.grad /= weight

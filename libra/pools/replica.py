@@ -20,22 +20,25 @@ from torch import nn
 from libra.pools.batching import shards
 from libra.pools.control import Control
 from libra.pools.spec import WorkerSpec
-from libra.pools.task import TrainTask
+from libra.pools.task import Reduced, TrainTask
 
 
 def shard_payload(task: TrainTask, model: nn.Module, step: int, shard: range | None) -> torch.Tensor:
-    """[summed loss gradient of the shard..., its weight] on the model's device; zeros for a replica
-    without a shard. The weight is what the task's sum is over (samples, or GRPO's policy tokens)."""
+    """[summed loss gradient of the shard..., its weight, the task's tallies...] on the model's
+    device; zeros for a replica without a shard. The weight is what the task's sum is over (samples,
+    or GRPO's policy tokens)."""
     params = [p for p in model.parameters()]
     dtype, device = params[0].dtype, params[0].device
     if shard is None or len(shard) == 0:
         size = sum(p.numel() for p in params)
-        return torch.zeros(size + 1, dtype=dtype, device=device)
+        return torch.zeros(size + 1 + len(task.tallies), dtype=dtype, device=device)
     model.zero_grad(set_to_none=True)
-    weight = task.accumulate(model, step, shard)
+    summed = task.accumulate(model, step, shard)
+    if len(summed.tallies) != len(task.tallies):
+        raise ValueError(f"the task reported {len(summed.tallies)} tallies; it names {len(task.tallies)}: {task.tallies}")
     grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype, device=device)
              for p in params]
-    return torch.cat(grads + [torch.tensor([float(weight)], dtype=dtype, device=device)])
+    return torch.cat(grads + [torch.tensor([summed.weight, *summed.tallies], dtype=dtype, device=device)])
 
 
 def step_payload(task: TrainTask, model: nn.Module, step: int, active: list[str], me: str) -> torch.Tensor:
@@ -59,10 +62,13 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def mean_update(payload: torch.Tensor) -> torch.Tensor:
-    """The summed gradient over the summed weight; a zero gradient when nothing had weight (a GRPO
-    step without policy tokens), as the trainer's token mean."""
-    return payload[:-1] / payload[-1] if payload[-1] > 0 else torch.zeros_like(payload[:-1])
+def mean_update(task: TrainTask, payload: torch.Tensor) -> Reduced:
+    """The summed gradient over the summed weight (a zero gradient when nothing had weight: a GRPO
+    step without policy tokens, as the trainer's token mean), with the weight and the tallies."""
+    tail = 1 + len(task.tallies)
+    grads, weight = payload[:-tail], float(payload[-tail])
+    update = grads / weight if weight > 0 else torch.zeros_like(grads)
+    return Reduced(update, weight, tuple(float(v) for v in payload[len(payload) - tail + 1:]))
 
 
 def state_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

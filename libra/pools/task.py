@@ -1,8 +1,10 @@
 """What the elastic pool trains: a `TrainTask` builds the model and optimizer, says how many samples
 a step's global batch holds, accumulates the gradient of a shard's summed loss (and says how many
-units the sum is over: samples, or policy tokens for GRPO), and takes the optimizer step once the mean gradient
-is in place. Every replica builds the same task from the same seed, so core ranks and hybrids start
-identical and see the same batch for a step.
+units the sum is over: samples, or policy tokens for GRPO, with any other sums the task reports about
+its loss: its `tallies`), and takes the optimizer step once the mean gradient is in place; after
+each step core rank 0 lets it `publish` the state (for whoever drives the run step by step). Every
+replica builds the same task from the same seed, so core ranks and hybrids start identical and see
+the same batch for a step.
 
 `RegressionTask` is a small multi-layer perceptron on a seeded synthetic regression problem, with
 AdamW (so optimizer state matters when a hybrid joins). `libra.trainer.pool_task.GRPOTask` is the
@@ -12,26 +14,54 @@ policy trainer's GRPO update on the run's trajectories.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
 
 
+@dataclass(frozen=True)
+class Shard:
+    """What a replica's shard of a step sums over (`weight`: samples or policy tokens) and the task's
+    other sums over it (one per name in the task's `tallies`), summed over the replicas with the
+    gradient."""
+
+    weight: float
+    tallies: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A step summed over its replicas: the mean gradient, the total weight, the task's tallies."""
+
+    update: torch.Tensor
+    weight: float
+    tallies: tuple[float, ...]
+
+
 class TrainTask(Protocol):
+    tallies: ClassVar[tuple[str, ...]]  # names of the sums `accumulate` reports beside the weight
+
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]: ...
 
     def step_size(self, step: int) -> int:
         """Samples in the step's global batch (what the replicas' shards divide)."""
         ...
 
-    def accumulate(self, model: nn.Module, step: int, rows: range) -> float:
+    def accumulate(self, model: nn.Module, step: int, rows: range) -> Shard:
         """Add the gradient of the summed loss of the step's samples `rows` into the parameters'
-        grads (on the model's device); return how many units the sum is over."""
+        grads (on the model's device); return how many units the sum is over, and the tallies."""
         ...
 
     def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
         """Step `step`'s mean gradient is in the parameters' grads: take the optimizer step."""
+        ...
+
+    def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
+                hybrids: int) -> None:
+        """Step `step` is applied (`reduced`: what its replicas summed; `hybrids`: how many of them were
+        hybrids): make the state after it available to whoever drives the run step by step (core
+        rank 0 calls this)."""
         ...
 
 
@@ -46,6 +76,7 @@ class RegressionTask:
     lr: float = 1e-3
     seed: int = 0
     dtype: str = "float32"
+    tallies: ClassVar[tuple[str, ...]] = ()
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -84,11 +115,15 @@ class RegressionTask:
     def step_size(self, step: int) -> int:
         return self.global_batch
 
-    def accumulate(self, model: nn.Module, step: int, rows: range) -> float:
+    def accumulate(self, model: nn.Module, step: int, rows: range) -> Shard:
         inputs, targets = self.batch(step, rows)
         device = next(model.parameters()).device
         self.loss_sum(model, inputs.to(device), targets.to(device)).backward()
-        return float(len(rows))
+        return Shard(float(len(rows)))
 
     def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
         optimizer.step()
+
+    def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
+                hybrids: int) -> None:
+        """Nothing: the pool's result (its final snapshot and step log) is this task's outcome."""

@@ -128,16 +128,22 @@ def adopt_placement(controller: PlanController, placement: Placement, workload: 
     controller.adopt(planner.plan() if placement.colocated else planner.plan_at(len(placement.train)), variant)
 
 
-def move_held(plan: Plan, cluster: LocalCluster, plan_id: str, calibrating: str | None) -> str | None:
+def move_held(plan: Plan, cluster: LocalCluster, plan_id: str, calibrating: str | None,
+              core: Placement | None = None) -> str | None:
     """Why a move to `plan` that pays must still wait, or None: the cost model is `calibrating`
-    (`libra.planner.calibrate.calibration_wait`), or this machine cannot place the plan. The planning
-    flow and the simulator's replay of it hold moves on it."""
+    (`libra.planner.calibrate.calibration_wait`), this machine cannot place the plan, or it would
+    move the trainer's workers while hybrids train beside them (`core`: the placement whose
+    training workers are the elastic pool's core, which stays). The planning flow and the
+    simulator's replay of it hold moves on it."""
     if calibrating is not None:
         return calibrating
     try:
-        placement_of(plan, cluster, plan_id)
+        placement = placement_of(plan, cluster, plan_id)
     except LibraError as exc:
         return f"not placed: {exc}"
+    if core is not None and (placement.train != core.train or placement.colocated):
+        return (f"the trainer's workers {list(core.train)} are the elastic pool's core, which stays while hybrids "
+                f"train beside it ({placement.describe()} would move them)")
     return None
 
 

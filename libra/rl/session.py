@@ -26,9 +26,10 @@ from typing import Any
 
 from libra.config import LibraConfig
 from libra.errors import LibraError
+from libra.pools.states import PoolEvent
 from libra.rl.cluster import LocalCluster, Placement, initial_placement
 from libra.rl.planning import EngineStart, EngineTiming, TrainTiming, timing_rows
-from libra.rl.schedule import EVAL_SEED, Admission, admit, tokens_per_turn, train_task_seed
+from libra.rl.schedule import EVAL_SEED, Admission, admit, hybrids_wanted, tokens_per_turn, train_task_seed
 from libra.trainer.checkpoint import (
     CheckpointState,
     latest_checkpoint,
@@ -92,6 +93,7 @@ class IterationRecord:
     policy: str = "none"  # the placement policy (libra, static, colocated; none: stages share every core)
     placement: Placement | None = None  # where the iteration ran (None: no placement)
     engine_starts: tuple[EngineStart, ...] = ()  # engines (re)started since the last iteration's record
+    pool_events: tuple[PoolEvent, ...] = ()  # the hybrids' transitions since the last iteration's record
 
     def metrics(self) -> dict[str, float]:
         u, b = self.update.stats, self.batch.stats
@@ -105,14 +107,15 @@ class IterationRecord:
         if self.placement is not None:
             out |= {"rollout_workers": float(len(self.placement.rollout_workers)),
                     "train_workers": float(len(self.placement.train)),
-                    "colocated": float(self.placement.colocated)}
+                    "hybrid_workers": float(u.hybrids), "colocated": float(self.placement.colocated)}
         return out | {f"{stage}_s": seconds for stage, seconds in self.seconds.items()}
 
     def steps_row(self, run: str) -> dict[str, Any]:
         b = self.batch.stats
         p = self.placement
         placed = {} if p is None else {"plan_id": p.plan_id, "train_gpus": len(p.train),
-                                       "rollout_gpus": 0 if p.colocated else len(p.rollout_workers), "hybrid_gpus": 0}
+                                       "rollout_gpus": 0 if p.colocated else len(p.rollout_workers),
+                                       "hybrid_gpus": self.update.stats.hybrids}
         return placed | {"run": run, "step": self.step, "policy": self.policy, "start_s": self.start_s,
                 "rollout_s": b.wall_s, "train_s": self.seconds["train"],
                 "step_s": self.seconds["iteration"], "trajectories": b.trajectories, "gen_tokens": b.generated_tokens,
@@ -121,6 +124,14 @@ class IterationRecord:
     def timing_rows(self, hardware: str, model: str) -> list[dict]:
         """The iteration's measured decode and training samples, as `timings` rows."""
         return timing_rows(self.step, self.batch.decode, self.update.timing, hardware, model, self.engine_starts)
+
+    def pool_rows(self) -> list[dict]:
+        """The hybrids' transitions during the iteration, as `pool_events` rows at its step (the pool's
+        own step, the update's index in the pool, is in the detail)."""
+        return [{"step": self.step, "time_s": e.time_s, "worker_id": e.worker_id, "gpus": e.gpus,
+                 "from_state": e.from_state, "to_state": e.to_state, "event": e.event,
+                 "detail": "; ".join(part for part in (f"pool step {e.step}", e.detail) if part)}
+                for e in self.pool_events]
 
 
 def config_digest(config: LibraConfig) -> str:
@@ -164,6 +175,8 @@ class TrainingSession:
     engine_starts: list[EngineStart] = field(default_factory=list)  # (re)starts not in a record yet
     affinity: tuple[int, ...] = ()  # this process's cores before placement pinned it; given back at close
     threads: int = 0  # torch's threads before placement set them; given back at close
+    pool_events: list[PoolEvent] = field(default_factory=list)  # the hybrids' transitions not in a record yet
+    plan_events: dict[int, list[dict]] = field(default_factory=dict)  # a step's planning rows (pool_events)
 
     @classmethod
     def open(cls, config: LibraConfig, restart: bool = False) -> TrainingSession:
@@ -215,9 +228,16 @@ class TrainingSession:
         env = make_env(t.env, config.sandbox)
         buckets = Buckets(expert_bounds(env, r.instances, tokenizer))
         router = make_router(r.router, buckets, {}, config.scheduler)
-        trainer = PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
+        pool_events: list[PoolEvent] = []
+        if config.placement.hybrids:
+            from libra.trainer.pooled import PooledTrainer
+
+            trainer = PooledTrainer(weights, t, r, config.pool, root / "pool", hybrids=config.placement.hybrids,
+                                    reference_dir=policy, on_event=pool_events.append)
+        else:
+            trainer = PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
         session = cls(config, run, root, policy, state, trainer, [], env, tokenizer, router,
-                      engine_version=state.version, lock=lock)
+                      engine_version=state.version, lock=lock, pool_events=pool_events)
         planning = load_blob(latest, "planning") if latest is not None else None
         if config.placement.policy == "none":
             began = time.perf_counter()
@@ -230,6 +250,7 @@ class TrainingSession:
             session.cluster = local_cluster(config)
             placement = planning["placement"] if planning else initial_placement(config.placement.policy, session.cluster)
             session.controller = planning["controller"] if planning else None
+            session.plan_events = planning.get("plan_events", {}) if planning else {}
             session._place(placement, weights)
         if latest is not None:
             trainer.load_optimizer_state(load_blob(latest, "trainer"))
@@ -269,6 +290,13 @@ class TrainingSession:
             self.trainer.set_threads(len(cores))
             if r.engine == "vllm":  # the engines run in processes of their own: this process is the trainer's
                 pin_process(cores)
+        hybrids = self.config.placement.hybrids
+        if hybrids:  # hybrid i is rollout worker i, training beside the core rank when wanted
+            if placement.colocated or hybrids > len(placement.rollout_workers):
+                raise LibraError(f"placement.hybrids {hybrids} needs as many rollout workers in a split placement; "
+                                 f"{placement.describe()}: lower placement.hybrids")
+            self.trainer.arrange(cluster.units(placement.train),
+                                 [cluster.units((w,)) for w in placement.rollout_workers[:hybrids]])
         self.placement = placement
         return restart
 
@@ -363,8 +391,11 @@ class TrainingSession:
         if not admission.admitted:
             raise LibraError(f"iteration {step}: all {len(batch.samples)} trajectories are more than "
                              f"{self.config.trainer.max_staleness} updates old; nothing to train on")
+        if self.config.placement.hybrids:
+            p = self.config.placement
+            self.trainer.set_desired(hybrids_wanted(p.hybrid_schedule, p.hybrids, step))
         stats = self.trainer.train_step(admission.admitted)
-        workers = len(self.placement.train) if self.placement else self.trainer.threads()
+        workers = len(self.placement.train) + stats.hybrids if self.placement else self.trainer.threads()
         timing = TrainTiming(stats.seconds, stats.sequences, sum(len(s.token_ids) for s in admission.admitted),
                              max(len(s.token_ids) for s in admission.admitted), workers)
         return Update(stats, len(admission.admitted), len(admission.dropped), admission.staleness_max,
@@ -375,9 +406,11 @@ class TrainingSession:
         if self.trained is None or self.trained.step != step:
             raise RuntimeError(f"iteration {step} has not been trained")
         starts, self.engine_starts = tuple(self.engine_starts), []
+        events = tuple(self.pool_events[:])  # the pool's monitor thread appends; take what is there now
+        del self.pool_events[:len(events)]
         return IterationRecord(step, self.trained, update, seconds, heldout_reward,
                                float(self.state.summary.get("elapsed_s", 0.0)), self.trainer.updates,
-                               self.config.placement.policy, self.placement, starts)
+                               self.config.placement.policy, self.placement, starts, events)
 
     def checkpoint(self, record: IterationRecord, mlflow_run_id: str = "") -> Path:
         """The state after iteration `record.step`: weights, optimizer, RNG, the batches rolled out
@@ -404,7 +437,7 @@ class TrainingSession:
         """What a resumed run needs to place itself as before: the placement and the controller."""
         if self.placement is None:
             return None
-        return {"placement": self.placement, "controller": self.controller}
+        return {"placement": self.placement, "controller": self.controller, "plan_events": self.plan_events}
 
     def sync(self) -> float:
         """The trainer's weights into every engine, in place (through an HF-format directory that
@@ -434,6 +467,7 @@ class TrainingSession:
         for engine in self.engines:
             engine.close()
         self.engines = []
+        self.trainer.close()
         if self.affinity:  # the process may train another run next (a benchmark, a test): all its cores again
             from libra.rollout.engines import pin_process
 

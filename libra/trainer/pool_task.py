@@ -5,27 +5,45 @@ update (`trainer.take_update`).
 A step's samples reach every replica as one file, written by whoever scores the step's rollout
 (`write_step`): a JSON list of `TrainingSample` records under a temporary name, then renamed, so a
 replica never reads half a step. A replica that needs a step not written yet waits for it (up to
-`wait_s`). Each replica sums the per-token GRPO loss of its shard and reports its policy-token count;
-the pool divides the summed gradient by the step's total, which is the token mean the trainer takes
-over the whole step in one process.
+`wait_s`). Each replica sums the per-token GRPO loss of its shard and reports its policy-token count
+with the loss's token sums (`trainer.TALLIES`); the pool divides the summed gradient by the step's
+total, which is the token mean the trainer takes over the whole step in one process.
+
+With a `publish_dir`, core rank 0 publishes the state after each update (`publish`): the weights in
+HF form, the optimizer state and the update's statistics, in `update-<version>/` written under a
+temporary name and renamed, so a live run (`libra.trainer.pooled.PooledTrainer`) reads whole ones.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from libra.config import TrainerConfig
-from libra.trainer.optim import make_optimizer
+from libra.pools.task import Reduced, Shard
+from libra.trainer.optim import learning_rate, make_optimizer
 from libra.trainer.samples import TrainingSample, collate, micro_batches
-from libra.trainer.trainer import load_policy, load_reference, take_update, token_losses
+from libra.trainer.trainer import (
+    TALLIES,
+    AppliedUpdate,
+    load_policy,
+    load_reference,
+    take_update,
+    tallies,
+    token_losses,
+    update_stats,
+)
+
+PUBLISHED_KEPT = 2  # published updates kept: the newest, and the one a reader may still be copying
 
 
 def step_path(steps_dir: str | Path, step: int) -> Path:
@@ -65,10 +83,18 @@ def _reference(policy_dir: str, device: str) -> nn.Module:
     return load_reference(policy_dir, torch.device(device))
 
 
+def published_path(publish_dir: str | Path, version: int) -> Path:
+    """Where the state after update `version` (counted from the run's start) is published."""
+    return Path(publish_dir) / f"update-{version:06d}"
+
+
 @dataclass(frozen=True)
 class GRPOTask:
     """`policy_dir`: the weights every replica starts from; `first_update`: updates they have had
-    already (the learning-rate schedule's position, for a resumed run)."""
+    already (the learning-rate schedule's position, for a resumed run), with the optimizer state
+    saved at `optimizer_path` (torch.save of its state dict; empty: a fresh optimizer);
+    `reference_dir`: the KL term's frozen reference (empty: `policy_dir`); `publish_dir`: where core
+    rank 0 publishes each update (empty: nowhere)."""
 
     policy_dir: str
     trainer: TrainerConfig
@@ -76,11 +102,18 @@ class GRPOTask:
     temperature: float = 1.0
     first_update: int = 0
     wait_s: float = 600.0
+    reference_dir: str = ""
+    optimizer_path: str = ""
+    publish_dir: str = ""
+    tallies: ClassVar[tuple[str, ...]] = (*TALLIES, "padded_tokens")
 
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(self.trainer.seed)
         model = load_policy(self.policy_dir, torch.device("cpu"))
-        return model, make_optimizer(model.parameters(), self.trainer.lr, self.trainer.weight_decay)
+        optimizer = make_optimizer(model.parameters(), self.trainer.lr, self.trainer.weight_decay)
+        if self.optimizer_path:
+            optimizer.load_state_dict(torch.load(self.optimizer_path, weights_only=False))
+        return model, optimizer
 
     def samples(self, step: int) -> tuple[TrainingSample, ...]:
         return read_step(self.steps_dir, step, self.wait_s)
@@ -88,16 +121,44 @@ class GRPOTask:
     def step_size(self, step: int) -> int:
         return len(self.samples(step))
 
-    def accumulate(self, model: nn.Module, step: int, rows: range) -> float:
+    def accumulate(self, model: nn.Module, step: int, rows: range) -> Shard:
         mine = self.samples(step)[rows.start:rows.stop]
         device = next(model.parameters()).device
-        reference = _reference(self.policy_dir, str(device)) if self.trainer.kl_coef > 0 else None
+        reference = _reference(self.reference_dir or self.policy_dir, str(device)) if self.trainer.kl_coef > 0 else None
         pad = int(getattr(model.config, "pad_token_id", None) or 0)
+        sums = torch.zeros(len(TALLIES), dtype=torch.float64)
+        padded = 0
         for group in micro_batches(mine, self.trainer.micro_batch_tokens):
             batch = collate(group, pad)
+            mask = batch.mask.to(device)
             terms = token_losses(model, reference, batch, self.trainer, self.temperature, device)
-            (terms.per_token * batch.mask.to(device)).sum().backward()
-        return float(sum(s.policy_tokens for s in mine))
+            (terms.per_token * mask).sum().backward()
+            sums += tallies(terms, batch, mask)
+            padded += batch.input_ids.numel()
+        return Shard(float(sum(s.policy_tokens for s in mine)), (*(float(v) for v in sums), float(padded)))
 
     def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
         take_update(model, optimizer, self.trainer, self.first_update + step)
+
+    def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
+                hybrids: int) -> None:
+        """The state after pool step `step` as `update-<first_update + step + 1>/`: `model.safetensors`
+        and `config.json` (HF), `optimizer.pt`, and `update.json` (the update's statistics, with the
+        hybrids whose shards made it); older ones beyond `PUBLISHED_KEPT` are removed."""
+        if not self.publish_dir:
+            return
+        version = self.first_update + step + 1
+        final = published_path(self.publish_dir, version)
+        partial = final.with_name(f".{final.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial, safe_serialization=True)
+        torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+        index = self.first_update + step
+        applied = AppliedUpdate(learning_rate(index, self.trainer.steps, self.trainer.lr, self.trainer.warmup_steps,
+                                              self.trainer.schedule), float(reduced.update.norm()))
+        stats = update_stats(reduced.tallies[:-1], reduced.weight, self.step_size(step), int(reduced.tallies[-1]),
+                             applied, 0.0, hybrids)
+        (partial / "update.json").write_text(json.dumps({"version": version, "stats": asdict(stats)}))
+        os.replace(partial, final)
+        for old in sorted(Path(self.publish_dir).glob("update-*"))[:-PUBLISHED_KEPT]:
+            shutil.rmtree(old, ignore_errors=True)

@@ -39,6 +39,7 @@ class UpdateStats:
     padded_tokens: int  # tokens the forward passes computed (padding included), this rank
     lr: float
     seconds: float
+    hybrids: int = 0  # hybrid replicas (elastic pool) whose shards were part of the update
 
 
 def _world() -> tuple[int, int]:
@@ -99,6 +100,19 @@ def token_losses(module: torch.nn.Module, reference: torch.nn.Module | None, bat
     return TokenLosses(per_token, kl, logits, logprobs, surrogate.clipped)
 
 
+TALLIES = ("loss", "kl", "entropy", "clipped", "logprob_gap")  # token sums an update reports (`tallies`)
+
+
+@torch.no_grad()
+def tallies(terms: TokenLosses, batch: MicroBatch, mask: torch.Tensor) -> torch.Tensor:
+    """A micro-batch's sums over its policy tokens (`TALLIES`, float64 on the CPU): the loss, the KL,
+    the entropy, the tokens whose clipped term was taken, |trainer log p - engine log p|."""
+    m = mask.double()
+    return torch.stack([(terms.per_token.double() * m).sum(), (terms.kl.double() * m).sum(),
+                        (token_entropy(terms.logits.detach()).double() * m).sum(), (terms.clipped.double() * m).sum(),
+                        ((terms.logprobs.detach() - batch.behaviour.to(mask.device)).abs().double() * m).sum()]).cpu()
+
+
 @dataclass(frozen=True)
 class AppliedUpdate:
     lr: float
@@ -116,6 +130,16 @@ def take_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return AppliedUpdate(lr, grad_norm)
+
+
+def update_stats(sums: tuple[float, ...], tokens: float, sequences: int, padded: int, applied: AppliedUpdate,
+                 seconds: float, hybrids: int = 0) -> UpdateStats:
+    """An update's statistics from its summed `tallies` over `tokens` policy tokens: per-token means.
+    The trainer and the elastic pool's training task both report through here."""
+    per = max(tokens, 1.0)
+    loss, kl, entropy, clipped, gap = (v / per for v in sums)
+    return UpdateStats(loss, applied.grad_norm, kl, entropy, clipped, gap, int(tokens), sequences, padded, applied.lr,
+                       seconds, hybrids)
 
 
 class PolicyTrainer:
@@ -149,7 +173,7 @@ class PolicyTrainer:
         totals = torch.tensor([float(sum(s.policy_tokens for s in samples))], dtype=torch.float64)
         step_tokens = float(totals.item())
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(5, dtype=torch.float64)  # loss, kl, entropy, clipped, |gap| (token sums)
+        sums = torch.zeros(len(TALLIES), dtype=torch.float64)
         padded = 0
         groups = micro_batches(mine, cfg.micro_batch_tokens)
         for i, group in enumerate(groups):
@@ -163,12 +187,7 @@ class PolicyTrainer:
                 # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
                 loss = token_mean(terms.per_token, mask, step_tokens) * self.world
                 loss.backward()
-            with torch.no_grad():
-                m = mask.double()
-                sums += torch.stack([(terms.per_token.double() * m).sum(), (terms.kl.double() * m).sum(),
-                                     (token_entropy(terms.logits.detach()).double() * m).sum(),
-                                     (terms.clipped.double() * m).sum(),
-                                     ((terms.logprobs.detach() - batch.behaviour.to(self.device)).abs().double() * m).sum()]).cpu()
+            sums += tallies(terms, batch, mask)
         if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
             blank = torch.full((1, 2), self.pad, dtype=torch.int64, device=self.device)
             (self.module(input_ids=blank).logits.sum() * 0.0).backward()
@@ -176,10 +195,8 @@ class PolicyTrainer:
             dist.all_reduce(sums)
         applied = take_update(self.model, self.optimizer, cfg, self.updates)
         self.updates += 1
-        per = max(step_tokens, 1.0)
-        loss, kl, entropy, clipped, gap = (float(v) / per for v in sums)
-        return UpdateStats(loss, applied.grad_norm, kl, entropy, clipped, gap, int(step_tokens), len(samples), padded,
-                           applied.lr, time.perf_counter() - began)
+        return update_stats(tuple(float(v) for v in sums), step_tokens, len(samples), padded, applied,
+                            time.perf_counter() - began)
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
@@ -200,6 +217,9 @@ class PolicyTrainer:
 
     def threads(self) -> int:
         return torch.get_num_threads()
+
+    def close(self) -> None:
+        """Nothing to stop: the trainer is this process (the pooled trainer has processes to end)."""
 
     def save_weights(self, directory: str | Path) -> None:
         """The weights in HF format (safetensors and config), loadable by vLLM and transformers."""

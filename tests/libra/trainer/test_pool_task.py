@@ -45,7 +45,7 @@ def test_shards_summed_over_policy_tokens_make_the_trainers_update(tiny_policy, 
     for step in range(2):
         total = 0.0
         for rows in (range(0, 1), range(1, 4), range(4, 6)):  # uneven shards, several micro-batches each
-            total += task.accumulate(model, step, rows)
+            total += task.accumulate(model, step, rows).weight
         assert total == sum(s.policy_tokens for s in random_samples(step))
         for p in model.parameters():
             p.grad /= total

@@ -1,0 +1,178 @@
+"""The policy trainer as the elastic pool's core: a live run's updates go through an `ElasticPool`
+(one core rank in a process of its own, hybrids that join and leave training), behind the part of
+`PolicyTrainer`'s interface the training session uses (`train_step`, `save_weights`, the optimizer
+state, `updates`).
+
+    trainer = PooledTrainer(policy_dir, config.trainer, config.rollout, config.pool, work_dir, hybrids=1)
+    trainer.arrange(core=(0,), hybrids=((1,),))     # the cores of the core rank and of each hybrid
+    trainer.set_desired(1)                          # hybrids wanted in training (the pool joins them)
+    stats = trainer.train_step(samples)             # one update, by the core and the active hybrids
+
+An update: its samples are published to the replicas (`pool_task.write_step`), the pool trains on
+them with the hybrids that are active, and core rank 0 publishes the state after it
+(`GRPOTask.publish`), which this reads back: the statistics for the run's records, the weights for
+the engines and the checkpoints, the optimizer state for the checkpoints. The pool starts at the
+first update, from the weights and optimizer state the run resumes from, for the updates the run
+has left; a hybrid that dies costs the step in flight a core-only redo, never a gradient.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from libra.config import PoolConfig, RolloutConfig, TrainerConfig
+from libra.errors import LibraError
+from libra.pools.pool import ElasticPool
+from libra.pools.states import PoolEvent
+from libra.trainer.pool_task import GRPOTask, published_path, write_step
+from libra.trainer.samples import TrainingSample
+from libra.trainer.trainer import UpdateStats
+
+OWN_FILES = ("optimizer.pt", "update.json")  # a published update's files that are not the HF weights
+
+
+class PooledTrainer:
+    def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig, pool: PoolConfig,
+                 work_dir: str | Path, *, hybrids: int, reference_dir: str | Path | None = None,
+                 on_event: Callable[[PoolEvent], None] | None = None, poll_s: float = 0.02) -> None:
+        """`policy_dir`: the weights to start from; `work_dir`: the pool's files (emptied now);
+        `hybrids`: hybrid workers launched (each may join training); `on_event`: told of every
+        hybrid's transition (from the pool's monitor thread)."""
+        if hybrids < 1:
+            raise LibraError(f"a pooled trainer needs at least one hybrid, got {hybrids}; without hybrids use "
+                             "PolicyTrainer")
+        self.policy_dir = Path(policy_dir)
+        self.reference_dir = Path(reference_dir or policy_dir)
+        self.config, self.rollout, self.settings = trainer, rollout, pool
+        self.work_dir = Path(work_dir)
+        shutil.rmtree(self.work_dir, ignore_errors=True)  # a pool of an earlier session: its steps are trained
+        self.work_dir.mkdir(parents=True)
+        self.hybrids = hybrids
+        self.on_event = on_event
+        self.poll_s = poll_s
+        self.updates = 0  # updates applied: the version of the weights held
+        self.first = 0  # the update the pool started from
+        self.pool: ElasticPool | None = None
+        self.start_s = 0.0  # measured: starting the pool's processes (at the first update)
+        self._resumed: dict | None = None
+        self._affinity: dict[str, tuple[int, ...]] = {}
+        self._desired = 0
+
+    # -- before the first update ----------------------------------------------------------------
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Resume: the optimizer state and update count of a checkpoint (the pool starts from them)."""
+        if self.pool is not None:
+            raise RuntimeError("the pool is training already; load the optimizer state before the first update")
+        self._resumed = state
+        self.updates = int(state["updates"])
+
+    def arrange(self, core: Sequence[int], hybrids: Sequence[Sequence[int]]) -> None:
+        """The CPU cores of the core rank and of each hybrid (for a pool that has not started; a
+        running pool keeps where its processes are: the core's workers do not move)."""
+        if len(hybrids) != self.hybrids:
+            raise LibraError(f"{len(hybrids)} hybrid placements for {self.hybrids} hybrids")
+        self._affinity = {"core-0": tuple(core), "snapshot-writer": tuple(core)} | \
+            {f"hybrid-{i}": tuple(cores) for i, cores in enumerate(hybrids)}
+
+    def set_desired(self, hybrids: int) -> None:
+        """How many hybrids should train (the pool joins or leaves them at step boundaries)."""
+        if not 0 <= hybrids <= self.hybrids:
+            raise LibraError(f"desired hybrids must be 0..{self.hybrids}, got {hybrids}")
+        self._desired = hybrids
+        if self.pool is not None:
+            self.pool.set_desired(hybrids)
+
+    def _start(self) -> ElasticPool:
+        optimizer_path = ""
+        if self._resumed is not None:
+            optimizer_path = str(self.work_dir / "resumed-optimizer.pt")
+            torch.save(self._resumed["optimizer"], optimizer_path)
+        self.first = self.updates
+        left = self.config.steps - self.first
+        if left < 1:
+            raise LibraError(f"the run has had all {self.config.steps} of its updates; raise trainer.steps to train on")
+        task = GRPOTask(str(self.policy_dir), self.config, str(self.work_dir / "steps"), self.rollout.temperature,
+                        first_update=self.first, reference_dir=str(self.reference_dir), optimizer_path=optimizer_path,
+                        publish_dir=str(self.work_dir / "published"))
+        s = self.settings
+        pool = ElasticPool(task, steps=left, core_ranks=1, hybrids=self.hybrids, out_dir=self.work_dir / "pool",
+                           group_timeout_s=s.group_timeout_s, join_timeout_s=s.join_timeout_s,
+                           max_catchup_steps=s.max_catchup_steps, enter_gap=s.enter_gap, poll_s=s.poll_s,
+                           on_event=self.on_event, affinity=self._affinity, device=s.device)
+        pool.start(wait_for_hybrids_s=s.join_timeout_s)
+        pool.set_desired(self._desired)
+        return pool
+
+    # -- the trainer's interface -----------------------------------------------------------------
+
+    def train_step(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        """One update on the step's samples, by the core rank and the hybrids active for it."""
+        if self.pool is None:  # its processes' start is not the update's time (`start_s` keeps it)
+            began = time.perf_counter()
+            self.pool = self._start()
+            self.start_s = time.perf_counter() - began
+        began = time.perf_counter()
+        write_step(self.work_dir / "steps", self.updates - self.first, list(samples))
+        published = published_path(self.work_dir / "published", self.updates + 1)
+        while not published.is_dir():
+            if not self.pool.running:
+                detail = self.pool.monitor.errors[-1].strip().splitlines()[-1] if self.pool.monitor.errors else \
+                    "no error reported"
+                raise LibraError(f"the training pool's core rank stopped before update {self.updates + 1}: {detail}")
+            time.sleep(self.poll_s)
+        record = json.loads((published / "update.json").read_text())
+        self.updates += 1
+        return UpdateStats(**(record["stats"] | {"seconds": time.perf_counter() - began}))
+
+    def _latest(self) -> Path | None:
+        return published_path(self.work_dir / "published", self.updates) if self.updates > self.first else None
+
+    def save_weights(self, directory: str | Path) -> None:
+        """The weights in HF format (the newest update's, or those the pool starts from)."""
+        source = self._latest()
+        if source is None:
+            for file in self.policy_dir.glob("*.safetensors"):
+                shutil.copy2(file, Path(directory) / file.name)
+            shutil.copy2(self.policy_dir / "config.json", Path(directory) / "config.json")
+            return
+        for file in source.iterdir():
+            if file.name not in OWN_FILES:
+                shutil.copy2(file, Path(directory) / file.name)
+
+    def optimizer_state(self) -> dict:
+        source = self._latest()
+        if source is None:
+            if self._resumed is None:
+                raise RuntimeError("no update yet: there is no optimizer state to save")
+            return self._resumed
+        return {"optimizer": torch.load(source / "optimizer.pt", weights_only=False), "updates": self.updates}
+
+    def set_threads(self, count: int) -> None:
+        """This process's intra-op threads (it trains nothing itself: the core rank's process does)."""
+        torch.set_num_threads(max(1, count))
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+    def kill(self, hybrid: int) -> None:
+        """SIGKILL hybrid `hybrid`'s process (drills and tests)."""
+        if self.pool is None:
+            raise RuntimeError("the pool has not started")
+        self.pool.kill(f"hybrid-{hybrid}")
+
+    def close(self) -> None:
+        """Stop the pool: waited for when it has trained every update of the run, else ended."""
+        if self.pool is None:
+            return
+        pool, self.pool = self.pool, None
+        if pool.running:
+            pool.abort()
+        else:
+            pool.wait(60.0)
