@@ -59,7 +59,7 @@ class PooledTrainer:
         self.updates = 0  # updates applied: the version of the weights held
         self.first = 0  # the update the pool started from
         self.pool: ElasticPool | None = None
-        self.start_s = 0.0  # measured: starting the pool's processes (at the first update)
+        self.start_s = 0.0  # measured: starting the pool's processes until the core awaits its first step
         self._resumed: dict | None = None
         self._affinity: dict[str, tuple[int, ...]] = {}
         self._desired = 0
@@ -108,6 +108,8 @@ class PooledTrainer:
                            on_event=self.on_event, affinity=self._affinity, device=s.device)
         pool.start(wait_for_hybrids_s=s.join_timeout_s)
         pool.set_desired(self._desired)
+        while pool.progress < 0 and pool.running:  # the core rank's start (loading the policy) is not an update's
+            time.sleep(self.poll_s)
         return pool
 
     # -- the trainer's interface -----------------------------------------------------------------
