@@ -221,7 +221,7 @@ class PlacementConfig(_Section):
                          "trains in the run's process")
     hybrid_schedule: dict[int, int] = Field(
         default_factory=dict, description="hybrids wanted in training from an iteration on ({0: 1, 6: 0}: one, "
-        "then none from iteration 6); empty: every hybrid from the start")
+        "then none from iteration 6); empty: the placement's (every hybrid at first; with libra, then the plan's)")
 
     @model_validator(mode="after")
     def _schedule_within_hybrids(self) -> PlacementConfig:

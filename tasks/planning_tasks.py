@@ -87,7 +87,8 @@ def _controller(s):
         from libra.rl.planning import live_variants
 
         trigger = replace(trigger_settings(s.config.planner), engine_start_s=s.engine_start_s)
-        s.controller = PlanController(_cost(s), trigger=trigger, variants=live_variants(s.cluster, s.config.planner))
+        s.controller = PlanController(_cost(s), trigger=trigger, variants=live_variants(s.cluster, s.config.planner,
+                                                                                       s.config.placement.hybrids))
     return s.controller
 
 

@@ -14,6 +14,11 @@ A `Placement` is the planner's decision in this machine's terms:
 - colocated: every engine and the trainer use every worker, one after the other (rollout, then
   update).
 
+A split may have *hybrid* workers (`placement.hybrids`): rollout workers, each with an engine of its
+own, that also train beside the trainer as hybrids of the elastic pool (its core rank is the
+trainer, on the training workers, which stay where they are while hybrids train). Hybrid i is the
+i-th worker before the trainer's first: the planner's hybrid count says how many of them train.
+
 The policies a run can follow (`libra train --policy`):
 
 - `colocated`: every worker rolls out, then every worker trains (verl's colocated placement);
@@ -97,6 +102,7 @@ class Placement:
     train: tuple[int, ...]  # the trainer's workers
     colocated: bool
     plan_id: str = "initial"
+    hybrids: tuple[int, ...] = ()  # rollout workers that also train (hybrid i first), each its own engine's
 
     def __post_init__(self) -> None:
         if not self.engines or any(not e for e in self.engines) or not self.train:
@@ -106,6 +112,9 @@ class Placement:
             raise LibraError(f"engines share workers: {self.engines}")
         if not self.colocated and set(rollout) & set(self.train):
             raise LibraError(f"a split placement gives every worker to one stage: {self.engines} / {self.train}")
+        if self.hybrids and (self.colocated or any((w,) not in self.engines for w in self.hybrids)):
+            raise LibraError(f"hybrid workers {self.hybrids} must each run an engine of their own in a split placement: "
+                             f"{self.engines}")
 
     @property
     def rollout_workers(self) -> tuple[int, ...]:
@@ -124,31 +133,44 @@ class Placement:
         engines = ", ".join(f"{sizes.count(s)}x{s}" for s in sorted(set(sizes)))
         if self.colocated:
             return f"colocated: {len(self.rollout_workers)} workers roll out ({engines}), then train"
-        return f"split: rollout {len(self.rollout_workers)} ({engines}) | train {len(self.train)}"
+        hybrids = f" + {len(self.hybrids)} hybrid" if self.hybrids else ""
+        return f"split: rollout {len(self.rollout_workers)} ({engines}) | train {len(self.train)}{hybrids}"
 
 
-def initial_placement(policy: str, cluster: LocalCluster) -> Placement:
+def hybrid_workers(first_train: int, count: int) -> tuple[int, ...]:
+    """Hybrid i is worker `first_train - 1 - i`: the rollout workers nearest the trainer's."""
+    return tuple(first_train - 1 - i for i in range(count))
+
+
+def initial_placement(policy: str, cluster: LocalCluster, hybrids: int = 0) -> Placement:
     """Where a run starts. `colocated`: one engine on every worker, then the trainer on every worker.
     `static` and `libra`: half the workers roll out (the larger half, with an odd count; rollout is
     the longer stage of agentic RL) on one engine, the rest train; a one-worker machine can only
-    take turns, so it starts colocated whatever the policy."""
+    take turns, so it starts colocated whatever the policy. With `hybrids`, that many rollout
+    workers (those nearest the trainer's) each run an engine of their own and train as hybrids."""
     if policy not in POLICIES:
         raise LibraError(f"unknown placement policy {policy!r}; policies: {', '.join(POLICIES)}")
     everyone = tuple(range(cluster.size))
+    if hybrids and (policy == "colocated" or cluster.size == 1):
+        raise LibraError(f"{hybrids} hybrid worker(s) need a split placement: policy static or libra, and at least two "
+                         f"workers (this machine has {cluster.size})")
     if policy == "colocated" or cluster.size == 1:
         return Placement((everyone,), everyone, True)
     rollout = (cluster.size + 1) // 2
-    return Placement((everyone[:rollout],), everyone[rollout:], False)
+    if hybrids > rollout:
+        raise LibraError(f"{hybrids} hybrid worker(s) but {rollout} rollout worker(s) on {cluster.size} workers: lower "
+                         "placement.hybrids")
+    core = everyone[:rollout - hybrids]
+    singles = tuple(sorted(hybrid_workers(rollout, hybrids)))
+    return Placement(((core,) if core else ()) + tuple((w,) for w in singles), everyone[rollout:], False,
+                     hybrids=hybrid_workers(rollout, hybrids))
 
 
 def placement_of(plan: Plan, cluster: LocalCluster, plan_id: str) -> Placement:
     """A plan in this machine's terms: its rollout instance groups as engines on the first workers
-    (one engine per instance, `tp` workers each), its training pool on the rest; a colocated plan
-    puts its instances on every worker and the trainer on all of them. Hybrid workers are not placed
-    on a single machine's run: a plan with hybrids is refused."""
-    if plan.hybrid_gpus:
-        raise LibraError(f"plan {plan_id} has {plan.hybrid_gpus} hybrid workers; a local run places core pools "
-                         "only (plan with planner.max_hybrid_fraction 0)")
+    (one engine per instance, `tp` workers each), its hybrids next (an engine of one worker each),
+    its training pool on the rest; a colocated plan puts its instances on every worker and the
+    trainer on all of them."""
     colocated = plan.mode == "colocated"
     if plan.gpus != cluster.size and not (colocated and plan.train_gpus == cluster.size):
         raise LibraError(f"plan {plan_id} is for {plan.gpus} workers; this machine has {cluster.size}")
@@ -163,4 +185,7 @@ def placement_of(plan: Plan, cluster: LocalCluster, plan_id: str) -> Placement:
         raise LibraError(f"plan {plan_id}: its instances need {nxt} workers, its rollout pool has {limit}")
     if colocated:
         return Placement(tuple(engines), tuple(range(cluster.size)), True, plan_id)
-    return Placement(tuple(engines), tuple(range(plan.rollout_gpus, cluster.size)), False, plan_id)
+    first_train = plan.rollout_gpus + plan.hybrid_gpus
+    engines += [(w,) for w in range(plan.rollout_gpus, first_train)]
+    return Placement(tuple(engines), tuple(range(first_train, cluster.size)), False, plan_id,
+                     hybrid_workers(first_train, plan.hybrid_gpus))

@@ -106,16 +106,21 @@ def step_times(row: dict) -> StepTimes:
     return StepTimes(int(row["step"]), float(row["rollout_s"] or 0.0), float(row["train_s"] or 0.0))
 
 
-def live_variants(cluster: LocalCluster, config: PlannerConfig) -> tuple[PlannerSettings, ...]:
+def live_variants(cluster: LocalCluster, config: PlannerConfig, hybrids: int = 0) -> tuple[PlannerSettings, ...]:
     """The placements a live run may take, each a planner variant the controller searches side by
-    side: split (one-step-off; when there are two workers or more) and colocated. No hybrids (a
-    single machine's run places core pools), no offload between colocated stages (the engines'
-    memory stays allocated on CPU), instance sizes that are powers of two up to the machine's
-    workers."""
+    side: split (one-step-off; when there are two workers or more) and colocated. No offload between
+    colocated stages (the engines' memory stays allocated on CPU), instance sizes that are powers of
+    two up to the machine's workers. Hybrids only with `hybrids` (the run's hybrid processes): up to
+    that many, in the split alone (the trainer's workers are the pool's core, which stays), with no
+    switch cost: a hybrid stays joined and shares its worker between its engine and its training
+    shard, which is the planner's fluid share of a hybrid's time."""
     tps = tuple(t for t in (1, 2, 4, 8) if t <= cluster.size)
-    base = PlannerSettings(max_hybrid_fraction=0.0, hybrid_shares=config.hybrid_shares, granularity=1, offload_s=0.0,
-                           rollout_tps=tps)
+    fraction = min(1.0, (hybrids + 0.5) / cluster.size) if hybrids else 0.0  # the planner takes int(workers x fraction)
+    base = PlannerSettings(max_hybrid_fraction=fraction, hybrid_shares=config.hybrid_shares, hybrid_switch_s=0.0,
+                           granularity=1, offload_s=0.0, rollout_tps=tps)
     colocated = PlannerSettings(mode="colocated", max_hybrid_fraction=0.0, granularity=1, offload_s=0.0, rollout_tps=tps)
+    if hybrids:
+        return (base,)
     return (base, colocated) if cluster.size >= 2 else (colocated,)
 
 
@@ -125,7 +130,14 @@ def adopt_placement(controller: PlanController, placement: Placement, workload: 
     The planning flow and the simulator's replay of it (`libra.sim.local`) both start this way."""
     variant = 1 if placement.colocated and len(controller.variants) > 1 else 0
     planner = Planner(controller.cost, workload, controller.variants[variant])
-    controller.adopt(planner.plan() if placement.colocated else planner.plan_at(len(placement.train)), variant)
+    if placement.colocated:
+        current = planner.plan()
+    elif placement.hybrids and len(placement.rollout_workers) > len(placement.hybrids):
+        shares = planner.shares()  # the planner's middle share: a hybrid's worker is its engine's and its shard's
+        current = planner.plan_at(len(placement.train), len(placement.hybrids), shares[len(shares) // 2])
+    else:  # without a core rollout pool the planner has no hybrids: they count as rollout workers
+        current = planner.plan_at(len(placement.train))
+    controller.adopt(current, variant)
 
 
 def move_held(plan: Plan, cluster: LocalCluster, plan_id: str, calibrating: str | None,

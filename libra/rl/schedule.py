@@ -63,7 +63,8 @@ def tokens_per_turn(base: int, growth: float, step: int, max_context: int) -> in
 
 def hybrids_wanted(schedule: Mapping[int, int], hybrids: int, step: int) -> int:
     """Hybrids wanted in training for iteration `step`'s update: the schedule's count from the last
-    iteration it names at or before `step` (none named yet: none), every hybrid without a schedule."""
+    iteration it names at or before `step` (none named yet: none); without a schedule, `hybrids` (the
+    placement's, which the planner sets)."""
     if not schedule:
         return hybrids
     named = [it for it in schedule if it <= step]

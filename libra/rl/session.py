@@ -27,7 +27,7 @@ from typing import Any
 from libra.config import LibraConfig
 from libra.errors import LibraError
 from libra.pools.states import PoolEvent
-from libra.rl.cluster import LocalCluster, Placement, initial_placement
+from libra.rl.cluster import LocalCluster, Placement, hybrid_workers, initial_placement
 from libra.rl.planning import EngineStart, EngineTiming, TrainTiming, timing_rows
 from libra.rl.schedule import EVAL_SEED, Admission, admit, hybrids_wanted, tokens_per_turn, train_task_seed
 from libra.trainer.checkpoint import (
@@ -248,7 +248,8 @@ class TrainingSession:
             session.affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
             session.threads = trainer.threads()
             session.cluster = local_cluster(config)
-            placement = planning["placement"] if planning else initial_placement(config.placement.policy, session.cluster)
+            placement = planning["placement"] if planning else initial_placement(config.placement.policy, session.cluster,
+                                                                                      config.placement.hybrids)
             session.controller = planning["controller"] if planning else None
             session.plan_events = planning.get("plan_events", {}) if planning else {}
             session._place(placement, weights)
@@ -291,12 +292,9 @@ class TrainingSession:
             if r.engine == "vllm":  # the engines run in processes of their own: this process is the trainer's
                 pin_process(cores)
         hybrids = self.config.placement.hybrids
-        if hybrids:  # hybrid i is rollout worker i, training beside the core rank when wanted
-            if placement.colocated or hybrids > len(placement.rollout_workers):
-                raise LibraError(f"placement.hybrids {hybrids} needs as many rollout workers in a split placement; "
-                                 f"{placement.describe()}: lower placement.hybrids")
+        if hybrids:  # the pool's hybrid i on the i-th worker before the trainer's (it trains when the plan says)
             self.trainer.arrange(cluster.units(placement.train),
-                                 [cluster.units((w,)) for w in placement.rollout_workers[:hybrids]])
+                                 [cluster.units((w,)) for w in hybrid_workers(placement.train[0], hybrids)])
         self.placement = placement
         return restart
 
@@ -392,8 +390,9 @@ class TrainingSession:
             raise LibraError(f"iteration {step}: all {len(batch.samples)} trajectories are more than "
                              f"{self.config.trainer.max_staleness} updates old; nothing to train on")
         if self.config.placement.hybrids:
-            p = self.config.placement
-            self.trainer.set_desired(hybrids_wanted(p.hybrid_schedule, p.hybrids, step))
+            assert self.placement is not None  # a run with hybrids is placed (the configuration says so)
+            self.trainer.set_desired(hybrids_wanted(self.config.placement.hybrid_schedule, len(self.placement.hybrids),
+                                                    step))
         stats = self.trainer.train_step(admission.admitted)
         workers = len(self.placement.train) + stats.hybrids if self.placement else self.trainer.threads()
         timing = TrainTiming(stats.seconds, stats.sequences, sum(len(s.token_ids) for s in admission.admitted),

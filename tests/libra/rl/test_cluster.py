@@ -60,10 +60,31 @@ def test_a_plan_places_its_instances_smallest_first_then_the_trainer_on_the_rest
     assert colocated.colocated
 
 
+def test_a_plans_hybrids_each_run_an_engine_of_their_own_next_to_the_trainers_workers():
+    cluster = LocalCluster.of_cores(tuple(range(6)))
+    placed = placement_of(plan(2, 2, [(1, 2)], hybrid=2), cluster, "plan-3")
+    assert placed.engines == ((0,), (1,), (2,), (3,)) and placed.train == (4, 5)
+    assert placed.hybrids == (3, 2)  # hybrid 0 is the worker before the trainer's first
+    assert placed.describe() == "split: rollout 4 (4x1) | train 2 + 2 hybrid"
+
+
+def test_hybrids_start_on_the_rollout_workers_nearest_the_trainer_each_with_its_own_engine():
+    five = LocalCluster.of_cores(tuple(range(5)))
+    assert initial_placement("libra", five, hybrids=1) == Placement(((0, 1), (2,)), (3, 4), False, hybrids=(2,))
+    assert initial_placement("static", five, hybrids=3) == Placement(((0,), (1,), (2,)), (3, 4), False,
+                                                                     hybrids=(2, 1, 0))
+    two = LocalCluster.of_cores((0, 1))
+    assert initial_placement("static", two, hybrids=1) == Placement(((0,),), (1,), False, hybrids=(0,))
+    with pytest.raises(LibraError, match=r"4 hybrid worker\(s\) but 3 rollout worker\(s\) on 5 workers"):
+        initial_placement("libra", five, hybrids=4)
+    with pytest.raises(LibraError, match="need a split placement"):
+        initial_placement("colocated", five, hybrids=1)
+    with pytest.raises(LibraError, match="engine of their own"):
+        Placement(((0, 1),), (2,), False, hybrids=(1,))
+
+
 def test_plans_the_machine_cannot_place_are_refused_with_the_reason():
     cluster = LocalCluster.of_cores(tuple(range(4)))
-    with pytest.raises(LibraError, match="2 hybrid workers"):
-        placement_of(plan(1, 1, [(1, 1)], hybrid=2), cluster, "p")
     with pytest.raises(LibraError, match="for 6 workers; this machine has 4"):
         placement_of(plan(2, 4, [(1, 4)]), cluster, "p")
     with pytest.raises(LibraError, match="need 4 workers, its rollout pool has 2"):

@@ -4,18 +4,20 @@ import pytest
 
 from libra.config import PlannerConfig
 from libra.planner.calibrate import TimingSample, samples_from_rows
-from libra.rl.cluster import LocalCluster, Placement
+from libra.rl.cluster import LocalCluster, Placement, initial_placement
 from libra.rl.planning import (
     EngineStart,
     EngineTiming,
     TrainTiming,
     live_variants,
     model_profile_of,
+    move_held,
     move_rows,
     step_times,
     timing_rows,
 )
 from libra.rollout.engines import DecodeTimer, DecodeTiming
+from tests.libra.rl.test_cluster import plan
 
 QWEN = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64,
         "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 1000, "tie_word_embeddings": True}
@@ -73,6 +75,50 @@ def test_the_live_run_searches_split_and_colocated_without_hybrids_on_its_own_si
     assert split.rollout_tps == (1, 2) and split.granularity == 1 and colocated.offload_s == 0.0
     (only,) = live_variants(LocalCluster(((0,),)), PlannerConfig())
     assert only.mode == "colocated" and only.rollout_tps == (1,)
+
+
+def test_a_run_with_hybrids_searches_splits_with_up_to_its_hybrids_and_no_switch_cost():
+    four = LocalCluster.of_cores(tuple(range(4)))
+    (split,) = live_variants(four, PlannerConfig(), hybrids=1)
+    assert split.mode == "one_step_off" and int(4 * split.max_hybrid_fraction) == 1 and split.hybrid_switch_s == 0.0
+    (split,) = live_variants(LocalCluster.of_cores(tuple(range(7))), PlannerConfig(), hybrids=3)
+    assert int(7 * split.max_hybrid_fraction) == 3
+
+
+def test_the_planner_puts_a_hybrid_where_the_balance_falls_between_whole_workers():
+    """Four one-core workers, default coefficients: with long generations three trainers are too
+    many and two too few, so a hybrid shares its worker (a quarter of its time rolling out)."""
+    import json
+    from pathlib import Path
+
+    from libra.planner.planner import Planner
+    from libra.planner.workload import TrajectoryLength, build_workload
+    from libra.rl.cluster import placement_of
+    from libra.rl.planning import local_cost_model
+
+    four = LocalCluster.of_cores(tuple(range(4)))
+    policy = json.loads((Path(__file__).resolve().parents[3] / "data" / "policy" / "config.json").read_text())
+    cost = local_cost_model(four, "policy", policy, PlannerConfig())
+    (split,) = live_variants(four, PlannerConfig(), hybrids=1)
+    short = Planner(cost, build_workload([TrajectoryLength(400, 2_000, 100, 3, 0.5)] * 64, 64), split).plan()
+    assert (short.train_gpus, short.rollout_gpus, short.hybrid_gpus) == (3, 1, 0)
+    long = Planner(cost, build_workload([TrajectoryLength(400, 16_000, 100, 3, 0.5)] * 64, 64), split).plan()
+    assert (long.train_gpus, long.rollout_gpus, long.hybrid_gpus, long.hybrid_rollout_share) == (2, 1, 1, 0.25)
+    placed = placement_of(long, four, "plan-7")
+    assert (placed.engines, placed.train, placed.hybrids) == (((0,), (1,)), (2, 3), (1,))
+
+
+def test_a_move_waits_for_the_calibration_then_for_a_place_and_keeps_the_pools_core():
+    four = LocalCluster.of_cores(tuple(range(4)))
+    core = initial_placement("libra", four, hybrids=1)  # rollout (0), hybrid (1), train (2, 3)
+    assert move_held(plan(2, 1, [(1, 1)], hybrid=1), four, "p", "calibrating: ...", core) == "calibrating: ..."
+    assert move_held(plan(2, 2, [(2, 1)]), four, "p", None, core) is None  # the hybrid stops training
+    assert move_held(plan(2, 1, [(1, 1)], hybrid=1), four, "p", None, core) is None
+    moved = move_held(plan(1, 2, [(1, 2)], hybrid=1), four, "p", None, core)
+    assert moved == ("the trainer's workers [2, 3] are the elastic pool's core, which stays while hybrids train "
+                     "beside it (split: rollout 3 (3x1) | train 1 + 1 hybrid would move them)")
+    assert move_held(plan(1, 2, [(1, 2)], hybrid=1), four, "p", None) is None  # no pool: the trainer may move
+    assert move_held(plan(2, 4, [(1, 4)]), four, "p", None).startswith("not placed: plan p is for 6 workers")
 
 
 def test_each_worker_that_changes_stage_is_one_move():

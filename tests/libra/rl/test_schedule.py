@@ -2,7 +2,7 @@
 
 import pytest
 
-from libra.rl.schedule import admit, evaluate_after, rolled_ahead, train_task_seed
+from libra.rl.schedule import admit, evaluate_after, hybrids_wanted, rolled_ahead, train_task_seed
 from libra.trainer.samples import TrainingSample
 
 
@@ -45,3 +45,8 @@ def test_drifting_turn_limits_compound_per_iteration_up_to_the_context():
 
     assert [tokens_per_turn(100, 0.5, step, 400) for step in range(5)] == [100, 150, 225, 338, 400]
     assert tokens_per_turn(100, 0.0, 50, 400) == 100
+
+
+def test_hybrids_follow_the_schedule_from_the_last_iteration_it_names_else_the_placement():
+    assert [hybrids_wanted({2: 1, 5: 0}, 3, step) for step in range(7)] == [0, 0, 1, 1, 1, 0, 0]
+    assert [hybrids_wanted({}, 2, step) for step in range(3)] == [2, 2, 2]
