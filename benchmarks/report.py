@@ -336,10 +336,37 @@ def train_policies_section(result: dict) -> list[str]:
     return lines
 
 
+def live_hybrids_section(result: dict) -> list[str]:
+    seeds = result["seeds"]
+    runs = {k: v["runs"] for k, v in seeds.items()}
+    return [
+        f"**A hybrid in a live training run** (`python -m benchmarks.bench_live_hybrids`; the shipped policy on drifting "
+        f"math tasks, {result['steps']} iterations per run, seeds {', '.join(seeds)}, a static split of two one-core "
+        f"workers, its rollout worker also training as a hybrid; {result['machine']})",
+        "",
+        "| measure | with the hybrid | static split in the same run | figure | goal |",
+        "|---|---|---|---|---|",
+        "| generated tokens / s of training time | "
+        + ", ".join(f"seed {k}: {r['hybrid']['tokens_per_s']:.0f}" for k, r in runs.items()) + " | "
+        + ", ".join(f"{r['static']['tokens_per_s']:.0f}" for r in runs.values())
+        + f" | ratio {result['throughput_ratio']:.2f} | > 1 |",
+        "| update seconds (iterations 1 on, mean) | "
+        + ", ".join(f"{sum(r['hybrid']['train_s'][1:]) / len(r['hybrid']['train_s'][1:]):.1f} s "
+                    f"(hybrid in {r['hybrid']['hybrid_updates']} updates)" for r in runs.values()) + " | "
+        + ", ".join(f"{sum(r['static']['train_s'][1:]) / len(r['static']['train_s'][1:]):.1f} s" for r in runs.values())
+        + f" | ratio {result['train_ratio']:.2f} | < 1 |",
+        "| rollout seconds (iterations 1 on, mean) | "
+        + ", ".join(f"{sum(r['hybrid']['rollout_s'][1:]) / len(r['hybrid']['rollout_s'][1:]):.1f} s" for r in runs.values())
+        + " | " + ", ".join(f"{sum(r['static']['rollout_s'][1:]) / len(r['static']['rollout_s'][1:]):.1f} s"
+                            for r in runs.values())
+        + f" | ratio {result['rollout_ratio']:.2f} | - |",
+    ]
+
+
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
             "router": router_section, "sim": sim_section, "regimes": regimes_section,
             "pool": pool_section, "rollout": rollout_section, "train": train_section,
-            "train_policies": train_policies_section}
+            "train_policies": train_policies_section, "live_hybrids": live_hybrids_section}
 
 
 def render() -> str:
