@@ -4,12 +4,12 @@ and move lands once in the store and MLflow.
 
 The workload drifts: every turn must generate at least `min_tokens_per_turn` tokens (32 at first),
 and that floor (with the turn limit) grows by 80% each iteration, so rollout outgrows training. The run starts on a
-split (one worker rolls out beside the trainer on the other); with two workers the one move toward
-rollout is colocation (both workers roll out, then both train), which the planner takes once its
-gain over the steps left pays for restarting the engines (25-90 s). With eight trajectories a step
-the rollout is bound by its longest trajectory, which a second engine does not shorten, so the gain
-may stay under that price: the test asserts the move when one was applied, and otherwise that every
-decision names the rule that held it back. A move also waits until the cost model is calibrated:
+split (one worker rolls out beside the trainer on the other); with two workers the only move is
+colocation (both workers roll out, then both train), which pays only when the update is more than
+twice the rollout and the steps left repay restarting the engines (25-90 s): no move toward rollout
+can pay here while rollout is the longer stage (the README's Placement section has the proof). So
+the test asserts the move when one was applied, and otherwise that every decision names the rule
+that held it back. A move also waits until the cost model is calibrated:
 the fit needs four training samples (one an iteration), so none is made before iteration 4. The run
 is started for 40 steps, killed with SIGKILL after its third iteration and resumed for 5: it goes on
 where it was placed, with the planner's state it had.
@@ -30,7 +30,7 @@ PLANNED = 40  # the steps the run is started with
 KILLED_AFTER = 3  # iterations done when the run is killed
 
 
-def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded_once(policy_dir, tmp_path, capsys):  # noqa: F811
+def test_drifting_lengths_are_planned_from_the_runs_statistics_and_every_step_is_recorded_once(policy_dir, tmp_path, capsys):  # noqa: F811
     path = write_config(tmp_path, policy_dir, "drift")
     config = yaml.safe_load(path.read_text())
     config["rollout"] |= {"engine": "vllm", "max_tokens_per_turn": 64, "min_tokens_per_turn": 32, "turn_growth": 0.8,
@@ -99,7 +99,7 @@ def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded
             assert not plan["applied"] and ("beats switch cost" not in plan["reason"]
                                             or "not moved: calibrating: train_step has" in plan["reason"]), plan
     moved_at = applied[0]["step"] if applied else STEPS
-    if applied:  # toward rollout
+    if applied:  # colocation: both workers roll out, then both train
         assert "beats switch cost" in applied[0]["reason"]
         assert [m for m in moves if m["step"] == moved_at] == [
             {"step": moved_at, "worker_id": "worker-0", "from_state": "rollout", "to_state": "colocated"},
@@ -123,7 +123,7 @@ def test_drifting_lengths_move_workers_toward_rollout_and_every_step_is_recorded
     assert sorted(rollout_workers) == list(range(STEPS))
     assert [rollout_workers[s] for s in range(moved_at)] == [1.0] * moved_at  # split until the move
     if applied:
-        assert rollout_workers[moved_at] == 2.0  # toward rollout
+        assert rollout_workers[moved_at] == 2.0  # colocated: both roll out
     assert sorted(m.step for m in client.get_metric_history(run_id, "plan_applied")) == planned
     history = client.download_artifacts(run_id, "plan_history.json", str(tmp_path))
     recorded = json.loads(open(history).read())
