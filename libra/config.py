@@ -256,6 +256,10 @@ class LibraConfig(_Section):
             raise ValueError(f"placement.hybrids {self.placement.hybrids}: hybrids are rollout workers that also train, "
                              f"which needs a split placement (placement.policy static or libra, not "
                              f"{self.placement.policy})")
+        if self.placement.hybrids and self.rollout.device == "cuda":
+            raise ValueError(f"placement.hybrids {self.placement.hybrids} with rollout.device cuda: a live run's hybrids "
+                             "are placed on CPU workers only so far (the pool puts its processes on GPUs by rank, not "
+                             "where the placement says); set placement.hybrids 0")
         if self.placement.policy != "none" and self.rollout.engine == "hf" and self.rollout.device == "cpu":
             raise ValueError(f"placement.policy {self.placement.policy} gives the engines CPU cores of their own, but "
                              "the transformers engine (rollout.engine hf) runs inside the trainer's process and shares "
@@ -374,6 +378,9 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
     lines = []
     for error in exc.errors():
         key = ".".join(str(p) for p in error["loc"])
+        if not error["loc"]:  # a rule across keys (a model's validator): its message names them
+            lines.append(error["msg"].removeprefix("Value error, "))
+            continue
         if error["type"] == "extra_forbidden":
             parent = _model_at(model, error["loc"][:-1])
             allowed = ", ".join(parent.model_fields) if parent else "see configs/default.yaml"

@@ -292,10 +292,6 @@ class TrainingSession:
             if r.engine == "vllm":  # the engines run in processes of their own: this process is the trainer's
                 pin_process(cores)
         hybrids = self.config.placement.hybrids
-        if hybrids and cluster.device != "cpu":
-            raise LibraError(f"placement.hybrids {hybrids} on {cluster.device} workers: a live run's hybrids are placed on "
-                             "CPU workers only so far (the pool puts its processes on GPUs by rank, not by the "
-                             "placement); set placement.hybrids 0")
         if hybrids:  # the pool's hybrid i on the i-th worker before the trainer's (it trains when the plan says)
             self.trainer.arrange(cluster.units(placement.train),
                                  [cluster.units((w,)) for w in hybrid_workers(placement.train[0], hybrids)])

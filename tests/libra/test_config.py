@@ -141,3 +141,22 @@ def test_long_values_are_cut_short_in_errors(tmp_path: Path) -> None:
         "(allowed: one of zstd, snappy, lz4, gzip, none)")
     assert _error(tmp_path / "c.yaml", b"store: {root: [[1, 2, 3, 4, 5, 6], {a: 1}]}\n") == (
         "store.root = [[1, 2, 3, 4, ...], {'a': 1}]: Input should be a valid string")
+
+
+def test_hybrids_need_a_split_on_cpu_workers_and_a_schedule_within_them() -> None:
+    with pytest.raises(ConfigError, match="hybrids are rollout workers that also train.*not colocated"):
+        load_config(overrides={"placement.policy": "colocated", "placement.hybrids": 1})
+    with pytest.raises(ConfigError, match="placed on CPU workers only so far"):
+        load_config(overrides={"placement.policy": "static", "placement.hybrids": 1, "rollout.device": "cuda",
+                               "rollout.engine": "vllm"})
+    with pytest.raises(ConfigError, match=r"hybrid_schedule \{3: 2\}: .*counts 0..placement.hybrids \(1\)"):
+        load_config(overrides={"placement.policy": "static", "placement.hybrids": 1, "placement.hybrid_schedule": {3: 2}})
+    config = load_config(overrides={"placement.policy": "libra", "placement.hybrids": 1,
+                                    "placement.hybrid_schedule": {0: 1, 6: 0}, "rollout.engine": "vllm"})
+    assert (config.placement.hybrids, config.placement.hybrid_schedule) == (1, {0: 1, 6: 0})
+
+
+def test_a_rule_across_sections_is_one_line_naming_its_keys() -> None:
+    with pytest.raises(ConfigError, match=r": placement.policy static overlaps rollout and training \(one-step-off\): "
+                                          r"trainer.max_staleness must be >= 1 \(or use placement.policy colocated\)$"):
+        load_config(overrides={"placement.policy": "static", "trainer.pipeline": "sync", "trainer.max_staleness": 0})
