@@ -10,7 +10,9 @@ counted twice: each update's policy tokens, summed by the pool over its replicas
 batch's; and the final weights are those of the trainer alone on the same batches, to 1e-5. The
 second is as strong as the batches' gradients: the shipped policy solves about one math task in
 ten, and a batch in which no group's rewards differ has no gradient (an exact zero in the run and
-in the comparison alike).
+in the comparison alike). A KL term with weight decay would give every update a gradient, but a
+KL against weights that decay moved by 1e-5 is float cancellation noise, which AdamW's normalised
+step turns into moves of up to the learning rate: not a comparison to 1e-5.
 """
 
 import json
@@ -36,7 +38,7 @@ def config_for(base: Path, policy: Path) -> LibraConfig:
         "tracking": {"tracking_uri": f"sqlite:///{base / 'mlflow.db'}", "artifact_root": str(base / "artifacts")},
         "orchestration": {"prefect_home": str(base / "prefect")},
         "rollout": {"engine": "vllm", "max_turns": 3, "max_tokens_per_turn": 96, "max_context": 1024},
-        "trainer": {"policy": str(policy), "run": "hybrid", "steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4,
+        "trainer": {"policy": str(policy), "run": "hybrid", "steps": STEPS, "prompts_per_step": 2, "samples_per_prompt": 4,
                     "eval_prompts": 2, "eval_every": 10, "checkpoint_dir": str(base / "checkpoints"), "lr": 1e-4,
                     "kl_coef": 0.5},
         "placement": {"policy": "static", "hybrids": 1},

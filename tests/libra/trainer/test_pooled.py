@@ -58,10 +58,11 @@ def test_a_hybrid_that_joins_trains_and_is_killed_leaves_the_trainers_updates(ti
 
 
 def test_a_resumed_pool_continues_from_the_checkpoints_optimizer_state(tiny_policy, tmp_path):
-    first = PooledTrainer(tiny_policy, CONFIG, RolloutConfig(), POOL, tmp_path / "first", hybrids=1)
-    alone = PolicyTrainer(tiny_policy, CONFIG, RolloutConfig(), reference_dir=tiny_policy)
+    config = CONFIG.model_copy(update={"steps": 5})
+    first = PooledTrainer(tiny_policy, config, RolloutConfig(), POOL, tmp_path / "first", hybrids=1)
+    alone = PolicyTrainer(tiny_policy, config, RolloutConfig(), reference_dir=tiny_policy)
     try:
-        for step in range(3):
+        for step in range(2):
             first.train_step(random_samples(step))
             alone.train_step(random_samples(step))
         checkpoint = tmp_path / "checkpoint"
@@ -71,18 +72,18 @@ def test_a_resumed_pool_continues_from_the_checkpoints_optimizer_state(tiny_poli
         state = first.optimizer_state()
     finally:
         first.close()
-    resumed = PooledTrainer(checkpoint, CONFIG, RolloutConfig(), POOL, tmp_path / "resumed", hybrids=1,
+    resumed = PooledTrainer(checkpoint, config, RolloutConfig(), POOL, tmp_path / "resumed", hybrids=1,
                             reference_dir=tiny_policy)
     resumed.load_optimizer_state(state)
     resumed.set_desired(1)
     try:
-        for step in range(3, STEPS):
+        for step in range(2, config.steps):
             assert_same_stats(resumed.train_step(random_samples(step)), alone.train_step(random_samples(step)))
-        assert resumed.updates == STEPS
+        assert resumed.updates == config.steps
         assert_same_policy(saved(resumed, tmp_path / "weights"), alone.model.state_dict(), atol=1e-5)
     finally:
         resumed.close()
-    done = PooledTrainer(checkpoint, CONFIG, RolloutConfig(), POOL, tmp_path / "done", hybrids=1)
-    done.load_optimizer_state({**state, "updates": STEPS})
-    with pytest.raises(LibraError, match="all 8 of its updates; raise trainer.steps"):
-        done.train_step(random_samples(STEPS))
+    done = PooledTrainer(checkpoint, config, RolloutConfig(), POOL, tmp_path / "done", hybrids=1)
+    done.load_optimizer_state({**state, "updates": config.steps})
+    with pytest.raises(LibraError, match="all 5 of its updates; raise trainer.steps"):
+        done.train_step(random_samples(config.steps))
