@@ -112,10 +112,10 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
             marks.append(time.perf_counter())
             if leader is not None:
                 leader.before_update()
-            apply_update(spec.task, model, optimizer, step, reduced.update)
+            applied = apply_update(spec.task, model, optimizer, step, reduced.update)
             if leader is not None:
                 leader.record_update(step, reduced.update)
-                spec.task.publish(model, optimizer, step, reduced, len(info["active"]))
+                spec.task.publish(model, optimizer, step, reduced, len(info["active"]), applied)
             marks.append(time.perf_counter())
             if spec.min_step_s > 0:
                 time.sleep(max(0.0, spec.min_step_s - (time.perf_counter() - began)))

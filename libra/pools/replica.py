@@ -12,6 +12,7 @@ task's own optimizer step, so all replicas stay identical.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,15 +48,16 @@ def step_payload(task: TrainTask, model: nn.Module, step: int, active: list[str]
     return shard_payload(task, model, step, shards(task.step_size(step), active).get(me))
 
 
-def apply_update(task: TrainTask, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, update: torch.Tensor) -> None:
+def apply_update(task: TrainTask, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, update: torch.Tensor) -> Any:
     """Load step `step`'s mean gradient `update` into the parameters' grads (copies: the update stays
-    as it was, for the log that joining hybrids replay) and let the task take the optimizer step."""
+    as it was, for the log that joining hybrids replay) and let the task take the optimizer step;
+    returns what the task's step reports."""
     offset = 0
     for p in model.parameters():
         n = p.numel()
         p.grad = update[offset:offset + n].view_as(p).clone()
         offset += n
-    task.update(model, optimizer, step)
+    return task.update(model, optimizer, step)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -66,9 +68,9 @@ def mean_update(task: TrainTask, payload: torch.Tensor) -> Reduced:
     """The summed gradient over the summed weight (a zero gradient when nothing had weight: a GRPO
     step without policy tokens, as the trainer's token mean), with the weight and the tallies."""
     tail = 1 + len(task.tallies)
-    grads, weight = payload[:-tail], float(payload[-tail])
+    grads, (weight, *tallies) = payload[:-tail], payload[-tail:].tolist()
     update = grads / weight if weight > 0 else torch.zeros_like(grads)
-    return Reduced(update, weight, tuple(float(v) for v in payload[len(payload) - tail + 1:]))
+    return Reduced(update, weight, tuple(tallies))
 
 
 def state_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

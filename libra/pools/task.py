@@ -14,7 +14,7 @@ policy trainer's GRPO update on the run's trajectories.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -53,15 +53,16 @@ class TrainTask(Protocol):
         grads (on the model's device); return how many units the sum is over, and the tallies."""
         ...
 
-    def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
-        """Step `step`'s mean gradient is in the parameters' grads: take the optimizer step."""
+    def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> Any:
+        """Step `step`'s mean gradient is in the parameters' grads: take the optimizer step; return
+        what the step reports (handed to `publish`; GRPO: its learning rate and gradient norm)."""
         ...
 
     def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
-                hybrids: int) -> None:
+                hybrids: int, applied: Any) -> None:
         """Step `step` is applied (`reduced`: what its replicas summed; `hybrids`: how many of them were
-        hybrids): make the state after it available to whoever drives the run step by step (core
-        rank 0 calls this)."""
+        hybrids; `applied`: what `update` reported): make the state after it available to whoever
+        drives the run step by step (core rank 0 calls this)."""
         ...
 
 
@@ -125,5 +126,5 @@ class RegressionTask:
         optimizer.step()
 
     def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
-                hybrids: int) -> None:
+                hybrids: int, applied: Any) -> None:
         """Nothing: the pool's result (its final snapshot and step log) is this task's outcome."""

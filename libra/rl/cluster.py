@@ -161,8 +161,8 @@ def initial_placement(policy: str, cluster: LocalCluster, hybrids: int = 0) -> P
         raise LibraError(f"{hybrids} hybrid worker(s) but {rollout} rollout worker(s) on {cluster.size} workers: lower "
                          "placement.hybrids")
     core = everyone[:rollout - hybrids]
-    singles = tuple(sorted(hybrid_workers(rollout, hybrids)))
-    return Placement(((core,) if core else ()) + tuple((w,) for w in singles), everyone[rollout:], False,
+    singles = tuple((w,) for w in everyone[rollout - hybrids:rollout])  # the hybrids' engines
+    return Placement(((core,) if core else ()) + singles, everyone[rollout:], False,
                      hybrids=hybrid_workers(rollout, hybrids))
 
 

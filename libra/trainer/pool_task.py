@@ -30,7 +30,7 @@ from torch import nn
 
 from libra.config import TrainerConfig
 from libra.pools.task import Reduced, Shard
-from libra.trainer.optim import learning_rate, make_optimizer
+from libra.trainer.optim import make_optimizer
 from libra.trainer.samples import TrainingSample, collate, micro_batches
 from libra.trainer.trainer import (
     TALLIES,
@@ -137,11 +137,11 @@ class GRPOTask:
             padded += batch.input_ids.numel()
         return Shard(float(sum(s.policy_tokens for s in mine)), (*(float(v) for v in sums), float(padded)))
 
-    def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
-        take_update(model, optimizer, self.trainer, self.first_update + step)
+    def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> AppliedUpdate:
+        return take_update(model, optimizer, self.trainer, self.first_update + step)
 
     def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
-                hybrids: int) -> None:
+                hybrids: int, applied: AppliedUpdate) -> None:
         """The state after pool step `step` as `update-<first_update + step + 1>/`: `model.safetensors`
         and `config.json` (HF), `optimizer.pt`, and `update.json` (the update's statistics, with the
         hybrids whose shards made it); older ones beyond `PUBLISHED_KEPT` are removed."""
@@ -153,9 +153,6 @@ class GRPOTask:
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, safe_serialization=True)
         torch.save(optimizer.state_dict(), partial / "optimizer.pt")
-        index = self.first_update + step
-        applied = AppliedUpdate(learning_rate(index, self.trainer.steps, self.trainer.lr, self.trainer.warmup_steps,
-                                              self.trainer.schedule), float(reduced.update.norm()))
         stats = update_stats(reduced.tallies[:-1], reduced.weight, self.step_size(step), int(reduced.tallies[-1]),
                              applied, 0.0, hybrids)
         (partial / "update.json").write_text(json.dumps({"version": version, "stats": asdict(stats)}))
