@@ -26,9 +26,9 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_compare(args: argparse.Namespace, config: LibraConfig) -> int:
-    from cli.checks import in_range
     from cli.streams import json_stdout
     from dashboards.compare import compare, read_runs
+    from libra.checks import in_range
 
     in_range("--target", args.target, -1e9, 1e9)
     experiment = args.experiment or f"{config.tracking.experiment_prefix}-train-{config.trainer.env}"

@@ -1,19 +1,16 @@
-"""`libra policy init` (build the local policy) and `libra rollout` (a batch of agentic rollouts on
-real engines, routed across instances, recorded in the store and MLflow)."""
+"""`libra policy init` (build the local policy) and `libra rollout`, which parses its flags and calls
+the rollout flow (`flows/rollout.py`): agentic rollouts on real engines, routed across instances,
+recorded in the store and MLflow."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import time
-from pathlib import Path
 from typing import Any
 
-from libra.config import LibraConfig
-from libra.errors import LibraError
+from libra.config import LibraConfig, TrainerConfig
 
-DEFAULT_POLICY = ".libra/policy"
+DEFAULT_POLICY = TrainerConfig.model_fields["policy"].default  # .libra/policy
 
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -58,8 +55,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
     from dataclasses import replace
 
-    from cli.checks import in_range
     from cli.progress import progress
+    from libra.checks import in_range
     from libra.rollout.policy import PolicySettings, init_policy
 
     settings = PolicySettings()
@@ -79,110 +76,22 @@ def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.flow_call import run_flow
     from cli.streams import json_stdout
+    from flows.rollout import rollout_flow, rollout_request
+    from libra.checks import as_flag
 
-    r = config.rollout  # the one source of the defaults the flags leave open
-    for flag, value in (("engine", r.engine), ("instances", r.instances), ("device", r.device), ("router", r.router),
-                        ("temperature", r.temperature), ("max_turns", r.max_turns)):
-        if getattr(args, flag) is None:
-            setattr(args, flag, value)
-
+    request = rollout_request(args.env, args.prompts, args.samples, args.batches, args.engine, args.instances,
+                              args.device, args.router, args.buckets, args.policy, args.temperature, args.max_turns,
+                              args.seed, args.run, config.rollout, names=as_flag)
     with json_stdout(args.json) as out:
-        summary = roll_out(args, config)
+        summary = run_flow(rollout_flow, config, tracking=not args.no_track, env=request.env, prompts=request.prompts,
+                           samples=request.samples, batches=request.batches, engine=request.engine,
+                           instances=request.instances, device=request.device, router=request.router,
+                           buckets=args.buckets, policy=request.policy, temperature=request.temperature,
+                           max_turns=request.max_turns, seed=request.seed, run=request.run, track=not args.no_track)
         print(json.dumps(summary) if args.json else render(summary), file=out)
     return 0
-
-
-def roll_out(args: argparse.Namespace, config: LibraConfig) -> dict[str, Any]:
-    from cli.checks import in_range
-    from libra.rollout.envs import ENVS, expert_bounds, make_env
-    from libra.scheduler.policies import Buckets
-    from libra.scheduler.replay import POLICIES, make_router
-    from storage.writer import check_run_name
-
-    if args.env not in ENVS:
-        raise LibraError(f"unknown environment {args.env!r}; environments: {', '.join(ENVS)}")
-    for flag, value, high in (("--prompts", args.prompts, 10_000), ("--samples", args.samples, 1_024),
-                              ("--batches", args.batches, 10_000), ("--instances", args.instances, 256),
-                              ("--max-turns", args.max_turns, 1_000)):
-        in_range(flag, value, 1, high)
-    in_range("--temperature", args.temperature, 0.0, 100.0)
-    if args.router not in POLICIES or args.router == "oracle":
-        raise LibraError(f"unknown router {args.router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
-    policy = Path(args.policy)
-    if not (policy / "config.json").is_file():
-        raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` first (or pass --policy DIR "
-                         "with an HF-format checkpoint)")
-    run_name = check_run_name(args.run or time.strftime(f"rollout-{args.env}-%Y%m%d-%H%M%S"))
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM logs to stdout by default
-    buckets_given = None
-    if args.buckets != "auto":
-        from cli.router_command import parse_buckets
-
-        buckets_given = Buckets(tuple(parse_buckets(args.buckets) or ()))
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(policy)
-    buckets = buckets_given or Buckets(expert_bounds(make_env(args.env, config.sandbox), args.instances, tokenizer))
-    from libra.rollout.engines import make_engines
-
-    if args.device == "cuda":
-        from libra.devices import gpu_count
-
-        if (count := gpu_count()) < args.instances:
-            raise LibraError(f"--device cuda with {args.instances} instance(s): this machine has {count} GPU(s) torch can "
-                             "use; use fewer --instances or --device cpu")
-    engines = make_engines(args.engine, policy, args.instances, args.device, config.rollout.max_context)
-    try:
-        summary = run_batches(args, config, engines, tokenizer, make_env(args.env, config.sandbox),
-                              make_router(args.router, buckets, {}, config.scheduler), run_name)
-    finally:
-        for engine in engines:
-            engine.close()
-    summary["buckets"] = list(buckets.bounds)
-    if not args.no_track:
-        summary["mlflow_run_id"] = track(summary, args, config)
-    return summary
-
-
-def run_batches(args: argparse.Namespace, config: LibraConfig, engines: list, tokenizer, env, router,
-                run_name: str) -> dict[str, Any]:
-    from libra.rollout.agent import rollout
-    from libra.scheduler.metrics import quantile
-    from storage.ingest import writer_for
-    from storage.records import trajectories_table, turns_table
-
-    writer = writer_for(config.store)
-    results = []
-    for batch in range(args.batches):
-        result = rollout(env, env.tasks(args.prompts, seed=args.seed + batch), args.samples, engines, router, tokenizer,
-                         max_turns=args.max_turns, max_tokens_per_turn=config.rollout.max_tokens_per_turn,
-                         max_context=config.rollout.max_context, temperature=args.temperature,
-                         tool_threads=config.rollout.tool_threads, seed=args.seed * 1000 + batch)
-        records = result.records()
-        step_of = {t.prompt_id: batch for t in records}
-        trajectories, turns = trajectories_table(run_name, records, step_of), turns_table(run_name, records, step_of)
-        with writer.transaction(run_name, origin="rollout") as tx:  # a batch's trajectories and turns appear together
-            tx.write_step("trajectories", batch, trajectories)
-            tx.write_step("turns", batch, turns)
-        results.append(result)
-    generated = sum(r.generated_tokens for r in results)
-    wall = sum(r.wall_s for r in results)
-    trajectories = [t for r in results for t in r.trajectories]
-    lengths = sorted(len(t.ids) - t.prompt_tokens for t in trajectories)
-    return {
-        "run": run_name, "env": args.env, "engine": args.engine, "device": args.device, "instances": len(engines),
-        "router": args.router, "batches": args.batches, "trajectories": len(trajectories), "generated_tokens": generated,
-        "tokens_per_s": generated / wall if wall > 0 else 0.0, "wall_s": wall,
-        "solved_fraction": sum(t.reward > 0 for t in trajectories) / len(trajectories),
-        "migrations": sum(r.migrations for r in results),
-        "migrated_tokens": sum(t.migrated_tokens for t in trajectories),
-        "context_tokens": sum(turn.context_tokens for t in trajectories for turn in t.turns),
-        "prefill_tokens": sum(r.prefill_tokens for r in results),
-        "turns_mean": sum(len(t.turns) for t in trajectories) / len(trajectories),
-        "length_p50": quantile(lengths, 0.5), "length_p90": quantile(lengths, 0.9),
-        "makespan_s": [r.wall_s for r in results],
-    }
 
 
 def render(s: dict[str, Any]) -> str:
@@ -200,15 +109,3 @@ def render(s: dict[str, Any]) -> str:
     ])
 
 
-def track(summary: dict[str, Any], args: argparse.Namespace, config: LibraConfig) -> str:
-    from flows.runtime import prepare_runtime
-
-    prepare_runtime(config)
-    from tasks.tracking_tasks import log_run
-
-    params = {k: summary[k] for k in ("env", "engine", "device", "instances", "router", "batches")} | {
-        "prompts": args.prompts, "samples": args.samples, "buckets": summary["buckets"]}
-    metrics = {k: float(summary[k]) for k in ("tokens_per_s", "solved_fraction", "migrations", "migrated_tokens",
-                                              "generated_tokens", "prefill_tokens", "wall_s")}
-    return log_run(f"{config.tracking.experiment_prefix}-rollout", config.tracking.artifact_root, summary["run"],
-                   params, metrics)

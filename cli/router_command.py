@@ -35,24 +35,18 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def parse_buckets(text: str) -> list[int] | None:
-    if text == "auto":
-        return None
-    try:
-        bounds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise LibraError(f"--buckets {text!r}: give 'auto' or increasing token counts like 4000,12000") from None
-    if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 1:
-        raise LibraError(f"--buckets {text!r}: bounds must be increasing positive token counts, e.g. 4000,12000")
-    return bounds
+    from libra.checks import token_bounds
+
+    return None if text == "auto" else token_bounds("--buckets", text)
 
 
 def evaluate_trace(path: str, config: LibraConfig, buckets: str = "auto", order: str = "group",
                    policies: list[str] | None = None, prompts_per_step: int | None = None,
                    quiet: bool = True) -> dict[str, Any]:
     """Replay the trace through the routers; progress on a terminal unless `quiet`."""
-    from cli.checks import in_range
     from cli.plan_command import read_trace_with_progress
     from cli.progress import progress
+    from libra.checks import in_range
     from libra.scheduler.replay import POLICIES, parse_order, replay
 
     in_range("--prompts-per-step", prompts_per_step, 1, 100_000)  # traces.prompts_per_step's range

@@ -1,16 +1,13 @@
-"""`libra simulate`: whole-system policies on a simulated cluster, recorded in the store and MLflow."""
+"""`libra simulate`: parses its flags and calls the simulation flow (`flows/simulate.py`), which runs
+whole-system policies on a simulated cluster and records them in the store and MLflow."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 from libra.config import LibraConfig
-from libra.errors import LibraError
-
-MAX_TRAJECTORIES = 5_000_000  # simulated trajectories of a whole run (all held in memory)
 
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -37,29 +34,6 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.set_defaults(handler=cmd_simulate)
 
 
-def summarize(runs: dict, gpus: int, workload: str, bound_s: float | None = None) -> dict[str, Any]:
-    """Each policy's figures and its ratios to libra, the oracle and (given the bound's total
-    seconds for the same steps) the proven bound."""
-    out: dict[str, Any] = {"workload": workload, "gpus": gpus, "policies": {}}
-    for name, r in runs.items():
-        out["policies"][name] = {
-            "tokens_per_s": r.tokens_per_s,
-            "step_time_mean_s": r.step_time_mean_s,
-            "step_time_p99_s": r.step_time_quantile(0.99),
-            "idle_gpu_s": r.idle_gpu_s,
-            "total_time_s": r.total_time_s,
-        }
-    for ref in ("libra", "oracle"):
-        if ref in runs and runs[ref].tokens_per_s > 0:
-            for m in out["policies"].values():
-                m[f"vs_{ref}"] = m["tokens_per_s"] / runs[ref].tokens_per_s
-    if bound_s and runs:
-        out["bound_tokens_per_s"] = next(iter(runs.values())).trained_tokens / bound_s
-        for m in out["policies"].values():
-            m["vs_bound"] = m["tokens_per_s"] / out["bound_tokens_per_s"]
-    return out
-
-
 def render(summary: dict[str, Any]) -> str:
     lines = [f"{summary['workload']} on {summary['gpus']} GPUs",
              f"{'policy':<22} {'tokens/s':>9} {'step mean':>10} {'step p99':>9} {'idle rollout':>13} "
@@ -76,73 +50,30 @@ def render(summary: dict[str, Any]) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
-    from cli.streams import json_stdout
-
-    with json_stdout(args.json) as out:
-        summary, wall, run_name = run_simulation(args, config)
-        print(json.dumps(summary) if args.json else render(summary) +
-              f"\nsimulated in {wall:.1f} s; store run {run_name!r}", file=out)
-    return 0
-
-
-def run_simulation(args: argparse.Namespace, config: LibraConfig) -> tuple[dict[str, Any], float, str]:
-    from cli.checks import in_range
+    from cli.flow_call import run_flow
     from cli.progress import progress
-    from libra.errors import InfeasibleError
-    from libra.planner.profiles import model_profile, parse_cluster
-    from libra.planner.settings import cost_model, planner_settings, trigger_settings
-    from libra.sim.policies import POLICIES
-    from libra.sim.runner import simulate
-    from libra.sim.workloads import workload_spec
-    from storage.writer import check_run_name
+    from cli.streams import json_stdout
+    from flows.simulate import simulate_flow, simulation_request
+    from libra.checks import as_flag
+    from tasks.sim_tasks import PROGRESS
 
-    in_range("--steps", args.steps, 1, 100_000)
-    in_range("--group-size", args.group_size, 1, 4_096)
-    in_range("--prompts-per-step", args.prompts_per_step, 1, 100_000)
-    policies = list(POLICIES) if args.policies == "all" else list(dict.fromkeys(
-        p.strip() for p in args.policies.split(",") if p.strip()))
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown or not policies:
-        raise LibraError(f"unknown policies {', '.join(unknown) or '(none given)'}; policies: all, {', '.join(POLICIES)}")
-    cluster, model = parse_cluster(args.cluster), model_profile(args.model)
-    spec = workload_spec(args.workload, args.group_size, args.prompts_per_step)
-    if not spec.name.startswith("trace:"):
-        total = args.steps * spec.group_size * spec.prompts_per_step
-        if total > MAX_TRAJECTORIES:
-            raise LibraError(f"{args.steps:,} steps of {spec.prompts_per_step:,} prompts x {spec.group_size:,} samples are "
-                             f"{total:,} trajectories, more than the {MAX_TRAJECTORIES:,} a simulation may hold; "
-                             "use fewer steps, prompts or samples")
-    run_name = check_run_name(args.run or f"sim-{args.workload.replace(':', '-').replace('/', '-')}-{args.seed}"[:128])
-    cost = cost_model(cluster, model, config.planner)
-    started = time.perf_counter()
-    with progress("simulating", quiet=args.json) as bar:
-        def step_done(policy: str, step: int) -> None:
-            bar.update(policies.index(policy) * args.steps + step + 1, len(policies) * args.steps,
-                       f"{policy} step {step + 1}/{args.steps}")
+    request = simulation_request(args.workload, args.cluster, args.model, args.steps, args.policies, args.group_size,
+                                 args.prompts_per_step, args.seed, args.run, names=as_flag)
+    policies, steps = list(request.policies), request.steps
+    with json_stdout(args.json) as out:
+        with progress("simulating", quiet=args.json) as bar:
+            def step_done(policy: str, step: int) -> None:
+                bar.update(policies.index(policy) * steps + step + 1, len(policies) * steps,
+                           f"{policy} step {step + 1}/{steps}")
 
-        try:
-            runs = simulate(spec, cost, args.steps, policies, args.seed, planner_settings(config.planner),
-                            trigger_settings(config.planner), progress=step_done)
-        except InfeasibleError as exc:
-            raise LibraError(f"{model.name} cannot run on {args.cluster} with workload {args.workload}: {exc}; "
-                             "use more or larger GPUs, a smaller model or shorter trajectories") from None
-    from libra.sim.bound import run_bound
-    from libra.sim.workloads import WorkloadGenerator
-
-    generator = WorkloadGenerator(spec, args.seed)
-    bound = run_bound(cost, [generator.step(k) for k in range(args.steps)])
-    wall = time.perf_counter() - started
-    summary = summarize(runs, cluster.gpus, args.workload, bound.total_s)
-    summary["simulation_wall_s"] = wall
-    from tasks.sim_records import record_store
-
-    record_store(runs, run_name, config.store)
-    if not args.no_track:
-        from flows.runtime import prepare_runtime
-
-        prepare_runtime(config)
-        from tasks.sim_records import record_mlflow
-
-        summary["mlflow_parent_run_id"] = record_mlflow(runs, summary, args, config)
-    summary["store_run"] = run_name
-    return summary, wall, run_name
+            PROGRESS.append(step_done)
+            try:
+                summary = run_flow(simulate_flow, config, tracking=not args.no_track, workload=request.workload,
+                                   cluster=request.cluster, model=request.model, steps=steps, policies=policies,
+                                   group_size=request.group_size, prompts_per_step=request.prompts_per_step,
+                                   seed=request.seed, run=request.run, track=not args.no_track)
+            finally:
+                PROGRESS.remove(step_done)
+        print(json.dumps(summary) if args.json else render(summary) +
+              f"\nsimulated in {summary['simulation_wall_s']:.1f} s; store run {summary['store_run']!r}", file=out)
+    return 0

@@ -1,7 +1,8 @@
 """`libra train`: GRPO training of the local policy as Prefect flows (the main job, `make run`).
 
-The command checks its input, builds the local policy when the config names the default one and it
-is missing, then runs `flows.train.train_flow` and prints a line per iteration and a summary. Run
+The command checks its flags (as the flow checks its parameters) and calls `flows.train.train_flow`,
+which builds the local policy when the config names the default one and it is missing; it prints a
+line per iteration and a summary. Run
 again after a kill, it continues from the last completed iteration; run again after it finished, it
 reports the finished run (pass --restart to train it again from the policy).
 """
@@ -16,8 +17,6 @@ from typing import Any
 
 from libra.config import LibraConfig
 from libra.errors import LibraError
-
-EXPECTED = (LibraError, OSError, MemoryError, KeyboardInterrupt)
 
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -37,62 +36,14 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def with_overrides(config: LibraConfig, args: argparse.Namespace) -> LibraConfig:
-    from pydantic import ValidationError
+    """The config with the flags in place, checked as the flow checks it (`flows.train.training_config`),
+    the flags named as given."""
+    from flows.train import training_config
 
-    from libra.config import describe_validation_error
-
-    trainer = config.trainer.model_dump()
-    if args.steps is not None:
-        trainer["steps"] = args.steps
-    if args.run is not None:
-        trainer["run"] = args.run
-    placement = config.placement.model_dump()
-    if getattr(args, "policy", None) is not None:
-        placement["policy"] = args.policy
     try:
-        return LibraConfig.model_validate({**config.model_dump(), "trainer": trainer, "placement": placement})
-    except ValidationError as exc:
-        raise LibraError(describe_validation_error(exc, LibraConfig).replace("trainer.steps", "--steps")
-                         .replace("trainer.run", "--run")) from None
-
-
-def check(config: LibraConfig) -> None:
-    """Everything that can be refused before anything is written or started."""
-    from libra.scheduler.replay import POLICIES
-    from storage.writer import check_run_name
-
-    check_run_name(config.trainer.run_name())
-    router = config.rollout.router
-    if router not in POLICIES or router == "oracle":
-        raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
-    for device, where in ((config.rollout.device, "rollout.device"), (config.trainer.device, "trainer.device")):
-        if device == "cuda":
-            from libra.devices import gpu_count
-
-            if gpu_count() == 0:
-                raise LibraError(f"{where} is cuda, but torch sees no GPU here; set it to cpu")
-
-
-def ensure_policy(config: LibraConfig, quiet: bool) -> None:
-    """Put the local policy in place when the config names the default directory and it holds none
-    (the shipped policy is copied; it is built when it does not fit the settings); any other missing
-    directory is an error (Libra does not write where it was not asked to)."""
-    from pathlib import Path
-
-    from cli.rollout_command import DEFAULT_POLICY
-
-    policy = Path(config.trainer.policy)
-    if (policy / "config.json").is_file():
-        return
-    if policy.resolve() != Path(DEFAULT_POLICY).resolve():
-        raise LibraError(f"trainer.policy: no policy in {policy}; build one with `libra policy init --out {policy}`, or "
-                         "point trainer.policy at an HF-format checkpoint")
-    from cli.progress import progress
-    from libra.rollout.policy import PolicySettings, init_policy
-
-    with progress("building the local policy", quiet=quiet) as bar:
-        init_policy(policy, PolicySettings(), log=bar.echo if not quiet else lambda _: None,
-                    progress=lambda done, steps, loss: bar.update(done, steps, f"loss {loss:.3f}"), sandbox=config.sandbox)
+        return training_config(config, args.steps, args.run, None, getattr(args, "policy", None))
+    except LibraError as exc:
+        raise LibraError(str(exc).replace("trainer.steps", "--steps").replace("trainer.run", "--run")) from None
 
 
 def cmd_train(args: argparse.Namespace, config: LibraConfig) -> int:
@@ -105,31 +56,30 @@ def cmd_train(args: argparse.Namespace, config: LibraConfig) -> int:
 
 
 def train(config: LibraConfig, restart: bool, quiet: bool) -> dict[str, Any]:
-    check(config)
-    ensure_policy(config, quiet)
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up and per-reload warnings would bury the progress
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")  # likewise the deprecation warnings its worker processes print
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # loading and saving weights every iteration: no bars
-    from flows.runtime import held_logs, prepare_runtime, start_prefect
-
-    prepare_runtime(config)
-    start_prefect()
+    from cli.flow_call import run_flow
+    from cli.progress import progress
     from flows.train import train_flow
-    from tasks.train_tasks import LISTENERS
+    from tasks.train_tasks import LISTENERS, POLICY_PROGRESS
 
     listener = None if quiet else _progress_line(config.trainer.steps)
-    if listener:
-        LISTENERS.append(listener)
-    try:
-        with held_logs(EXPECTED):
-            result = train_flow(config, restart)
-    finally:
+    with progress("building the local policy", quiet=quiet) as bar:
+        def built(done: int, steps: int, loss: float) -> None:
+            bar.update(done, steps, f"loss {loss:.3f}")
+            if done >= steps:
+                bar.close()  # its own line, before the iterations' lines
+
+        POLICY_PROGRESS.append(built)
         if listener:
-            LISTENERS.remove(listener)
+            LISTENERS.append(listener)
+        try:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()  # loading and saving weights every iteration: no bars
+            result = run_flow(train_flow, config, restart=restart)
+        finally:
+            POLICY_PROGRESS.remove(built)
+            if listener:
+                LISTENERS.remove(listener)
     return summarize(result, config)
 
 

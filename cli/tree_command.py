@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_tree(args: argparse.Namespace, config: LibraConfig) -> int:
-    from cli.checks import in_range
     from cli.streams import json_stdout
+    from libra.checks import in_range
     from libra.errors import LibraError
     from libra.scheduler.causal_tree import GLOBAL, CausalTree, paths_from_rows
     from libra.scheduler.keys import KeyScheme

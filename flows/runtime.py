@@ -28,33 +28,59 @@ from pathlib import Path
 from libra.config import LibraConfig
 
 
-def prepare_runtime(config: LibraConfig) -> None:
-    prefect_home = Path(config.orchestration.prefect_home).resolve()
-    prefect_home.mkdir(parents=True, exist_ok=True)
+def prepare_runtime(config: LibraConfig, tracking: bool = True) -> None:
+    """Prefect's and MLflow's environment from `config`, where the environment does not set it;
+    with `tracking`, MLflow's store is opened (its database created). Prefect's home is created
+    only when it is the one in use (not when PREFECT_HOME is set, or a server is named)."""
     defaults = {
-        "PREFECT_HOME": str(prefect_home),
+        "PREFECT_HOME": str(Path(config.orchestration.prefect_home).resolve()),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "WARNING",
         # Prefect gives its temporary server 20 s to answer; a loaded machine (or a second run
         # starting beside the first) can take longer
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-        "MLFLOW_TRACKING_URI": absolute_tracking_uri(config.tracking.tracking_uri),
+        "MLFLOW_TRACKING_URI": absolute_tracking_uri(config.tracking.tracking_uri, create=tracking),
         "MLFLOW_LOGGING_LEVEL": "WARNING",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "DO_NOT_TRACK": "1",
     }
+    if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
+        Path(defaults["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
-    open_mlflow_store(os.environ["MLFLOW_TRACKING_URI"])
+    if tracking:
+        open_mlflow_store(os.environ["MLFLOW_TRACKING_URI"])
 
 
-def absolute_tracking_uri(uri: str) -> str:
-    """`sqlite:///relative.db` -> `sqlite:////abs/relative.db` (MLflow needs an absolute path); the
-    database's directory is created."""
+def flow_config(config: LibraConfig | str | None, overrides: dict | None = None, tracking: bool = True) -> LibraConfig:
+    """What a flow does first: its config (a LibraConfig, a YAML file's path, or the embedded
+    defaults, then the overrides; `libra.config.resolve_config`) and the runtime it describes. A
+    deployment run gets here with Prefect already configured by its worker; the CLI, having
+    prepared both before the flow started, gets the same values again."""
+    from libra.config import resolve_config
+
+    resolved = resolve_config(config, overrides)
+    prepare_runtime(resolved, tracking)
+    return resolved
+
+
+def quiet_engines() -> None:
+    """Keep the engines' start-up and per-reload lines, and their worker processes' deprecation
+    warnings, off the terminal (vLLM logs to stdout by default: to stderr, errors only), unless the
+    environment says otherwise. Call before an engine is made."""
+    for key, value in (("VLLM_LOGGING_STREAM", "ext://sys.stderr"), ("VLLM_LOGGING_LEVEL", "ERROR"),
+                       ("PYTHONWARNINGS", "ignore"), ("TORCH_CPP_LOG_LEVEL", "ERROR")):
+        os.environ.setdefault(key, value)
+
+
+def absolute_tracking_uri(uri: str, create: bool = True) -> str:
+    """`sqlite:///relative.db` -> `sqlite:////abs/relative.db` (MLflow needs an absolute path); with
+    `create`, the database's directory is created."""
     prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+    if uri.startswith(prefix):
         path = Path(uri[len(prefix):]).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
         return prefix + str(path)
     return uri
 

@@ -4,6 +4,12 @@ plots and summary. Every iteration is checkpointed; killed at any point, the sam
 from the last completed iteration, and each step lands once in the store and in MLflow. A run
 placed by Libra (`placement.policy: libra`) runs the planning flow (`flows.planning`) before the
 iterations the trigger names; where the stages run decides the iteration's pipeline.
+
+`libra train` and the `libra-train` deployment call `train_flow` with the same parameters: a config
+(a LibraConfig, a YAML file's path, or None for the embedded defaults) and the few values a run is
+usually started with (steps, run name, environment, placement policy, store). A flow run that
+crashed is resumed by running the flow again with the same run name: it continues from the run's
+newest checkpoint, each step recorded once.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from prefect import flow
 
 from flows.planning import planning_flow
 from flows.rl_iteration import rl_iteration_flow
-from libra.config import LibraConfig
+from libra.config import LibraConfig, resolve_config
+from libra.errors import LibraError
 from tasks.planning_tasks import planning_due_task
 from tasks.train_tasks import (
     close_session_task,
@@ -23,13 +30,56 @@ from tasks.train_tasks import (
     iteration_setup_task,
     log_evaluation_task,
     open_session_task,
+    prepare_policy_task,
     record_task,
     start_tracking_task,
 )
 
 
+def training_config(config: LibraConfig | str | None = None, steps: int | None = None, run: str | None = None,
+                    env: str | None = None, policy: str | None = None, store: str | None = None) -> LibraConfig:
+    """The run's config: `config` with the given values in place of trainer.steps, trainer.run,
+    trainer.env, placement.policy and store.root; then every check that can refuse the run before
+    anything is written or started (`check_training`)."""
+    resolved = resolve_config(config, {"trainer.steps": steps, "trainer.run": run, "trainer.env": env,
+                                       "placement.policy": policy, "store.root": store})
+    check_training(resolved)
+    return resolved
+
+
+def check_training(config: LibraConfig) -> None:
+    from libra.scheduler.replay import POLICIES
+    from storage.writer import check_run_name
+
+    check_run_name(config.trainer.run_name())
+    router = config.rollout.router
+    if router not in POLICIES or router == "oracle":
+        raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
+    for device, where in ((config.rollout.device, "rollout.device"), (config.trainer.device, "trainer.device")):
+        if device == "cuda":
+            from libra.devices import gpu_count
+
+            if gpu_count() == 0:
+                raise LibraError(f"{where} is cuda, but torch sees no GPU here; set it to cpu")
+    from tasks.train_tasks import policy_missing
+
+    missing = policy_missing(config)
+    if missing:
+        raise LibraError(missing)
+
+
 @flow(name="libra-train", log_prints=False)
-def train_flow(config: LibraConfig, restart: bool = False) -> dict[str, Any]:
+def train_flow(config: LibraConfig | str | None = None, steps: int | None = None, run: str | None = None,
+               env: str | None = None, policy: str | None = None, restart: bool = False,
+               store: str | None = None) -> dict[str, Any]:
+    """Train the run to its last step (resuming it when it has checkpoints; `restart`: from the
+    policy again); its summary: where it started, its checkpoint, its MLflow run, its state."""
+    from flows.runtime import prepare_runtime, quiet_engines
+
+    config = training_config(config, steps, run, env, policy, store)
+    prepare_runtime(config)
+    quiet_engines()
+    prepare_policy_task(config)
     t = config.trainer
     info = open_session_task(config, restart)
     try:

@@ -289,6 +289,25 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         raise ConfigError(f"{source}: {describe_validation_error(exc, LibraConfig)}") from None
 
 
+def resolve_config(config: LibraConfig | str | Path | None = None,
+                   overrides: dict[str, Any] | None = None) -> LibraConfig:
+    """The config a flow runs with: a `LibraConfig` as given, a YAML file's path (a deployment's
+    parameter), or the embedded defaults (None); then `overrides` (dotted keys, values of None left
+    out). One function for the CLI and the flows, so both refuse the same values with the same line."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if not isinstance(config, LibraConfig):
+        return load_config(config, overrides)
+    if not overrides:
+        return config
+    data = config.model_dump()
+    for dotted, value in overrides.items():
+        _set_dotted(data, dotted, value)
+    try:
+        return LibraConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, LibraConfig)) from None
+
+
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """yaml.safe_load's loader, refusing a key given twice in one mapping (YAML says keys are unique;
     PyYAML would keep the last one silently). Keys brought in by a merge (`<<: *base`) may be overridden."""

@@ -1,5 +1,5 @@
 """Recording simulation results: the store's steps, plans and pool_events tables, and MLflow runs
-with plots. Plain functions (the CLI calls them directly; a flow can wrap them as tasks)."""
+with plots. Plain functions; the simulation flow's tasks (`tasks/sim_tasks.py`) call them."""
 
 from __future__ import annotations
 
@@ -73,14 +73,15 @@ def plot_runs(runs: dict, out_dir: Path) -> list[Path]:
             lines_png(split, "step", "training GPUs (rest: rollout and hybrid)", out_dir / "gpu_split.png")]
 
 
-def record_mlflow(runs: dict, summary: dict[str, Any], args: Any, config: LibraConfig) -> str:
+def record_mlflow(runs: dict, summary: dict[str, Any], request: Any, config: LibraConfig) -> str:
+    """`request`: the flow's SimulationRequest (its cluster, model, steps and seed are the params)."""
     from tasks.tracking_tasks import log_run
 
     experiment = f"{config.tracking.experiment_prefix}-sim-{summary['workload']}".replace(":", "-").replace("/", "-")[:200]
-    params = {"workload": summary["workload"], "cluster": args.cluster, "model": args.model, "steps": args.steps,
-              "seed": args.seed}
+    params = {"workload": summary["workload"], "cluster": request.cluster, "model": request.model,
+              "steps": request.steps, "seed": request.seed}
     with tempfile.TemporaryDirectory() as tmp:
-        parent = log_run(experiment, config.tracking.artifact_root, f"{summary['workload']}-{args.cluster}", params, {},
+        parent = log_run(experiment, config.tracking.artifact_root, f"{summary['workload']}-{request.cluster}", params, {},
                          artifacts=plot_runs(runs, Path(tmp)), texts={"summary.json": json.dumps(summary, indent=2)})
     for name, r in runs.items():
         m = summary["policies"][name]

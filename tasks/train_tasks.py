@@ -15,11 +15,39 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from libra.config import LibraConfig
+from libra.config import LibraConfig, TrainerConfig
 from libra.rl.session import IterationRecord, RolloutStats, TrainingSession, Update
 
 SESSIONS: dict[str, TrainingSession] = {}  # run name -> its live session in this process
 LISTENERS: list[Callable[[IterationRecord], None]] = []  # told of each recorded iteration (progress lines)
+POLICY_PROGRESS: list[Callable[[int, int, float], None]] = []  # told (step, steps, loss) while a policy is built
+DEFAULT_POLICY = TrainerConfig.model_fields["policy"].default  # built (or copied) when it is missing
+
+
+def policy_missing(config: LibraConfig) -> str | None:
+    """Why the run cannot start for want of a policy: trainer.policy names a directory with none
+    that is not the default one (Libra writes only where it was asked to); None otherwise."""
+    policy = Path(config.trainer.policy)
+    if (policy / "config.json").is_file() or policy.resolve() == Path(DEFAULT_POLICY).resolve():
+        return None
+    return (f"trainer.policy: no policy in {policy}; build one with `libra policy init --out {policy}`, or point "
+            "trainer.policy at an HF-format checkpoint")
+
+
+@task(name="prepare-policy", cache_policy=NO_CACHE)
+def prepare_policy_task(config: LibraConfig) -> None:
+    """Put the local policy in place when the config names the default directory and it holds none:
+    the shipped policy is copied, or built when it does not fit the settings (minutes)."""
+    policy = Path(config.trainer.policy)
+    if (policy / "config.json").is_file():
+        return
+    from libra.rollout.policy import PolicySettings, init_policy
+
+    def progress(done: int, steps: int, loss: float) -> None:
+        for listener in POLICY_PROGRESS:
+            listener(done, steps, loss)
+
+    init_policy(policy, PolicySettings(), log=lambda _: None, progress=progress, sandbox=config.sandbox)
 
 
 def session(run: str) -> TrainingSession:

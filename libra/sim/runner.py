@@ -85,22 +85,36 @@ class PolicyRun:
 def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, policies: list[str], seed: int = 0,
              planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
              progress: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
-    planner = planner or PlannerSettings()
-    trigger = trigger or TriggerSettings()
-    # training must hold the longest sequence the generation cap allows, not just the ones seen so far
-    cost = replace(cost, training=replace(cost.training, min_sequence_tokens=min(spec.max_tokens, cost.rollout.max_context_tokens)))
+    """Every policy over the same `steps` batches of `spec` (drawn with `seed`)."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policies {unknown}; policies: {', '.join(POLICIES)}")
+    cost = simulation_cost(spec, cost)
+    batches, warmup = workload_batches(spec, steps, seed)
+    return {name: simulate_policy(name, cost, batches, warmup, planner, trigger, progress) for name in policies}
+
+
+def simulation_cost(spec: WorkloadSpec, cost: CostModel) -> CostModel:
+    """The cost model a simulation of `spec` plans with: training must hold the longest sequence
+    the generation cap allows, not just the ones seen so far."""
+    return replace(cost, training=replace(cost.training, min_sequence_tokens=min(spec.max_tokens,
+                                                                                 cost.rollout.max_context_tokens)))
+
+
+def workload_batches(spec: WorkloadSpec, steps: int, seed: int) -> tuple[list[list[SimTrajectory]], list[SimTrajectory]]:
+    """The steps' trajectories, and the warm-up batch the planning policies plan step 0 on."""
     generator = WorkloadGenerator(spec, seed)
-    batches = [generator.step(k) for k in range(steps)]
-    warmup = generator.step(-1)
-    runs = {}
-    for name in policies:
-        policy = make_policy(name, cost, planner, trigger)
-        policy.plan_ahead(batches)
-        runs[name] = run_policy(policy, cost, batches, warmup, planner, progress)
-    return runs
+    return [generator.step(k) for k in range(steps)], generator.step(-1)
+
+
+def simulate_policy(name: str, cost: CostModel, batches: list[list[SimTrajectory]], warmup: list[SimTrajectory],
+                    planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
+                    progress: Callable[[str, int], None] | None = None) -> PolicyRun:
+    """One policy over `batches` (`cost` from `simulation_cost`)."""
+    planner = planner or PlannerSettings()
+    policy = make_policy(name, cost, planner, trigger or TriggerSettings())
+    policy.plan_ahead(batches)
+    return run_policy(policy, cost, batches, warmup, planner, progress)
 
 
 def run_policy(policy: SystemPolicy, cost: CostModel, batches: list[list[SimTrajectory]],

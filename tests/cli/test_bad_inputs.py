@@ -234,7 +234,8 @@ def test_two_runs_at_once_in_a_fresh_directory(files: Path) -> None:
     """Both create Prefect's and MLflow's databases in the same .libra at the same moment (each its own
     store, so the store's run locks do not meet); both succeed, with JSON only on stdout and nothing
     on stderr."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # MLflow's default database, in the working directory (an earlier test may have named another)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "PYTHONPATH": str(ROOT)}
     runs = [subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--traces", "small.csv", "--json", "--store",
                               f"store{i}"], cwd=files, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for i in range(2)]

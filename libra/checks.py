@@ -1,0 +1,51 @@
+"""Range checks for the numbers a flow is given (a command-line flag or a deployment's parameter).
+
+argparse and Prefect check that a number is a number; these check that it is a sensible one, with
+the same one-line error for every parameter: below the least value, above the largest (sizes that
+would not fit in memory or would run for days), or not finite (a float accepts `nan` and `inf`).
+The upper bounds follow the config's own (`libra/config.py`) where a parameter overrides a config
+value. A parameter is named as its caller names it (`Names`): `--steps` on the command line, `steps`
+in a deployment run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from libra.errors import LibraError
+
+Names = Callable[[str], str]  # a parameter's name -> how the caller spells it
+
+
+def as_parameter(name: str) -> str:
+    """A flow parameter's own name (a deployment run's `--param steps=...`)."""
+    return name
+
+
+def as_flag(name: str) -> str:
+    """`group_size` -> `--group-size`, the command line's spelling."""
+    return "--" + name.replace("_", "-")
+
+
+def in_range(flag: str, value: int | float | None, low: int | float, high: int | float) -> None:
+    """Nothing if `value` is None or within [low, high]; a LibraError naming the flag otherwise."""
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise LibraError(f"{flag} must be a finite number, got {value}")
+    if value < low:
+        raise LibraError(f"{flag} must be >= {low}, got {value}")
+    if value > high:
+        raise LibraError(f"{flag} must be <= {high:,}, got {value:,}")
+
+
+def token_bounds(name: str, text: str) -> list[int]:
+    """`4000,12000` -> [4000, 12000]: bucket bounds, increasing positive token counts."""
+    try:
+        bounds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise LibraError(f"{name} {text!r}: give 'auto' or increasing token counts like 4000,12000") from None
+    if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 1:
+        raise LibraError(f"{name} {text!r}: bounds must be increasing positive token counts, e.g. 4000,12000")
+    return bounds

@@ -1,0 +1,110 @@
+"""Prefect tasks of the simulation flow (`flows/simulate.py`): draw the workload once, run each
+policy over it, compute the proven bound, record the runs. `PROGRESS` hears of every simulated step
+(the CLI's progress bar); a deployment run has no listener."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from libra.config import LibraConfig, PlannerConfig, StoreConfig
+from libra.errors import InfeasibleError, LibraError
+
+PROGRESS: list[Callable[[str, int], None]] = []  # told (policy, step) after each simulated step
+
+
+@dataclass(frozen=True)
+class SimWorkload:
+    """The simulated steps every policy runs, and the cost model they are timed with."""
+
+    batches: list  # per step: its SimTrajectory list
+    warmup: list  # the batch the planning policies plan step 0 on
+    cost: Any  # the planner's CostModel for the request's cluster and model (the bound's)
+    gpus: int
+
+
+def _cost(request, planner: PlannerConfig):
+    from libra.planner.profiles import model_profile, parse_cluster
+    from libra.planner.settings import cost_model
+
+    return cost_model(parse_cluster(request.cluster), model_profile(request.model), planner)
+
+
+@task(name="workload", cache_policy=NO_CACHE)
+def workload_task(request, planner: PlannerConfig) -> SimWorkload:
+    from libra.sim.runner import workload_batches
+
+    cost = _cost(request, planner)
+    batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
+    return SimWorkload(batches, warmup, cost, cost.cluster.gpus)
+
+
+@task(name="simulate-policy", cache_policy=NO_CACHE)
+def simulate_policy_task(request, policy: str, drawn: SimWorkload, planner: PlannerConfig):
+    """One policy's run (`libra.sim.runner.PolicyRun`) over the drawn steps."""
+    from libra.planner.settings import planner_settings, trigger_settings
+    from libra.sim.runner import simulate_policy, simulation_cost
+
+    def step_done(name: str, step: int) -> None:
+        for listener in PROGRESS:
+            listener(name, step)
+
+    try:
+        return simulate_policy(policy, simulation_cost(request.spec(), drawn.cost), drawn.batches, drawn.warmup,
+                               planner_settings(planner), trigger_settings(planner), progress=step_done)
+    except InfeasibleError as exc:
+        raise LibraError(f"{drawn.cost.model.name} cannot run on {request.cluster} with workload {request.workload}: "
+                         f"{exc}; use more or larger GPUs, a smaller model or shorter trajectories") from None
+
+
+@task(name="bound", cache_policy=NO_CACHE)
+def bound_task(drawn: SimWorkload) -> float:
+    """The proven bound's total seconds over the drawn steps (`libra.sim.bound`)."""
+    from libra.sim.bound import run_bound
+
+    return run_bound(drawn.cost, drawn.batches).total_s
+
+
+def summarize(runs: dict, gpus: int, workload: str, bound_s: float | None = None) -> dict[str, Any]:
+    """Each policy's figures and its ratios to libra, the oracle and (given the bound's total
+    seconds for the same steps) the proven bound."""
+    out: dict[str, Any] = {"workload": workload, "gpus": gpus, "policies": {}}
+    for name, r in runs.items():
+        out["policies"][name] = {
+            "tokens_per_s": r.tokens_per_s,
+            "step_time_mean_s": r.step_time_mean_s,
+            "step_time_p99_s": r.step_time_quantile(0.99),
+            "idle_gpu_s": r.idle_gpu_s,
+            "total_time_s": r.total_time_s,
+        }
+    for ref in ("libra", "oracle"):
+        if ref in runs and runs[ref].tokens_per_s > 0:
+            for m in out["policies"].values():
+                m[f"vs_{ref}"] = m["tokens_per_s"] / runs[ref].tokens_per_s
+    if bound_s and runs:
+        out["bound_tokens_per_s"] = next(iter(runs.values())).trained_tokens / bound_s
+        for m in out["policies"].values():
+            m["vs_bound"] = m["tokens_per_s"] / out["bound_tokens_per_s"]
+    return out
+
+
+@task(name="record-store", cache_policy=NO_CACHE, retries=1)
+def record_store_task(runs: dict, run: str, store: StoreConfig) -> None:
+    """The runs' steps, plans and pool_events as store run `run` (each table replaced whole, so a
+    retry writes them once)."""
+    from tasks.sim_records import record_store
+
+    record_store(runs, run, store)
+
+
+@task(name="record-mlflow", cache_policy=NO_CACHE)
+def record_mlflow_task(runs: dict, summary: dict[str, Any], request, config: LibraConfig) -> str:
+    """A parent MLflow run with a child per policy; the parent's id. Not retried: a retry after a
+    partial write would log a second parent."""
+    from tasks.sim_records import record_mlflow
+
+    return record_mlflow(runs, summary, request, config)
