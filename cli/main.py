@@ -57,6 +57,7 @@ def common_options() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     from cli import (
         compare_command,
+        deploy_command,
         plan_command,
         pool_command,
         rollout_command,
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_command.register(sub, parent)
     train_command.register(sub, parent)
     compare_command.register(sub, parent)
+    deploy_command.register(sub, parent)
     return parser
 
 

@@ -14,8 +14,6 @@ import os
 from libra.config import LibraConfig
 from libra.errors import LibraError
 
-EXPECTED = (LibraError, OSError, MemoryError, KeyboardInterrupt)  # what cli.main turns into one line
-
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
     run = sub.add_parser(
@@ -32,9 +30,10 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_run(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.flow_call import run_flow
     from cli.plan_command import read_trace_with_progress
     from cli.streams import json_stdout
-    from flows.runtime import held_logs, prepare_runtime, start_prefect
+    from flows.trace_analysis import experiment_name, trace_analysis_flow
 
     with json_stdout(args.json) as out:
         traces = args.traces
@@ -46,12 +45,7 @@ def cmd_run(args: argparse.Namespace, config: LibraConfig) -> int:
             raise LibraError("no trace files: pass --traces FILE.csv ... (the bundled data/traces/*.csv are missing)")
         for path in traces:
             read_trace_with_progress(path, quiet=args.json)
-        prepare_runtime(config)
-        from flows.trace_analysis import experiment_name, trace_analysis_flow
-
-        start_prefect()
-        with held_logs(EXPECTED):
-            summaries = trace_analysis_flow(traces=traces, config_json=config.model_dump_json())
+        summaries = run_flow(trace_analysis_flow, config, traces=traces)
         if args.json:
             print(json.dumps(summaries), file=out)
             return 0

@@ -1,7 +1,7 @@
 """The trace-analysis flow: import agent traces, compute their statistics, track them in MLflow.
 
-Until the training pipeline exists this is Libra's main job (`libra run`): it exercises the store,
-DuckDB queries, Prefect and MLflow end to end on real agent traces.
+`libra run` and the `libra-trace-analysis` deployment call it: it exercises the store, DuckDB
+queries, Prefect and MLflow end to end on real agent traces.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from prefect import flow
 
 from libra.config import LibraConfig
+from libra.errors import LibraError
 from libra.traces import BUNDLED as TRACE_DIR
 from libra.traces import bundled_traces
 from tasks.store_tasks import import_trace_task, summarize_run_task
@@ -30,10 +31,17 @@ def run_name_for(path: str | Path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem)[:128] or "trace"
 
 
-@flow(name="trace-analysis", log_prints=False)
-def trace_analysis_flow(traces: list[str], config_json: str) -> list[dict[str, Any]]:
-    """Import each trace into its own store run, summarise it and log it to MLflow."""
-    config = LibraConfig.model_validate_json(config_json)
+@flow(name="libra-trace-analysis", log_prints=False)
+def trace_analysis_flow(traces: list[str] | None = None, config: LibraConfig | str | None = None,
+                        store: str | None = None) -> list[dict[str, Any]]:
+    """Import each trace (default: the bundled ones) into its own store run, summarise it and log it
+    to MLflow; `config` is a LibraConfig, a YAML file's path or None (the embedded defaults)."""
+    from flows.runtime import flow_config
+
+    config = flow_config(config, {"store.root": store})
+    traces = traces or [str(p) for p in bundled_traces()]
+    if not traces:
+        raise LibraError("no trace files: pass traces (the bundled data/traces/*.csv are missing)")
     experiment = experiment_name(config)
     importer = import_trace_task.with_options(retries=config.orchestration.task_retries)
     out = []

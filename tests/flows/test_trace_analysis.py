@@ -25,7 +25,7 @@ def test_flow_imports_queries_and_tracks(tmp_path: Path, tracking: str) -> None:
         "traces.prompts_per_step": 1,
     })
     trace = small_trace(tmp_path / "small.csv")
-    result = trace_analysis_flow(traces=[str(trace)], config_json=config.model_dump_json())
+    result = trace_analysis_flow(traces=[str(trace)], config=config)
     assert len(result) == 1
     row = result[0]
     assert (row["run"], row["trajectories"], row["turns"], row["steps"]) == ("small", 3, 6, 2)
@@ -44,7 +44,7 @@ def test_flow_imports_queries_and_tracks(tmp_path: Path, tracking: str) -> None:
     assert artifacts == {"length_histogram.csv", "length_histogram.png", "per_step_drift.csv",
                          "per_step_drift.png", "tool_statistics.csv"}
 
-    again = trace_analysis_flow(traces=[str(trace)], config_json=config.model_dump_json())
+    again = trace_analysis_flow(traces=[str(trace)], config=config)
     assert again[0]["turns"] == 6
     with Catalog(config.store.root, "small") as catalog:
         assert catalog.query("select count(*) as n from turns").to_pylist() == [{"n": 6}]
