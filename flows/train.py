@@ -10,6 +10,12 @@ iterations the trigger names; where the stages run decides the iteration's pipel
 usually started with (steps, run name, environment, placement policy, store). A flow run that
 crashed is resumed by running the flow again with the same run name: it continues from the run's
 newest checkpoint, each step recorded once.
+
+On a Ray cluster a host may go away mid-iteration: the iteration's `HostLostError` (an engine or a
+trainer rank gone with it) makes the flow wait until Ray counts the host gone, open the run again
+from its newest checkpoint on the hosts that are left (placed anew there, recorded as that step's
+plan) and go on from the last completed step; a host that comes back is placed on again before the
+next iteration (`follow-hosts`).
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from prefect import flow
 from flows.planning import planning_flow
 from flows.rl_iteration import rl_iteration_flow
 from libra.config import LibraConfig, resolve_config
-from libra.errors import LibraError
-from tasks.planning_tasks import planning_due_task
+from libra.errors import HostLostError, LibraError
+from tasks.planning_tasks import follow_hosts_task, planning_due_task
 from tasks.train_tasks import (
     close_session_task,
     evaluate_task,
@@ -32,8 +38,11 @@ from tasks.train_tasks import (
     open_session_task,
     prepare_policy_task,
     record_task,
+    recover_task,
     start_tracking_task,
 )
+
+MAX_RECOVERIES = 3  # host losses in a row, with no step completed between them, before the run gives up
 
 
 def training_config(config: LibraConfig | str | None = None, steps: int | None = None, run: str | None = None,
@@ -88,12 +97,24 @@ def train_flow(config: LibraConfig | str | None = None, steps: int | None = None
             record_task(info.run, mlflow_run_id, announce=False)
         if "0" not in info.heldout and info.version == 0:
             log_evaluation_task(mlflow_run_id, 0, evaluate_task(info.run))
-        for step in range(info.step, t.steps):
-            if planning_due_task(info.run, step):
-                planning_flow(info.run, step, mlflow_run_id)
-            setup = iteration_setup_task(info.run, step)
-            rl_iteration_flow(info.run, step, t.steps, t.env, setup.pipeline, t.eval_every, rolled_out=setup.rolled_out,
-                              mlflow_run_id=mlflow_run_id)
+        step, recoveries = info.step, 0
+        while step < t.steps:
+            try:
+                # hosts lost or back (a Ray cluster): placed anew, which is this step's plan
+                if not follow_hosts_task(info.run, step, mlflow_run_id) and planning_due_task(info.run, step):
+                    planning_flow(info.run, step, mlflow_run_id)
+                setup = iteration_setup_task(info.run, step)
+                rl_iteration_flow(info.run, step, t.steps, t.env, setup.pipeline, t.eval_every,
+                                  rolled_out=setup.rolled_out, mlflow_run_id=mlflow_run_id)
+                step, recoveries = step + 1, 0
+            except HostLostError as lost:
+                recoveries += 1
+                if recoveries > MAX_RECOVERIES:  # hosts keep failing before any step completes
+                    raise
+                info = recover_task(config, lost.host)  # from the newest checkpoint, on the hosts left
+                if info.unrecorded:
+                    record_task(info.run, mlflow_run_id, announce=False)
+                step = info.step
         summary = finish_tracking_task(info.run, mlflow_run_id)
     finally:
         close_session_task(info.run)

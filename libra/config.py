@@ -232,6 +232,16 @@ class PlacementConfig(_Section):
         return self
 
 
+class ClusterConfig(_Section):
+    """Where a placed training run's workers are: this machine's cores, or the hosts of a Ray cluster."""
+
+    ray_address: str = Field("", max_length=256, description="the Ray cluster a placed run (placement.policy libra, "
+                             "static or colocated) runs on: its head's host:port, or 'auto'; empty: RAY_ADDRESS if set, "
+                             "else this machine's processes")
+    start_timeout_s: float = Field(120.0, gt=0.0, le=3_600.0, description="how long placing an engine or the trainer's "
+                                   "ranks on the cluster's hosts may take before the run says which host is missing")
+
+
 class LibraConfig(_Section):
     """Every subsystem's settings; each section validates itself."""
 
@@ -246,6 +256,7 @@ class LibraConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
     placement: PlacementConfig = PlacementConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
     def _placed_pipeline_fresh_enough(self) -> LibraConfig:
@@ -256,14 +267,19 @@ class LibraConfig(_Section):
             raise ValueError(f"placement.hybrids {self.placement.hybrids}: hybrids are rollout workers that also train, "
                              f"which needs a split placement (placement.policy static or libra, not "
                              f"{self.placement.policy})")
+        if self.cluster.ray_address and self.placement.policy == "none":
+            raise ValueError(f"cluster.ray_address {self.cluster.ray_address!r}: a run on a Ray cluster is placed on its "
+                             "hosts' workers; set placement.policy to libra, static or colocated")
         if self.placement.hybrids and self.rollout.device == "cuda":
             raise ValueError(f"placement.hybrids {self.placement.hybrids} with rollout.device cuda: a live run's hybrids "
                              "are placed on CPU workers only so far (the pool puts its processes on GPUs by rank, not "
                              "where the placement says); set placement.hybrids 0")
-        if self.placement.policy != "none" and self.rollout.engine == "hf" and self.rollout.device == "cpu":
+        if (self.placement.policy != "none" and self.rollout.engine == "hf" and self.rollout.device == "cpu"
+                and not self.cluster.ray_address):
             raise ValueError(f"placement.policy {self.placement.policy} gives the engines CPU cores of their own, but "
                              "the transformers engine (rollout.engine hf) runs inside the trainer's process and shares "
-                             "its threads: use rollout.engine vllm, or placement.policy none")
+                             "its threads: use rollout.engine vllm, placement.policy none, or a Ray cluster "
+                             "(cluster.ray_address), where every engine is an actor of its own")
         return self
 
 

@@ -31,3 +31,20 @@ class TraceFormatError(LibraError):
         self.line = line
         self.reason = reason
         super().__init__(f"{path}:{line}: {reason}")
+
+
+class HostLostError(LibraError):
+    """A host of a Ray cluster stopped answering (its actors died with it): the run re-plans on the
+    hosts that are left and continues from its last completed step."""
+
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        super().__init__(message)
+
+
+class RankLostError(LibraError):
+    """A rank of the trainer's core died (its process, or its host) before the update it was in."""
+
+    def __init__(self, rank: int, message: str) -> None:
+        self.rank = rank
+        super().__init__(message)

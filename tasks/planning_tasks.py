@@ -62,6 +62,32 @@ def planning_due_task(run: str, step: int) -> str | None:
     return controller.due(step, times, force=True)
 
 
+@task(name="follow-hosts", cache_policy=NO_CACHE, retries=0)
+def follow_hosts_task(run: str, step: int, mlflow_run_id: str) -> str:
+    """On a Ray cluster, before iteration `step`: when hosts left or came back since the run was
+    placed, place it anew on the hosts there are and record that as the step's plan (the `plans`
+    row, the hosts' `pool_events` rows with the iteration's); why, or '' when nothing changed."""
+    import pyarrow as pa
+
+    from libra.rl.planning import placement_row
+    from storage.ingest import writer_for
+    from tasks.tracking_tasks import log_step_once
+
+    s = session(run)
+    reason = s.follow_hosts(step) or s.replaced
+    if not reason:
+        return ""
+    assert s.placement is not None
+    with writer_for(s.config.store).transaction(run, mode="update", origin="train") as tx:
+        tx.write_step("plans", step, pa.Table.from_pylist([placement_row(step, f"hosts-{step}", s.placement, reason)]))
+    log_step_once(mlflow_run_id, {"plan_applied": 1.0, "plan_train_workers": float(len(s.placement.train)),
+                                  "plan_rollout_workers": float(len(s.placement.rollout_workers)),
+                                  "cluster_workers": float(s.cluster.size if s.cluster else 0)}, step,
+                  sentinel="plan_applied")
+    s.replaced = ""
+    return reason
+
+
 @task(name="read-run-stats", cache_policy=NO_CACHE)
 def read_stats_task(run: str) -> RunStats:
     """The run's recent trajectories, timing samples, tool returns and last step, from the store."""

@@ -99,6 +99,22 @@ def open_session_task(config: LibraConfig, restart: bool = False) -> SessionInfo
     return _info(SESSIONS[run])
 
 
+@task(name="recover-hosts", cache_policy=NO_CACHE)
+def recover_task(config: LibraConfig, host: str) -> SessionInfo:
+    """After `host` was lost mid-iteration: wait for Ray to count it gone (up to
+    cluster.start_timeout_s), close the run's session and open it again from its newest checkpoint on
+    the hosts there are (`TrainingSession.open` places it anew when they changed); the iteration in
+    flight was not checkpointed, so it runs again, and nothing of it was recorded."""
+    run = config.trainer.run_name()
+    lost = SESSIONS.pop(run)
+    try:
+        lost.await_departure(host, config.cluster.start_timeout_s)
+    finally:
+        lost.close()
+    SESSIONS[run] = TrainingSession.open(config)
+    return _info(SESSIONS[run])
+
+
 @task(name="close-session", cache_policy=NO_CACHE)
 def close_session_task(run: str) -> None:
     if run in SESSIONS:
@@ -209,9 +225,9 @@ def record_task(run: str, mlflow_run_id: str, announce: bool = True) -> int:
         timings = record.timing_rows(s.hardware_name(), s.model_name())
         if timings:
             tx.write_step("timings", record.step, pa.Table.from_pylist(timings))
-        hybrids = record.pool_rows()
-        if hybrids:  # the step's pool_events: the planning's rows (moves, tree rebuild), then the hybrids'
-            tx.write_step("pool_events", record.step, pa.Table.from_pylist(s.plan_events.get(record.step, []) + hybrids))
+        events = s.plan_events.get(record.step, []) + record.pool_rows()
+        if events:  # the step's pool_events: the planning's and placing's rows (moves, tree rebuild, hosts), the hybrids'
+            tx.write_step("pool_events", record.step, pa.Table.from_pylist(events))
     s.plan_events.pop(record.step, None)
     log_step_once(mlflow_run_id, record.metrics(), record.step, sentinel="reward")
     if record.heldout_reward is not None:  # by weights version: 0 is the policy before training

@@ -14,7 +14,6 @@ hybrids (through a provider), and runs a monitor thread that
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import tempfile
 import threading
 import time
@@ -30,9 +29,9 @@ from libra.devices import gpu_count
 from libra.errors import LibraError
 from libra.pools import snapshot as snapshots
 from libra.pools.control import Control
-from libra.pools.elastic import FAULTS, core_process
+from libra.pools.elastic import FAULTS
 from libra.pools.joins import JoinSettings
-from libra.pools.providers import LocalProcesses, Provider
+from libra.pools.providers import CoreHandle, LocalProcesses, Provider
 from libra.pools.reconciler import Action, reconcile
 from libra.pools.spec import WorkerSpec
 from libra.pools.states import PoolEvent, State
@@ -78,17 +77,24 @@ class ElasticPool:
                  enter_gap: int = JoinSettings.enter_gap, min_step_s: float = 0.0, poll_s: float = 0.05,
                  schedule: Mapping[int, int] | None = None, faults: Mapping[str, str] | None = None,
                  on_event: Callable[[PoolEvent], None] | None = None,
-                 affinity: Mapping[str, tuple[int, ...]] | None = None, device: str = "cpu") -> None:
+                 affinity: Mapping[str, tuple[int, ...]] | None = None, device: str = "cpu",
+                 core_provider: Provider | None = None, control_host: str = "127.0.0.1") -> None:
         """`schedule`: desired hybrid count from a step on ({0: 0, 10: 2} = none, then two from step
         10); without one, `set_desired` or explicit `request_join`/`request_leave` drive the pool.
         `faults`: fault injection for tests and drills (hybrid id -> one of `elastic.FAULTS`).
         `affinity`: CPU pinning per worker id ("core-0", "hybrid-1") and for the leader's
         "snapshot-writer" thread. `device`: "cpu" (gloo) or "cuda" (NCCL; every worker process needs
-        its own GPU: local processes take GPUs 0, 1, ... in the order core ranks, then hybrids)."""
+        its own GPU: local processes take GPUs 0, 1, ... in the order core ranks, then hybrids).
+        `core_provider`: where the core ranks run (default: local processes; Ray actors on a
+        cluster); `control_host`: the address the workers reach this process's control store at
+        (this host's own, when they run on others)."""
         if steps < 1 or core_ranks < 1 or hybrids < 0:
             raise LibraError(f"need steps >= 1, core_ranks >= 1, hybrids >= 0; got {steps}, {core_ranks}, {hybrids}")
         self.provider = provider or LocalProcesses()
-        _check_device(device, core_ranks + (hybrids if isinstance(self.provider, LocalProcesses) else 0))
+        self.core_provider = core_provider or LocalProcesses()
+        self.control_host = control_host
+        _check_device(device, (core_ranks if isinstance(self.core_provider, LocalProcesses) else 0)
+                      + (hybrids if isinstance(self.provider, LocalProcesses) else 0))
         self.task = task
         self.steps = steps
         self.core_ranks = core_ranks
@@ -110,7 +116,7 @@ class ElasticPool:
         self.lock = threading.Lock()
         self._stop = threading.Event()
         self._events_offset = self._errors_offset = 0  # read positions in the leader's channels
-        self.core: list[mp.process.BaseProcess] = []
+        self.core: list[CoreHandle] = []
 
     # lifecycle --------------------------------------------------------------------------------
     def start(self, wait_for_hybrids_s: float = 0.0) -> ElasticPool:
@@ -119,7 +125,7 @@ class ElasticPool:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.control = Control(self.store)
-        self.spec = WorkerSpec("127.0.0.1", self.store.port, self.task, self.core_ranks, self.hybrid_ids, self.steps,
+        self.spec = WorkerSpec(self.control_host, self.store.port, self.task, self.core_ranks, self.hybrid_ids, self.steps,
                                str(self.out_dir), time.time(), **self.settings)
         for hid in self.hybrid_ids:
             self.provider.launch(hid, self.spec, self.faults.get(hid, ""))
@@ -131,11 +137,8 @@ class ElasticPool:
                     raise LibraError(f"hybrids {', '.join(missing)} not ready after {wait_for_hybrids_s} s "
                                      f"({self.provider.name} provider); raise the wait or check the workers' logs")
                 time.sleep(self.poll_s)
-        ctx = mp.get_context("spawn")
         for rank in range(self.core_ranks):
-            proc = ctx.Process(target=core_process, args=(rank, self.spec), name=f"libra-core-{rank}", daemon=True)
-            proc.start()
-            self.core.append(proc)
+            self.core.append(self.core_provider.launch_core(rank, self.spec))
         self._thread = threading.Thread(target=self._run, name="libra-pool-monitor", daemon=True)
         self._thread.start()
         return self

@@ -2,7 +2,10 @@
 engines and the trainer on them.
 
 A *worker* is the unit the planner moves, the local stand-in for a GPU: a set of CPU cores
-(`cores_per_worker` of them, pinned) on a CPU machine, one GPU on a GPU machine. The planner sees the
+(`cores_per_worker` of them, pinned) on a CPU machine, one GPU on a GPU machine. On a Ray cluster
+(`cluster.ray_address`) the workers are those of every host (`LocalCluster.hosts` names each
+worker's host; its cores are that host's) and an engine's workers are always on one host
+(`spread_over_hosts`). The planner sees the
 workers as a one-node cluster whose device is one worker (`LocalCluster.planner_cluster`); the
 calibration (`libra.planner.calibrate`) then fits the cost model's coefficients to what the run
 measures, so the same planner that plans 48 A800s plans these workers.
@@ -50,16 +53,20 @@ LOOPBACK_BANDWIDTH = 5 * GB
 
 @dataclass(frozen=True)
 class LocalCluster:
-    """The workers of this machine: each a tuple of CPU cores (device cpu) or of one GPU index (cuda)."""
+    """The workers the run may use: each a tuple of CPU cores (device cpu) or of one GPU index
+    (cuda), on this machine or, with `hosts`, on the host each names."""
 
     workers: tuple[tuple[int, ...], ...]
     device: str = "cpu"
     memory_bytes: float = 16 * 2**30  # memory a worker may use (host RAM share, or the GPU's)
+    hosts: tuple[str, ...] = ()  # per worker: its host (a Ray node's address); empty: all on this machine
 
     def __post_init__(self) -> None:
         if not self.workers:
             raise LibraError("a local cluster needs at least one worker")
-        seen = [unit for worker in self.workers for unit in worker]
+        if self.hosts and len(self.hosts) != len(self.workers):
+            raise LibraError(f"{len(self.hosts)} hosts named for {len(self.workers)} workers")
+        seen = [(self.host_of(w), unit) for w, worker in enumerate(self.workers) for unit in worker]
         if len(seen) != len(set(seen)):
             raise LibraError(f"local cluster workers overlap: {self.workers}")
 
@@ -81,17 +88,33 @@ class LocalCluster:
     def size(self) -> int:
         return len(self.workers)
 
+    def host_of(self, worker: int) -> str:
+        return self.hosts[worker] if self.hosts else ""
+
+    @property
+    def host_names(self) -> tuple[str, ...]:
+        """The hosts, in the order of their first worker."""
+        return tuple(dict.fromkeys(self.hosts))
+
+    @property
+    def per_host(self) -> int:
+        """Workers on the host that has the fewest (every worker, on one machine)."""
+        return min(self.hosts.count(h) for h in self.host_names) if self.hosts else self.size
+
     def units(self, workers: tuple[int, ...]) -> tuple[int, ...]:
-        """The cores (or GPUs) of `workers`, in order."""
+        """The cores (or GPUs) of `workers`, in order (on their host)."""
         return tuple(unit for w in workers for unit in self.workers[w])
 
     def planner_cluster(self) -> Cluster:
-        """These workers as a one-node cluster the planner plans: one device per worker."""
+        """These workers as a cluster the planner plans, one device per worker: a node per host when
+        every host has as many workers (the planner's nodes are alike), else one node."""
         cores = len(self.workers[0])
+        uniform = self.hosts and self.per_host * len(self.host_names) == self.size
+        nodes, per_node = (len(self.host_names), self.per_host) if uniform else (1, self.size)
         hardware = HardwareProfile(
             f"local-{self.device}-worker", CORE_FLOPS * cores, self.memory_bytes, CORE_MEMORY_BANDWIDTH * cores,
-            LOOPBACK_BANDWIDTH, LOOPBACK_BANDWIDTH, self.size, 2e-5, 2e-5)
-        return Cluster(1, self.size, hardware)
+            LOOPBACK_BANDWIDTH, LOOPBACK_BANDWIDTH, per_node, 2e-5, 2e-5)
+        return Cluster(nodes, per_node, hardware)
 
 
 @dataclass(frozen=True)
@@ -154,16 +177,20 @@ def initial_placement(policy: str, cluster: LocalCluster, hybrids: int = 0) -> P
     if hybrids and (policy == "colocated" or cluster.size == 1):
         raise LibraError(f"{hybrids} hybrid worker(s) need a split placement: policy static or libra, and at least two "
                          f"workers (this machine has {cluster.size})")
+    hosts = len(cluster.host_names)
     if policy == "colocated" or cluster.size == 1:
-        return Placement((everyone,), everyone, True)
+        engines = (everyone,) if hosts < 2 else tuple((w,) for w in everyone)
+        return spread_over_hosts(Placement(engines, everyone, True), cluster)
     rollout = (cluster.size + 1) // 2
     if hybrids > rollout:
         raise LibraError(f"{hybrids} hybrid worker(s) but {rollout} rollout worker(s) on {cluster.size} workers: lower "
                          "placement.hybrids")
     core = everyone[:rollout - hybrids]
     singles = tuple((w,) for w in everyone[rollout - hybrids:rollout])  # the hybrids' engines
-    return Placement(((core,) if core else ()) + singles, everyone[rollout:], False,
-                     hybrids=hybrid_workers(rollout, hybrids))
+    if hosts > 1:  # one engine per rollout worker: no engine may straddle hosts
+        singles, core = tuple((w,) for w in core) + singles, ()
+    return spread_over_hosts(Placement(((core,) if core else ()) + singles, everyone[rollout:], False,
+                                       hybrids=hybrid_workers(rollout, hybrids)), cluster)
 
 
 def placement_of(plan: Plan, cluster: LocalCluster, plan_id: str) -> Placement:
@@ -184,8 +211,76 @@ def placement_of(plan: Plan, cluster: LocalCluster, plan_id: str) -> Placement:
     if nxt > limit or not engines:
         raise LibraError(f"plan {plan_id}: its instances need {nxt} workers, its rollout pool has {limit}")
     if colocated:
-        return Placement(tuple(engines), tuple(range(cluster.size)), True, plan_id)
+        return spread_over_hosts(Placement(tuple(engines), tuple(range(cluster.size)), True, plan_id), cluster)
     first_train = plan.rollout_gpus + plan.hybrid_gpus
     engines += [(w,) for w in range(plan.rollout_gpus, first_train)]
-    return Placement(tuple(engines), tuple(range(first_train, cluster.size)), False, plan_id,
-                     hybrid_workers(first_train, plan.hybrid_gpus))
+    return spread_over_hosts(Placement(tuple(engines), tuple(range(first_train, cluster.size)), False, plan_id,
+                                       hybrid_workers(first_train, plan.hybrid_gpus)), cluster)
+
+
+def spread_over_hosts(placement: Placement, cluster: LocalCluster) -> Placement:
+    """`placement` on a cluster of several hosts: each engine's workers on one host (its
+    tensor-parallel group), engines placed largest first, each on the host with the most free
+    workers; the trainer's ranks on the workers left, taken from the hosts in turn (spread, so its
+    data-parallel replicas are on as many hosts as there are). Engine sizes, their order, the
+    trainer's rank count and which engines are hybrids' stay. With one host: `placement` itself."""
+    if len(cluster.host_names) < 2:
+        return placement
+    free = {h: [w for w in range(cluster.size) if cluster.host_of(w) == h] for h in cluster.host_names}
+    engines: list[tuple[int, ...]] = [()] * len(placement.engines)
+    for i in sorted(range(len(engines)), key=lambda i: -len(placement.engines[i])):
+        size = len(placement.engines[i])
+        host = max((h for h in free if len(free[h]) >= size), key=lambda h: len(free[h]), default=None)
+        if host is None:
+            raise LibraError(f"plan {placement.plan_id}: an engine of {size} workers fits on no host (free workers per "
+                             f"host: {', '.join(f'{h} {len(ws)}' for h, ws in free.items())})")
+        engines[i], free[host] = tuple(free[host][:size]), free[host][size:]
+    moved = {old: new for old_engine, new_engine in zip(placement.engines, engines, strict=True)
+             for old, new in zip(old_engine, new_engine, strict=True)}
+    if placement.colocated:
+        train = tuple(range(cluster.size))
+    else:
+        left, train_list = [list(ws) for ws in free.values()], []
+        while len(train_list) < len(placement.train):
+            if not any(left):
+                raise LibraError(f"plan {placement.plan_id}: {len(placement.train)} training workers do not fit beside "
+                                 "its engines")
+            for ws in sorted(left, key=len, reverse=True):
+                if ws and len(train_list) < len(placement.train):
+                    train_list.append(ws.pop(0))
+        train = tuple(sorted(train_list))
+    return Placement(tuple(engines), train, placement.colocated, placement.plan_id,
+                     tuple(moved[w] for w in placement.hybrids))
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host of a Ray cluster as the run sees it: its address and what Ray says it offers."""
+
+    address: str  # its node's IP address (Ray's node:<address> resource)
+    cpus: int
+    gpus: int = 0
+    memory_bytes: float = 16 * 2**30
+
+
+def cluster_of_hosts(hosts: tuple[Host, ...], cores_per_worker: int = 1, device: str = "cpu") -> LocalCluster:
+    """The workers of `hosts`, in the order of their addresses: `cores_per_worker` CPUs each (a
+    host's cores 0, 1, ...; a remainder that makes no whole worker is left out), or one GPU each;
+    a host with no worker is left out (a head that only coordinates)."""
+    if cores_per_worker < 1:
+        raise LibraError(f"cores_per_worker must be at least 1, got {cores_per_worker}")
+    workers: list[tuple[int, ...]] = []
+    names: list[str] = []
+    memory = []
+    for host in sorted(hosts, key=lambda h: tuple(int(p) if p.isdigit() else p for p in h.address.split("."))):
+        count = host.gpus if device == "cuda" else host.cpus // cores_per_worker
+        for i in range(count):
+            workers.append((i,) if device == "cuda" else tuple(range(i * cores_per_worker, (i + 1) * cores_per_worker)))
+            names.append(host.address)
+        if count:
+            memory.append(host.memory_bytes / count)
+    if not workers:
+        raise LibraError(f"the Ray cluster's {len(hosts)} host(s) offer no worker of {cores_per_worker} CPU(s)"
+                         + (" or GPU" if device == "cuda" else "") + "; start hosts with more CPUs, or lower "
+                         "placement.cores_per_worker")
+    return LocalCluster(tuple(workers), device, min(memory), tuple(names))

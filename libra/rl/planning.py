@@ -177,6 +177,19 @@ def plan_row(step: int, plan_id: str, event: PlanEvent) -> dict:
             "switch_cost_s": decision.switch_cost_s if decision else 0.0, "search_ms": plan.search_ms}
 
 
+def placement_row(step: int, plan_id: str, placement: Placement, reason: str) -> dict:
+    """A placement the run took without the planner (placed anew on the hosts there are) as a row
+    of the store's `plans` table: its split and engines; the planner's predictions are absent."""
+    sizes = placement.engine_sizes()
+    return {"step": step, "plan_id": plan_id, "applied": True, "reason": f"{reason} ({placement.describe()})",
+            "train_gpus": len(placement.train), "rollout_gpus": 0 if placement.colocated else len(placement.rollout_workers),
+            "hybrid_gpus": len(placement.hybrids), "train_tp": 1, "train_pp": 1, "train_dp": len(placement.train),
+            "train_ep": 1, "micro_batch": None,
+            "rollout_instances": json.dumps([{"tp": tp, "count": sizes.count(tp), "max_tokens": None}
+                                             for tp in sorted(set(sizes))]),
+            "t_train_s": None, "t_rollout_s": None, "t_iter_s": None, "switch_cost_s": None, "search_ms": None}
+
+
 def role(placement: Placement, worker: int) -> str:
     if placement.colocated:
         return "colocated"

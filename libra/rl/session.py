@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from libra.config import LibraConfig
-from libra.errors import LibraError
+from libra.errors import HostLostError, LibraError, RankLostError
 from libra.pools.states import PoolEvent
-from libra.rl.cluster import LocalCluster, Placement, hybrid_workers, initial_placement
+from libra.rl.cluster import LocalCluster, Placement, cluster_of_hosts, hybrid_workers, initial_placement
 from libra.rl.planning import EngineStart, EngineTiming, TrainTiming, timing_rows
+from libra.rl.ray_cluster import RayCluster, address_of
 from libra.rl.schedule import EVAL_SEED, Admission, admit, hybrids_wanted, tokens_per_turn, train_task_seed
 from libra.trainer.checkpoint import (
     CheckpointState,
@@ -177,6 +178,8 @@ class TrainingSession:
     threads: int = 0  # torch's threads before placement set them; given back at close
     pool_events: list[PoolEvent] = field(default_factory=list)  # the hybrids' transitions not in a record yet
     plan_events: dict[int, list[dict]] = field(default_factory=dict)  # a step's planning rows (pool_events)
+    ray: RayCluster | None = None  # the Ray cluster the workers are on (None: this machine's cores)
+    replaced: str = ""  # why the run was placed anew on the hosts there are (hosts lost or back), until recorded
 
     @classmethod
     def open(cls, config: LibraConfig, restart: bool = False) -> TrainingSession:
@@ -229,7 +232,9 @@ class TrainingSession:
         buckets = Buckets(expert_bounds(env, r.instances, tokenizer))
         router = make_router(r.router, buckets, {}, config.scheduler)
         pool_events: list[PoolEvent] = []
-        if config.placement.hybrids:
+        address = address_of(config)
+        ray = RayCluster.connect(address, config.cluster.start_timeout_s) if address else None
+        if config.placement.hybrids or ray is not None:  # the trainer's ranks are the elastic pool's core
             from libra.trainer.pooled import PooledTrainer
 
             trainer = PooledTrainer(weights, t, r, config.pool, root / "pool", hybrids=config.placement.hybrids,
@@ -237,7 +242,7 @@ class TrainingSession:
         else:
             trainer = PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
         session = cls(config, run, root, policy, state, trainer, [], env, tokenizer, router,
-                      engine_version=state.version, lock=lock, pool_events=pool_events)
+                      engine_version=state.version, lock=lock, pool_events=pool_events, ray=ray)
         planning = load_blob(latest, "planning") if latest is not None else None
         if config.placement.policy == "none":
             began = time.perf_counter()
@@ -247,11 +252,15 @@ class TrainingSession:
         else:
             session.affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
             session.threads = trainer.threads()
-            session.cluster = local_cluster(config)
-            placement = planning["placement"] if planning else initial_placement(config.placement.policy, session.cluster,
-                                                                                      config.placement.hybrids)
-            session.controller = planning["controller"] if planning else None
+            session.cluster = local_cluster(config) if ray is None else \
+                cluster_of_hosts(ray.hosts(), config.placement.cores_per_worker, r.device)
             session.plan_events = planning.get("plan_events", {}) if planning else {}
+            placed = planning is not None and planning.get("cluster", session.cluster) == session.cluster
+            if planning is not None and not placed:  # hosts were lost (or came back) since the checkpoint
+                session.note_hosts(state.step, planning["cluster"], session.cluster)
+            placement = planning["placement"] if placed else initial_placement(config.placement.policy, session.cluster,
+                                                                               config.placement.hybrids)
+            session.controller = planning["controller"] if placed else None
             session._place(placement, weights)
         if latest is not None:
             trainer.load_optimizer_state(load_blob(latest, "trainer"))
@@ -262,12 +271,15 @@ class TrainingSession:
 
     # -- placement -----------------------------------------------------------------------------
 
-    def _place(self, placement: Placement, weights: Path) -> bool:
+    def _place(self, placement: Placement, weights: Path, force: bool = False) -> bool:
         """Run the engines and the trainer where `placement` says: engines (re)started from `weights`
-        when their workers change, the trainer's threads (and, with vLLM's engines in processes of
-        their own, the cores of this process) set to its workers. Returns whether engines restarted."""
+        when their workers change (or `force`: the cluster changed), the trainer's threads (and, with
+        vLLM's engines in processes of their own, the cores of this process) set to its workers; on
+        a Ray cluster, `_place_on_hosts`. Returns whether engines restarted."""
         from libra.rollout.engines import make_engine, pin_process
 
+        if self.ray is not None:
+            return self._place_on_hosts(placement, weights, force)
         r, cluster = self.config.rollout, self.cluster
         assert cluster is not None
         restart = self.placement is None or self.placement.engines != placement.engines or not self.engines
@@ -298,6 +310,105 @@ class TrainingSession:
         self.placement = placement
         return restart
 
+    def _place_on_hosts(self, placement: Placement, weights: Path, force: bool) -> bool:
+        """`_place` on a Ray cluster: each engine an actor on its workers' host (its placement group),
+        the trainer's pool moved (`PooledTrainer.relocate`) when its workers change: a core rank per
+        training worker on that worker's host, hybrid i on the i-th of the placement's hybrid
+        workers (then the last rollout workers)."""
+        r, cluster, ray = self.config.rollout, self.cluster, self.ray
+        assert cluster is not None and ray is not None
+        gpu = cluster.device == "cuda"
+        restart = force or self.placement is None or self.placement.engines != placement.engines or not self.engines
+        if restart:
+            for engine in self.engines:
+                engine.close()
+            self.engines = []
+            began = time.perf_counter()
+            for i, workers in enumerate(placement.engines):
+                units = cluster.units(workers)
+                self.engines.append(ray.engine(f"engine-{i}", cluster.host_of(workers[0]), r.engine, weights, len(units),
+                                               None if gpu else units, units if gpu else None, r.max_context))
+            for i in range(len(placement.engines), len(self.placement.engines) if self.placement else 0):
+                ray.release(f"engine-{i}")
+            self.engine_start_s = time.perf_counter() - began
+            self.engine_starts.append(EngineStart(len(placement.rollout_workers), self.engine_start_s))
+            self._route(len(self.engines))
+        hybrids = self.config.placement.hybrids
+        hybrid_workers_ = tuple(dict.fromkeys(placement.hybrids + tuple(reversed(placement.rollout_workers))))[:hybrids]
+        if force or self.placement is None or (self.placement.train, self.placement.hybrids) != (placement.train,
+                                                                                                 placement.hybrids):
+            from libra.trainer.pooled import PoolSite
+
+            core_hosts = [cluster.host_of(w) for w in placement.train]
+            hybrid_hosts = [cluster.host_of(w) for w in hybrid_workers_]
+
+            def site() -> PoolSite:
+                core, hybrid = ray.pool_providers(core_hosts, hybrid_hosts)
+                return PoolSite(len(core_hosts), core, hybrid, ray.here())
+
+            self.trainer.relocate(site)
+            self.trainer.arrange_ranks([cluster.units((w,)) for w in placement.train],
+                                       [cluster.units((w,)) for w in hybrid_workers_])
+        self._note_placed(placement, hybrid_workers_)
+        self.placement = placement
+        return restart
+
+    def _note_placed(self, placement: Placement, hybrids: tuple[int, ...]) -> None:
+        """Where each engine, trainer rank and hybrid runs, as `placed` pool_events rows at the next step."""
+        assert self.cluster is not None
+        time_s = float(self.state.summary.get("elapsed_s", 0.0))
+        where = [(f"engine-{i}", ws) for i, ws in enumerate(placement.engines)] + \
+            [(f"core-{r}", (w,)) for r, w in enumerate(placement.train)] + [(f"hybrid-{i}", (w,)) for i, w in enumerate(hybrids)]
+        self.plan_events.setdefault(self.state.step, []).extend(
+            {"step": self.state.step, "time_s": time_s, "worker_id": who, "gpus": len(ws), "from_state": "",
+             "to_state": "serving", "event": "placed",
+             "detail": f"host {self.cluster.host_of(ws[0])} {'gpus' if self.cluster.device == 'cuda' else 'cores'} "
+                       f"{','.join(map(str, self.cluster.units(ws)))} (workers {','.join(map(str, ws))})"}
+            for who, ws in where)
+
+    def follow_hosts(self, step: int) -> str:
+        """On a Ray cluster, before iteration `step`: when hosts left or came back since the run was
+        placed, place it anew by its policy's rule on the hosts there are (engines and trainer
+        restarted from the trainer's weights; Libra's plan controller starts over, its history was
+        another cluster's). Why, or '' when nothing changed."""
+        if self.ray is None:
+            return ""
+        assert self.cluster is not None
+        now = cluster_of_hosts(self.ray.hosts(), self.config.placement.cores_per_worker, self.config.rollout.device)
+        if now == self.cluster:
+            return ""
+        self.note_hosts(step, self.cluster, now)
+        self.cluster, self.controller = now, None
+        self.apply(initial_placement(self.config.placement.policy, now, self.config.placement.hybrids), force=True)
+        return self.replaced
+
+    def await_departure(self, host: str, timeout_s: float, poll_s: float = 0.5) -> bool:
+        """Wait until Ray no longer counts `host` alive (it notices a dead host after missed health
+        checks); whether it left within `timeout_s` (a lost actor on a live host: it stays)."""
+        if self.ray is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while any(h.address == host for h in self.ray.hosts()):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def note_hosts(self, step: int, before: LocalCluster, after: LocalCluster) -> None:
+        """Record that the run moves from `before`'s hosts to `after`'s at `step` (pool_events rows
+        at the step: a host_lost or host_joined row per host; `replaced` says it in words)."""
+        old, new = set(before.host_names), set(after.host_names)
+        time_s = float(self.state.summary.get("elapsed_s", 0.0))
+        rows = [{"step": step, "time_s": time_s, "worker_id": f"host-{h}", "gpus": before.hosts.count(h) if h in old
+                 else after.hosts.count(h), "from_state": "serving" if h in old else "absent",
+                 "to_state": "absent" if h in old else "serving", "event": "host_lost" if h in old else "host_joined",
+                 "detail": f"{after.size} workers on {len(new)} host(s) after it"} for h in sorted(old ^ new)]
+        self.plan_events.setdefault(step, []).extend(rows)
+        lost, joined = sorted(old - new), sorted(new - old)
+        self.replaced = "; ".join(part for part in (f"lost host {', '.join(lost)}" if lost else "",
+                                                    f"host {', '.join(joined)} back" if joined else "") if part) + \
+            f": placed anew on {after.size} workers of {len(new)} host(s)"
+
     def _route(self, instances: int) -> None:
         """The router over `instances` buckets, keeping what it learned (Libra's router)."""
         from libra.rollout.envs import expert_bounds
@@ -310,19 +421,20 @@ class TrainingSession:
         carried = getattr(self.router, "carried_to", None)
         self.router = carried(buckets) if carried else make_router(self.config.rollout.router, buckets, {}, self.config.scheduler)
 
-    def apply(self, placement: Placement) -> bool:
+    def apply(self, placement: Placement, force: bool = False) -> bool:
         """Move to `placement` between iterations: the engines restart from the trainer's weights
-        (the version they serve stays the trainer's); returns whether they restarted."""
+        (the version they serve stays the trainer's); returns whether they restarted. `force`:
+        restart everything (the cluster changed)."""
         import tempfile
 
         if self.rolled:
             raise RuntimeError("cannot move workers while a rollout awaits its rewards")
-        with tempfile.TemporaryDirectory(prefix="libra-place-") as directory:
+        with tempfile.TemporaryDirectory(prefix="libra-place-", dir=self.root) as directory:
             shutil.copytree(self.policy, directory, dirs_exist_ok=True)
             for stale in Path(directory).glob("*.safetensors"):
                 stale.unlink()
             self.trainer.save_weights(directory)
-            restarted = self._place(placement, Path(directory))
+            restarted = self._place(placement, Path(directory), force)
         if restarted:
             self.engine_version = self.trainer.updates
         return restarted
@@ -393,7 +505,13 @@ class TrainingSession:
             assert self.placement is not None  # a run with hybrids is placed (the configuration says so)
             self.trainer.set_desired(hybrids_wanted(self.config.placement.hybrid_schedule, len(self.placement.hybrids),
                                                     step))
-        stats = self.trainer.train_step(admission.admitted)
+        try:
+            stats = self.trainer.train_step(admission.admitted)
+        except RankLostError as exc:
+            if self.ray is None or self.placement is None:
+                raise
+            host = self.cluster.host_of(self.placement.train[exc.rank]) if self.cluster else ""
+            raise HostLostError(host, f"{exc} on host {host}") from None
         workers = len(self.placement.train) + stats.hybrids if self.placement else self.trainer.threads()
         timing = TrainTiming(stats.seconds, stats.sequences, sum(len(s.token_ids) for s in admission.admitted),
                              max(len(s.token_ids) for s in admission.admitted), workers)
@@ -436,7 +554,8 @@ class TrainingSession:
         """What a resumed run needs to place itself as before: the placement and the controller."""
         if self.placement is None:
             return None
-        return {"placement": self.placement, "controller": self.controller, "plan_events": self.plan_events}
+        return {"placement": self.placement, "controller": self.controller, "plan_events": self.plan_events,
+                "cluster": self.cluster}
 
     def sync(self) -> float:
         """The trainer's weights into every engine, in place (through an HF-format directory that
@@ -444,7 +563,7 @@ class TrainingSession:
         import tempfile
 
         began = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="libra-sync-") as directory:
+        with tempfile.TemporaryDirectory(prefix="libra-sync-", dir=self.root) as directory:  # every host reads it
             self.trainer.save_weights(directory)
             for engine in self.engines:
                 engine.update_weights(directory)
@@ -467,6 +586,8 @@ class TrainingSession:
             engine.close()
         self.engines = []
         self.trainer.close()
+        if self.ray is not None:
+            self.ray.close()
         if self.affinity:  # the process may train another run next (a benchmark, a test): all its cores again
             from libra.rollout.engines import pin_process
 

@@ -14,6 +14,13 @@ them with the hybrids that are active, and core rank 0 publishes the state after
 the engines and the checkpoints, the optimizer state for the checkpoints. The pool starts at the
 first update, from the weights and optimizer state the run resumes from, for the updates the run
 has left; a hybrid that dies costs the step in flight a core-only redo, never a gradient.
+
+On a Ray cluster the core is one rank per training worker, each a Ray actor on its worker's host
+(`relocate` says where the ranks and the hybrids run: the providers that launch them and the
+address their control store is reached at). A pool is started for a placement and ended when the
+placement moves the trainer: the next update starts a new pool, on the new workers, from the
+weights and optimizer state the last update published (each pool its own step files), so a move
+costs the pool's start and no update.
 """
 
 from __future__ import annotations
@@ -22,13 +29,15 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from libra.config import PoolConfig, RolloutConfig, TrainerConfig
-from libra.errors import LibraError
+from libra.errors import LibraError, RankLostError
 from libra.pools.pool import ElasticPool
+from libra.pools.providers import Provider
 from libra.pools.states import PoolEvent
 from libra.trainer.pool_task import GRPOTask, published_path, write_step
 from libra.trainer.samples import TrainingSample
@@ -37,16 +46,28 @@ from libra.trainer.trainer import UpdateStats
 OWN_FILES = ("optimizer.pt", "update.json")  # a published update's files that are not the HF weights
 
 
+@dataclass(frozen=True)
+class PoolSite:
+    """Where a pool's workers run: its core ranks and hybrids through these providers, its control
+    store reached at `control_host`."""
+
+    core_ranks: int
+    core: Provider
+    hybrids: Provider
+    control_host: str
+
+
 class PooledTrainer:
     def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig, pool: PoolConfig,
                  work_dir: str | Path, *, hybrids: int, reference_dir: str | Path | None = None,
-                 on_event: Callable[[PoolEvent], None] | None = None, poll_s: float = 0.02) -> None:
+                 on_event: Callable[[PoolEvent], None] | None = None, poll_s: float = 0.02,
+                 site: Callable[[], PoolSite] | None = None) -> None:
         """`policy_dir`: the weights to start from; `work_dir`: the pool's files (emptied now);
         `hybrids`: hybrid workers launched (each may join training); `on_event`: told of every
-        hybrid's transition (from the pool's monitor thread)."""
-        if hybrids < 1:
-            raise LibraError(f"a pooled trainer needs at least one hybrid, got {hybrids}; without hybrids use "
-                             "PolicyTrainer")
+        hybrid's transition (from the pool's monitor thread); `site`: where a pool's workers run,
+        asked at each pool's start (None: one core rank and the hybrids, local processes)."""
+        if hybrids < 0:
+            raise LibraError(f"a pooled trainer's hybrids must be >= 0, got {hybrids}")
         self.policy_dir = Path(policy_dir)
         self.reference_dir = Path(reference_dir or policy_dir)
         self.config, self.rollout, self.settings = trainer, rollout, pool
@@ -63,6 +84,8 @@ class PooledTrainer:
         self._resumed: dict | None = None
         self._affinity: dict[str, tuple[int, ...]] = {}
         self._desired = 0
+        self.site = site
+        self._steps = self.work_dir / "steps"  # the running pool's step files
 
     # -- before the first update ----------------------------------------------------------------
 
@@ -81,6 +104,13 @@ class PooledTrainer:
         self._affinity = {"core-0": tuple(core), "snapshot-writer": tuple(core)} | \
             {f"hybrid-{i}": tuple(cores) for i, cores in enumerate(hybrids)}
 
+    def arrange_ranks(self, core: Sequence[Sequence[int]], hybrids: Sequence[Sequence[int]]) -> None:
+        """`arrange` for a core of several ranks (a cluster's: each rank's cores on its host)."""
+        if len(hybrids) != self.hybrids:
+            raise LibraError(f"{len(hybrids)} hybrid placements for {self.hybrids} hybrids")
+        self._affinity = {f"core-{r}": tuple(cores) for r, cores in enumerate(core)} | \
+            {"snapshot-writer": tuple(core[0])} | {f"hybrid-{i}": tuple(cores) for i, cores in enumerate(hybrids)}
+
     def set_desired(self, hybrids: int) -> None:
         """How many hybrids should train (the pool joins or leaves them at step boundaries)."""
         if not 0 <= hybrids <= self.hybrids:
@@ -89,23 +119,41 @@ class PooledTrainer:
         if self.pool is not None:
             self.pool.set_desired(hybrids)
 
+    def relocate(self, site: Callable[[], PoolSite]) -> None:
+        """Run the next pools where `site` says. A running pool is ended after its last update (the
+        weights and optimizer state it published are where the next pool starts from)."""
+        if self.pool is not None:
+            if self.updates > self.first:
+                latest = self._latest()
+                assert latest is not None
+                self._resumed = self.optimizer_state()
+                self.policy_dir = latest
+            pool, self.pool = self.pool, None
+            pool.abort()
+        self.site = site
+
     def _start(self) -> ElasticPool:
         optimizer_path = ""
+        self._steps = self.work_dir / f"steps-from-{self.updates}"  # a pool's own: it reads step 0, 1, ...
         if self._resumed is not None:
-            optimizer_path = str(self.work_dir / "resumed-optimizer.pt")
+            optimizer_path = str(self.work_dir / f"resumed-optimizer-{self.updates}.pt")
             torch.save(self._resumed["optimizer"], optimizer_path)
         self.first = self.updates
         left = self.config.steps - self.first
         if left < 1:
             raise LibraError(f"the run has had all {self.config.steps} of its updates; raise trainer.steps to train on")
-        task = GRPOTask(str(self.policy_dir), self.config, str(self.work_dir / "steps"), self.rollout.temperature,
+        task = GRPOTask(str(self.policy_dir), self.config, str(self._steps), self.rollout.temperature,
                         first_update=self.first, reference_dir=str(self.reference_dir), optimizer_path=optimizer_path,
                         publish_dir=str(self.work_dir / "published"))
         s = self.settings
-        pool = ElasticPool(task, steps=left, core_ranks=1, hybrids=self.hybrids, out_dir=self.work_dir / "pool",
-                           group_timeout_s=s.group_timeout_s, join_timeout_s=s.join_timeout_s,
-                           max_catchup_steps=s.max_catchup_steps, enter_gap=s.enter_gap, poll_s=s.poll_s,
-                           on_event=self.on_event, affinity=self._affinity, device=s.device)
+        site = self.site() if self.site is not None else None
+        where = {} if site is None else {"core_provider": site.core, "provider": site.hybrids,
+                                         "control_host": site.control_host}
+        pool = ElasticPool(task, steps=left, core_ranks=site.core_ranks if site else 1, hybrids=self.hybrids,
+                           out_dir=self.work_dir / f"pool-from-{self.first}", group_timeout_s=s.group_timeout_s,
+                           join_timeout_s=s.join_timeout_s, max_catchup_steps=s.max_catchup_steps,
+                           enter_gap=s.enter_gap, poll_s=s.poll_s, on_event=self.on_event, affinity=self._affinity,
+                           device=s.device, **where)
         pool.start(wait_for_hybrids_s=s.join_timeout_s)
         pool.set_desired(self._desired)
         while pool.progress < 0 and pool.running:  # the core rank's start (loading the policy) is not an update's
@@ -121,13 +169,18 @@ class PooledTrainer:
             self.pool = self._start()
             self.start_s = time.perf_counter() - began
         began = time.perf_counter()
-        write_step(self.work_dir / "steps", self.updates - self.first, list(samples))
+        write_step(self._steps, self.updates - self.first, list(samples))
         published = published_path(self.work_dir / "published", self.updates + 1)
         while not published.is_dir():
-            if not self.pool.running:
+            if not all(rank.is_alive() for rank in self.pool.core) and not published.is_dir():
+                # one rank gone (before it published): the others wait in vain
                 detail = self.pool.monitor.errors[-1].strip().splitlines()[-1] if self.pool.monitor.errors else \
                     "no error reported"
-                raise LibraError(f"the training pool's core rank stopped before update {self.updates + 1}: {detail}")
+                died = [r for r, rank in enumerate(self.pool.core) if not rank.is_alive() and (rank.exitcode or 0) < 0]
+                message = f"the training pool's core rank stopped before update {self.updates + 1}: {detail}"
+                if died:  # killed (or its host gone), not failed
+                    raise RankLostError(died[0], message + f" (rank {died[0]} killed)")
+                raise LibraError(message)
             time.sleep(self.poll_s)
         record = json.loads((published / "update.json").read_text())
         self.updates += 1
@@ -174,7 +227,7 @@ class PooledTrainer:
         if self.pool is None:
             return
         pool, self.pool = self.pool, None
-        if pool.running:
+        if pool.running or any(rank.exitcode for rank in pool.core):  # unfinished, or a rank failed (told already)
             pool.abort()
         else:
             pool.wait(60.0)
