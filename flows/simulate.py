@@ -68,7 +68,11 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
     request = SimulationRequest(workload, cluster, model, steps, tuple(chosen), group_size, prompts_per_step, seed,
                                 check_run_name(run or f"sim-{workload.replace(':', '-').replace('/', '-')}-{seed}"[:128]))
     spec = request.spec()
-    if not spec.name.startswith("trace:"):
+    if spec.name.startswith("trace:"):
+        from libra.traces import read_trace
+
+        read_trace(spec.template)  # a bad trace file is the caller's error, found before anything starts
+    else:
         total = steps * spec.group_size * spec.prompts_per_step
         if total > MAX_TRAJECTORIES:
             raise LibraError(f"{steps:,} steps of {spec.prompts_per_step:,} prompts x {spec.group_size:,} samples are "
