@@ -16,6 +16,8 @@ step turns into moves of up to the learning rate: not a comparison to 1e-5.
 """
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -24,7 +26,7 @@ import torch
 
 from libra.config import LibraConfig
 from libra.pools.states import State
-from libra.trainer.pool_task import read_step, step_path
+from libra.trainer.pool_task import published_path, read_step, step_path
 from libra.trainer.trainer import PolicyTrainer, load_policy
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
 from tests.libra.trainer.policies import assert_same_policy
@@ -47,7 +49,8 @@ def config_for(base: Path, policy: Path) -> LibraConfig:
 
 def kill_during_an_update(pool_dir: Path, killed: dict, stop: threading.Event) -> None:
     """Once the hybrid trains, wait for the next update's samples to be published (the update has
-    begun: every replica is computing its shard), then SIGKILL the hybrid."""
+    begun: every replica is computing its shard), freeze the hybrid at once with SIGSTOP (the update
+    cannot finish without its shard, however fast the machine), then SIGKILL it."""
     from tasks.train_tasks import SESSIONS
 
     while not stop.is_set():
@@ -55,9 +58,13 @@ def kill_during_an_update(pool_dir: Path, killed: dict, stop: threading.Event) -
         pool = session.trainer.pool if session is not None else None
         if pool is not None and pool.state("hybrid-0") is State.TRAINING:
             step = pool.progress + 1  # the core is at step `progress` (maybe computing it): wait for the next
-            while not step_path(pool_dir / "steps", step).exists() and not stop.is_set():
-                time.sleep(0.01)
+            while not step_path(pool_dir / "steps-from-0", step).exists():  # the pool of a run from update 0
+                if stop.is_set():
+                    return
+                time.sleep(0.001)
+            os.kill(pool.provider.procs["hybrid-0"].pid, signal.SIGSTOP)
             time.sleep(0.2)
+            killed["published"] = published_path(session.trainer.work_dir / "published", step + 1).is_dir()
             pool.kill("hybrid-0")
             killed["pool_step"] = step
             return
@@ -80,6 +87,7 @@ def test_a_hybrid_killed_during_an_update_of_a_live_run_costs_no_gradient(policy
         stop.set()
         killer.join()
     assert summary["step"] == STEPS and "pool_step" in killed
+    assert not killed["published"]  # the hybrid was frozen inside the update: it could not finish
 
     from storage.catalog import Catalog
 
@@ -99,13 +107,13 @@ def test_a_hybrid_killed_during_an_update_of_a_live_run_costs_no_gradient(policy
     died = events[kinds.index("died")]
     assert died["step"] == k and "SIGKILL" in died["detail"]
 
-    log = json.loads((root / "pool" / "pool" / "steps.json").read_text())
+    log = json.loads((root / "pool" / "pool-from-0" / "steps.json").read_text())
     assert [s["step"] for s in log] == list(range(STEPS))  # every update once, none skipped
     assert log[k]["active"] == 1  # redone by the core alone (or, had it died between updates, taken by it alone)
 
     # the run's final weights are the trainer's alone on the batches the pool trained
     alone = PolicyTrainer(policy_dir, config.trainer, config.rollout, reference_dir=policy_dir)
-    batches = [read_step(root / "pool" / "steps", step) for step in range(STEPS)]
+    batches = [read_step(root / "pool" / "steps-from-0", step) for step in range(STEPS)]
     assert [s["trained_tokens"] for s in steps] == [sum(x.policy_tokens for x in batch) for batch in batches]
     for batch in batches:
         alone.train_step(batch)
