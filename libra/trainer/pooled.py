@@ -173,18 +173,31 @@ class PooledTrainer:
         published = published_path(self.work_dir / "published", self.updates + 1)
         while not published.is_dir():
             if not all(rank.is_alive() for rank in self.pool.core) and not published.is_dir():
-                # one rank gone (before it published): the others wait in vain
-                detail = self.pool.monitor.errors[-1].strip().splitlines()[-1] if self.pool.monitor.errors else \
-                    "no error reported"
-                died = [r for r, rank in enumerate(self.pool.core) if not rank.is_alive() and (rank.exitcode or 0) < 0]
-                message = f"the training pool's core rank stopped before update {self.updates + 1}: {detail}"
-                if died:  # killed (or its host gone), not failed
-                    raise RankLostError(died[0], message + f" (rank {died[0]} killed)")
-                raise LibraError(message)
+                self._rank_stopped()  # one rank gone (before it published): the others wait in vain
             time.sleep(self.poll_s)
         record = json.loads((published / "update.json").read_text())
         self.updates += 1
         return UpdateStats(**(record["stats"] | {"seconds": time.perf_counter() - began}))
+
+    def _rank_stopped(self) -> None:
+        """A core rank stopped mid-update: RankLostError if a rank was killed (its process, or its
+        host), else LibraError with the error a rank reported. A rank whose peer's host went away
+        fails at once (its collective's connection closed), while Ray counts the peer's actor dead
+        only after missed health checks: so the ranks get the core's collective timeout to settle
+        (every rank stopped, or one killed) before a failure is taken for an error of its own."""
+        core = self.pool.core
+        deadline = time.monotonic() + 4 * self.settings.group_timeout_s
+        while True:
+            killed = [r for r, rank in enumerate(core) if not rank.is_alive() and (rank.exitcode or 0) < 0]
+            if killed or not any(rank.is_alive() for rank in core) or time.monotonic() > deadline:
+                break
+            time.sleep(self.poll_s)
+        errors = self.pool.monitor.errors
+        detail = errors[-1].strip().splitlines()[-1] if errors else "no error reported"
+        message = f"the training pool's core rank stopped before update {self.updates + 1}: {detail}"
+        if killed:  # killed (or its host gone), not failed
+            raise RankLostError(killed[0], message + f" (rank {killed[0]} killed)")
+        raise LibraError(message)
 
     def _latest(self) -> Path | None:
         return published_path(self.work_dir / "published", self.updates) if self.updates > self.first else None
