@@ -160,3 +160,27 @@ def test_a_rule_across_sections_is_one_line_naming_its_keys() -> None:
     with pytest.raises(ConfigError, match=r": placement.policy static overlaps rollout and training \(one-step-off\): "
                                           r"trainer.max_staleness must be >= 1 \(or use placement.policy colocated\)$"):
         load_config(overrides={"placement.policy": "static", "trainer.pipeline": "sync", "trainer.max_staleness": 0})
+
+
+def test_a_ray_cluster_is_for_placed_runs_and_gives_the_transformers_engine_actors_of_its_own() -> None:
+    with pytest.raises(ConfigError, match=r"cluster.ray_address '10.0.0.1:6379': a run on a Ray cluster is placed on its "
+                                          r"hosts' workers; set placement.policy to libra, static or colocated$"):
+        load_config(overrides={"cluster.ray_address": "10.0.0.1:6379"})
+    with pytest.raises(ConfigError, match="rollout.engine hf"):
+        load_config(overrides={"placement.policy": "static", "rollout.engine": "hf"})
+    config = load_config(overrides={"placement.policy": "static", "rollout.engine": "hf", "cluster.ray_address": "auto"})
+    assert (config.cluster.ray_address, config.cluster.start_timeout_s) == ("auto", 120.0)
+
+
+def test_resolve_config_takes_a_record_a_file_or_the_defaults_then_the_overrides(tmp_path) -> None:
+    from libra.config import LibraConfig, resolve_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer: {steps: 7}\n")
+    assert resolve_config(str(path)).trainer.steps == 7
+    assert resolve_config(None, {"trainer.steps": 3, "trainer.run": None}).trainer.steps == 3  # None: left as it is
+    record = LibraConfig()
+    assert resolve_config(record) is record
+    assert resolve_config(record, {"trainer.env": "search"}).trainer.env == "search"
+    with pytest.raises(ConfigError, match=r"^trainer.steps = 0: Input should be greater than or equal to 1"):
+        resolve_config(record, {"trainer.steps": 0})

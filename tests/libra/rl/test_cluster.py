@@ -89,3 +89,54 @@ def test_plans_the_machine_cannot_place_are_refused_with_the_reason():
         placement_of(plan(2, 4, [(1, 4)]), cluster, "p")
     with pytest.raises(LibraError, match="need 4 workers, its rollout pool has 2"):
         placement_of(plan(2, 2, [(2, 2)]), cluster, "p")
+
+
+# -- a cluster of hosts ------------------------------------------------------------------------------
+
+from libra.rl.cluster import Host, cluster_of_hosts, spread_over_hosts  # noqa: E402
+
+
+def two_hosts(per_host: int = 2):
+    return cluster_of_hosts((Host("10.0.0.3", per_host), Host("10.0.0.2", per_host), Host("10.0.0.1", 0)))
+
+
+def test_a_clusters_workers_are_its_hosts_cpus_in_address_order_and_a_head_without_cpus_has_none():
+    cluster = cluster_of_hosts((Host("10.0.0.10", 5, memory_bytes=8e9), Host("10.0.0.9", 2, memory_bytes=8e9),
+                                Host("10.0.0.1", 0)), cores_per_worker=2)
+    assert cluster.workers == ((0, 1), (0, 1), (2, 3))  # cores of each host; 10.0.0.9 sorts before 10.0.0.10
+    assert cluster.hosts == ("10.0.0.9", "10.0.0.10", "10.0.0.10")
+    assert cluster.host_names == ("10.0.0.9", "10.0.0.10") and cluster.per_host == 1
+    assert cluster.memory_bytes == 4e9  # the least a worker has
+    assert cluster.planner_cluster().nodes == 1  # hosts of 1 and 2 workers: not alike, one node
+    alike = two_hosts()
+    planned = alike.planner_cluster()
+    assert (planned.nodes, planned.gpus_per_node, planned.hardware.gpus_per_node) == (2, 2, 2)
+    gpus = cluster_of_hosts((Host("10.0.0.2", 8, gpus=2),), device="cuda")
+    assert gpus.workers == ((0,), (1,)) and gpus.device == "cuda"
+    with pytest.raises(LibraError, match="offer no worker of 4 CPU"):
+        cluster_of_hosts((Host("10.0.0.2", 3),), cores_per_worker=4)
+    with pytest.raises(LibraError, match="2 hosts named for 1 workers"):
+        LocalCluster(((0,),), hosts=("a", "b"))
+    LocalCluster(((0,), (0,)), hosts=("a", "b"))  # core 0 of two hosts: no overlap
+
+
+def test_on_hosts_engines_stay_on_one_host_and_the_trainers_ranks_spread():
+    cluster = two_hosts()  # workers 0, 1 on 10.0.0.2; 2, 3 on 10.0.0.3
+    split = initial_placement("static", cluster)
+    assert split == Placement(((0,), (2,)), (1, 3), False)  # an engine and a rank on each host
+    assert initial_placement("colocated", cluster) == Placement(((0,), (2,), (1,), (3,)), (0, 1, 2, 3), True)
+    wide = placement_of(plan(2, 2, [(2, 1)]), cluster, "p")
+    assert wide.engines == ((0, 1),) and wide.train == (2, 3)  # a TP-2 engine fills a host: the ranks take the other
+    mixed = placement_of(plan(3, 3, [(1, 1), (2, 1)]), two_hosts(3), "p")  # 3 workers a host
+    assert mixed.engines == ((3,), (0, 1)) and mixed.train == (2, 4, 5)  # the TP-2 engine placed first
+    with pytest.raises(LibraError, match="an engine of 4 workers fits on no host"):
+        placement_of(plan(0, 4, [(4, 1)], mode="colocated"), cluster, "p")
+    assert spread_over_hosts(split, LocalCluster.of_cores((0, 1, 2, 3))) == split  # one machine: as it is
+
+
+def test_on_hosts_a_hybrids_engine_moves_with_it():
+    cluster = two_hosts(3)
+    placed = initial_placement("static", cluster, hybrids=1)
+    assert len(placed.engines) == 3 and len(placed.train) == 3 and len(placed.hybrids) == 1
+    assert (placed.hybrids[0],) in placed.engines
+    assert {cluster.host_of(w) for w in placed.train} == set(cluster.host_names)
