@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
 from libra.errors import LibraError
+
+
+def host_cores(cores: Sequence[int]) -> set[int]:
+    """A worker's core numbers as cores of this host. They count the CPUs the host offers (on a Ray
+    cluster, what `ray start --num-cpus` said), which may be more than it has: a number beyond the
+    host's CPUs wraps onto them (core 5 of a 4-CPU host is core 1), so workers share the cores there
+    are instead of failing to pin."""
+    count = os.cpu_count() or 1
+    return {core % count for core in cores}
 
 
 def gpu_count() -> int:

@@ -161,6 +161,7 @@ class RayCore:
     def __init__(self, name: str, actor: Any, ref: Any, pid: int, ray: Any) -> None:
         self.name, self.actor, self.ref, self.pid, self.ray = name, actor, ref, pid, ray
         self._code: int | None = None
+        self.error = ""  # what it raised, once it has
 
     def is_alive(self) -> bool:
         done, _ = self.ray.wait([self.ref], timeout=0)
@@ -179,8 +180,10 @@ class RayCore:
                 self._code = 0
             except RayActorError:
                 self._code = -signal.SIGKILL
-            except Exception:
+            except Exception as exc:  # noqa: BLE001 - the rank's own error, reported by the trainer
                 self._code = 1
+                cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps what the rank raised
+                self.error = f"{type(cause).__name__}: {cause}".strip().splitlines()[0]
             self.ray.kill(self.actor)
         return self._code
 

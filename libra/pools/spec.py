@@ -40,7 +40,9 @@ class WorkerSpec:
     def pin(self, who: str) -> None:
         cpus = dict(self.affinity).get(who)
         if cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cpus)  # the calling thread only
+            from libra.devices import host_cores
+
+            os.sched_setaffinity(0, host_cores(cpus))  # the calling thread only
 
     @property
     def joins(self) -> JoinSettings:

@@ -489,9 +489,12 @@ def pin_process(cores: Sequence[int]) -> None:
     the thread that starts them). Child processes already running keep their own."""
     if not hasattr(os, "sched_setaffinity"):
         return
+    from libra.devices import host_cores
+
+    mask = host_cores(cores)
     for task in Path("/proc/self/task").glob("*"):
         try:
-            os.sched_setaffinity(int(task.name), cores)
+            os.sched_setaffinity(int(task.name), mask)
         except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
             pass
 

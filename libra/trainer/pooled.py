@@ -192,7 +192,7 @@ class PooledTrainer:
             if killed or not any(rank.is_alive() for rank in core) or time.monotonic() > deadline:
                 break
             time.sleep(self.poll_s)
-        errors = self.pool.monitor.errors
+        errors = self.pool.monitor.errors + [e for rank in core if (e := getattr(rank, "error", ""))]
         detail = errors[-1].strip().splitlines()[-1] if errors else "no error reported"
         message = f"the training pool's core rank stopped before update {self.updates + 1}: {detail}"
         if killed:  # killed (or its host gone), not failed

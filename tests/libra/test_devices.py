@@ -15,3 +15,16 @@ def test_engine_devices_are_checked_against_the_machine():
     count = gpu_count()
     with pytest.raises(LibraError, match=f"this machine has {count} GPU\\(s\\) torch can use"):
         torch_device(f"cuda:{count}")
+
+
+def test_cores_beyond_the_hosts_wrap_onto_them(monkeypatch):
+    import os
+
+    from libra.devices import host_cores
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert host_cores([0, 1]) == {0, 1}  # cores the host has: as they are
+    assert host_cores([2, 3]) == {2, 3}
+    assert host_cores([5]) == {1} and host_cores([4, 5, 6, 7]) == {0, 1, 2, 3}  # a host offering Ray 8 of its 4
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert host_cores([3]) == {0}  # count unknown: one core
