@@ -1,18 +1,12 @@
-"""`libra eval-router`: replay a per-turn trace through every router and score their decisions."""
+"""`libra eval-router`: parses its flags and calls the router evaluation flow (`flows/routing.py`), which
+replays a per-turn trace through every router and scores their decisions."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import time
-from dataclasses import asdict
-from typing import Any
 
 from libra.config import LibraConfig
-from libra.errors import LibraError
-
-MAX_DECISIONS = 20_000_000  # routing decisions one router's replay may record (about 100 bytes each)
 
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -34,64 +28,30 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.set_defaults(handler=cmd_eval_router)
 
 
-def parse_buckets(text: str) -> list[int] | None:
-    from libra.checks import token_bounds
-
-    return None if text == "auto" else token_bounds("--buckets", text)
-
-
-def evaluate_trace(path: str, config: LibraConfig, buckets: str = "auto", order: str = "group",
-                   policies: list[str] | None = None, prompts_per_step: int | None = None,
-                   quiet: bool = True) -> dict[str, Any]:
-    """Replay the trace through the routers; progress on a terminal unless `quiet`."""
+def cmd_eval_router(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.flow_call import run_flow
     from cli.plan_command import read_trace_with_progress
     from cli.progress import progress
-    from libra.checks import in_range
-    from libra.scheduler.replay import POLICIES, parse_order, replay
-
-    in_range("--prompts-per-step", prompts_per_step, 1, 100_000)  # traces.prompts_per_step's range
-    per_step = prompts_per_step if prompts_per_step is not None else config.traces.prompts_per_step
-    epochs = parse_order(order)
-    bounds = parse_buckets(buckets)
-    names = policies or list(POLICIES)
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown:
-        raise LibraError(f"unknown router(s) {', '.join(unknown)}; routers: {', '.join(POLICIES)}")
-    trace = read_trace_with_progress(path, quiet)
-    if epochs * trace.rows > MAX_DECISIONS:
-        raise LibraError(f"--order {order}: {epochs:,} epochs of {trace.rows:,} turns make up to {epochs * trace.rows:,} "
-                         f"routing decisions per router, more than the {MAX_DECISIONS:,} a replay may hold; "
-                         "use fewer epochs")
-    with progress("replaying", quiet=quiet) as bar:
-        def step_done(name: str, done: int, steps: int) -> None:
-            bar.update(names.index(name) * steps + done, len(names) * steps, f"{name} step {done}/{steps}")
-
-        result = replay(trace.trajectories, prompts_per_step=per_step, order=order, bounds=bounds,
-                        policies=names, settings=config.scheduler, timer=time.perf_counter_ns, progress=step_done)
-
-    def clean(value: Any) -> Any:
-        return None if isinstance(value, float) and math.isnan(value) else value
-
-    return {
-        "trace": path,
-        "order": order,
-        "buckets": list(result.buckets),
-        "steps": result.steps,
-        "warmup_steps": result.warmup_steps,
-        "policies": {name: {k: clean(v) for k, v in asdict(r).items()} for name, r in result.policies.items()},
-        "bound": None if result.bound is None else {k: clean(v) for k, v in asdict(result.bound).items()},
-    }
-
-
-def cmd_eval_router(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
+    from flows.routing import eval_router_flow, router_request
+    from libra.checks import as_flag
+    from tasks.routing_tasks import PROGRESS
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies is not None else None
-    if policies == []:
-        raise LibraError(f"--policies {args.policies!r}: name at least one router, or leave --policies out for all")
     with json_stdout(args.json) as out:
-        report = evaluate_trace(args.trace, config, args.buckets, args.order, policies, args.prompts_per_step,
-                                quiet=args.json)
+        read_trace_with_progress(args.trace, quiet=args.json)
+        request = router_request(args.trace, config, args.buckets, args.order, args.policies, args.prompts_per_step,
+                                 names=as_flag)
+        names = list(request.policies)
+        with progress("replaying", quiet=args.json) as bar:
+            def step_done(name: str, done: int, steps: int) -> None:
+                bar.update(names.index(name) * steps + done, len(names) * steps, f"{name} step {done}/{steps}")
+
+            PROGRESS.append(step_done)
+            try:
+                report = run_flow(eval_router_flow, config, tracking=False, trace=request.trace, buckets=args.buckets,
+                                  order=request.order, policies=names, prompts_per_step=request.prompts_per_step)
+            finally:
+                PROGRESS.remove(step_done)
         if args.json:
             print(json.dumps(report), file=out)
             return 0

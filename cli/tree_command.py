@@ -1,4 +1,5 @@
-"""`libra tree`: rebuild the causal prefix tree from a run's store and save it."""
+"""`libra tree`: parses its flags and calls the tree flow (`flows/routing.py`), which rebuilds the causal
+prefix tree from a run's store and saves it."""
 
 from __future__ import annotations
 
@@ -26,29 +27,17 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_tree(args: argparse.Namespace, config: LibraConfig) -> int:
+    from cli.flow_call import run_flow
     from cli.streams import json_stdout
-    from libra.checks import in_range
-    from libra.errors import LibraError
-    from libra.scheduler.causal_tree import GLOBAL, CausalTree, paths_from_rows
-    from libra.scheduler.keys import KeyScheme
-    from storage.catalog import Catalog
-    from storage.queries import run_named
+    from flows.routing import tree_flow, tree_request
+    from libra.checks import as_flag
 
-    in_range("--last-steps", args.last_steps, 0, 1_000_000_000)
-    s = config.scheduler
+    request = tree_request(args.run, args.out, args.last_steps, args.granularity, names=as_flag)
     with json_stdout(args.json) as out:
-        with Catalog(config.store.root, args.run, threads=config.store.duckdb_threads) as catalog:
-            rows = run_named(catalog, "trajectory_lengths", last_steps=args.last_steps).to_pylist()
-            returns = run_named(catalog, "remaining_length_paths", last_steps=args.last_steps).to_pylist()
-        tree = CausalTree(KeyScheme(args.granularity, tuple(s.payload_bounds)), s.window, s.max_nodes, size_roots=True)
-        tree.rebuild(paths_from_rows(rows, returns))
-        try:
-            tree.save(args.out)
-        except OSError as exc:
-            raise LibraError(f"cannot write {args.out}: {exc.strerror}") from None
-        summary = {"run": args.run, "out": args.out, "trajectories": len(rows), "tool_returns": len(returns),
-                   "nodes": tree.nodes, "roots": len(tree.roots), "global_root_samples": tree.roots[GLOBAL].count}
+        summary = run_flow(tree_flow, config, tracking=False, run=request.run, out=request.out,
+                           last_steps=request.last_steps, granularity=request.granularity)
         print(json.dumps(summary) if args.json else
-              f"saved a {tree.nodes:,}-node tree ({len(tree.roots):,} roots) from {len(rows):,} trajectories and "
-              f"{len(returns):,} tool returns of run {args.run!r} to {args.out}", file=out)
+              f"saved a {summary['nodes']:,}-node tree ({summary['roots']:,} roots) from {summary['trajectories']:,} "
+              f"trajectories and {summary['tool_returns']:,} tool returns of run {summary['run']!r} to {summary['out']}",
+              file=out)
     return 0
