@@ -363,10 +363,33 @@ def live_hybrids_section(result: dict) -> list[str]:
     ]
 
 
+def cluster_section(result: dict) -> list[str]:
+    runs, prefect = result["hosts"]["runs"], result["prefect"]
+    one, three = runs["one_host"], runs["three_hosts"]
+    return [
+        f"**Beyond one machine** (`python -m benchmarks.bench_cluster`; the same {result['steps']}-iteration training "
+        "(2 prompts x 4 samples, transformers engines, static split of 4 one-core workers) on a Ray cluster of one "
+        "host and of three network-namespaced hosts on this machine, so the ratio is the cost of spreading a run over "
+        f"hosts, not a speed-up; and Prefect's time per iteration of the training flow's shape, tasks without work; "
+        f"{result['machine']})",
+        "",
+        "| measure | measured | baseline in the same run | figure |",
+        "|---|---|---|---|",
+        f"| seconds per iteration (iterations 1 on) | three hosts: {three['iteration_s']:.1f} s | one host: "
+        f"{one['iteration_s']:.1f} s | ratio {result['hosts']['iteration_ratio']:.2f} |",
+        f"| whole run, start to summary | three hosts: {three['wall_s']:.0f} s | one host: {one['wall_s']:.0f} s | "
+        f"ratio {result['hosts']['wall_ratio']:.2f} |",
+        f"| Prefect per iteration (flow less plain calls, {prefect['iterations']} iterations) | a server: "
+        f"{prefect['server_ms']:.0f} ms | the temporary server: {prefect['temporary_ms']:.0f} ms | ratio "
+        f"{prefect['server_ratio']:.2f}; {result['prefect_share']['server']:.0%} of an iteration's wall time on three hosts |",
+    ]
+
+
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
             "router": router_section, "sim": sim_section, "regimes": regimes_section,
             "pool": pool_section, "rollout": rollout_section, "train": train_section,
-            "train_policies": train_policies_section, "live_hybrids": live_hybrids_section}
+            "train_policies": train_policies_section, "live_hybrids": live_hybrids_section,
+            "cluster": cluster_section}
 
 
 def render() -> str:

@@ -1,6 +1,7 @@
 """The project's own test hosts: network namespaces on this machine, each with its own address on a
 bridge (veth pairs), its own /etc/hosts and an empty resolver configuration, and a Ray cluster over
-them: a head (the driver's host, no workers) and worker hosts with CPUs of their own to Ray.
+them: a head (the driver's host; no workers unless given CPUs) and worker hosts with CPUs of their
+own to Ray.
 
     with NetnsHosts(workers=2, cpus=2) as hosts:           # needs root and iproute2 (`ip netns`)
         hosts.run_on(hosts.head, [sys.executable, ...])    # a process on the head's host
@@ -50,11 +51,13 @@ class NetnsHost:
 
 
 class NetnsHosts:
-    def __init__(self, workers: int = 2, cpus: int = 2, temp: Path | None = None) -> None:
+    def __init__(self, workers: int = 2, cpus: int = 2, temp: Path | None = None, head_cpus: int = 0) -> None:
+        """`workers` worker hosts of `cpus` CPUs each, beside the head (the driver's host, with
+        `head_cpus`: 0 leaves it no workers; `workers=0, head_cpus=4` is a cluster of one host)."""
         tag = os.getpid() % 10_000
         self.bridge = f"lb{tag}"
         self.subnet = f"10.{100 + tag % 100}.{tag % 250}"
-        self.head = NetnsHost(f"libra{tag}-head", f"{self.subnet}.11", 0)
+        self.head = NetnsHost(f"libra{tag}-head", f"{self.subnet}.11", head_cpus)
         self.workers = tuple(NetnsHost(f"libra{tag}-w{i}", f"{self.subnet}.{12 + i}", cpus) for i in range(workers))
         self.temp = temp or Path(f"/tmp/libra-hosts-{tag}")
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PREFECT_", "MLFLOW_"))},
