@@ -7,7 +7,8 @@ twice). The hybrid's transitions are in the store's `pool_events` at their itera
 The run trains in this process (the flow, with a thread in place of a person at a terminal) so that
 the test can kill the hybrid the moment an update has started. Two checks that nothing is lost or
 counted twice: each update's policy tokens, summed by the pool over its replicas' shards, are the
-batch's; and the final weights are those of the trainer alone on the same batches, to 1e-5. The
+batch's; and the final weights are those of the trainer alone on the same batches, to 1e-5 (all
+but elements whose gradients cancel to rounding noise, at most 1 in 10,000). The
 second is as strong as the batches' gradients: the shipped policy solves about one math task in
 ten, and a batch in which no group's rewards differ has no gradient (an exact zero in the run and
 in the comparison alike). A KL term with weight decay would give every update a gradient, but a
@@ -118,4 +119,6 @@ def test_a_hybrid_killed_during_an_update_of_a_live_run_costs_no_gradient(policy
     for batch in batches:
         alone.train_step(batch)
     final = load_policy(root / f"step-{STEPS:06d}", torch.device("cpu")).state_dict()
-    assert_same_policy(final, alone.model.state_dict(), atol=1e-5)
+    # up to 1 in 10,000 elements may differ by rounding noise that AdamW amplified (at most the
+    # learning rate an update; `assert_same_policy` says why)
+    assert_same_policy(final, alone.model.state_dict(), atol=1e-5, noise_share=1e-4, bound=2 * STEPS * config.trainer.lr)

@@ -43,8 +43,21 @@ def random_samples(seed: int, count: int = 6) -> list[TrainingSample]:
 SIGNAL_FREE = ("self_attn.k_proj.bias",)
 
 
-def assert_same_policy(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float) -> None:
+def assert_same_policy(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float,
+                       noise_share: float = 0.0, bound: float | None = None) -> None:
+    """Every compared tensor within `atol`; with `noise_share`, that share of a tensor's elements may
+    be further apart, but none by more than `bound`. That is for runs whose gradients were summed in
+    another order (shards of replicas against one process): an element whose gradient cancels to
+    rounding level gets AdamW steps of up to the learning rate either way, while a shard lost or
+    counted twice moves nearly every element that has a gradient."""
     assert got.keys() == want.keys()
     for name, value in got.items():
-        if not name.endswith(SIGNAL_FREE):
-            torch.testing.assert_close(value, want[name], rtol=0, atol=atol, msg=name)
+        if name.endswith(SIGNAL_FREE):
+            continue
+        gap = (value - want[name]).abs()
+        apart = int((gap > atol).sum())
+        message = f"{name}: {apart} of {gap.numel()} values differ by more than {atol}, up to {gap.max().item():.3g}"
+        if noise_share == 0.0:
+            assert apart == 0, message
+        else:
+            assert apart <= noise_share * gap.numel() and gap.max().item() <= bound, message
