@@ -166,9 +166,9 @@ def _main(argv: Sequence[str] | None) -> int:
     debug = bool(os.environ.get("LIBRA_DEBUG"))
     try:
         config = config_from_args(args)
-        from flows.runtime import runtime_environment
+        from flows.runtime import quiet_environment
 
-        runtime_environment(config)  # before a command imports its flow (and with it Prefect)
+        quiet_environment()  # before a command imports its flow (and with it Prefect and MLflow)
         return args.handler(args, config)
     except LibraError as exc:
         if debug:

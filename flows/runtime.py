@@ -27,36 +27,40 @@ from pathlib import Path
 
 from libra.config import LibraConfig
 
+# what keeps both libraries quiet and at home; they read these when they are imported
+QUIET = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    # Prefect gives its temporary server 20 s to answer; a loaded machine (or a second run starting
+    # beside the first) can take longer
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def quiet_environment() -> None:
+    """The QUIET variables, where the environment does not set them. Both libraries read their
+    logging levels when they are imported, so a caller that imports a flow module (which imports
+    Prefect) sets them first: `cli.main` does, before any command runs. Nothing is created (Prefect's
+    home is named only by `prepare_runtime`: importing Prefect creates the directory it names)."""
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
+
 
 def prepare_runtime(config: LibraConfig, tracking: bool = True) -> None:
     """Prefect's and MLflow's environment from `config`, where the environment does not set it;
     with `tracking`, MLflow's store is opened (its database created). Prefect's home is created
     only when it is the one in use (not when PREFECT_HOME is set, or a server is named)."""
-    runtime_environment(config)
+    quiet_environment()
+    home = str(Path(config.orchestration.prefect_home).resolve())
     if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
-        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+        Path(home).mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", home)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", absolute_tracking_uri(config.tracking.tracking_uri, create=tracking))
     if tracking:
         open_mlflow_store(os.environ["MLFLOW_TRACKING_URI"])
-
-
-def runtime_environment(config: LibraConfig) -> None:
-    """Only the environment variables of `prepare_runtime`, nothing created. Both libraries read
-    their logging levels when they are imported, so a caller that imports a flow module (which
-    imports Prefect) sets them first: `cli.main` does, before any command runs."""
-    defaults = {
-        "PREFECT_HOME": str(Path(config.orchestration.prefect_home).resolve()),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        # Prefect gives its temporary server 20 s to answer; a loaded machine (or a second run
-        # starting beside the first) can take longer
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-        "MLFLOW_TRACKING_URI": absolute_tracking_uri(config.tracking.tracking_uri, create=False),
-        "MLFLOW_LOGGING_LEVEL": "WARNING",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "DO_NOT_TRACK": "1",
-    }
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
 
 
 def flow_config(config: LibraConfig | str | None, overrides: dict | None = None, tracking: bool = True) -> LibraConfig:
