@@ -53,12 +53,13 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.flow_call import run_flow
     from cli.progress import progress
     from cli.streams import json_stdout
-    from flows.simulate import simulate_flow, simulation_request
+    from flows.simulate import check_feasible, simulate_flow, simulation_request
     from libra.checks import as_flag
     from tasks.sim_tasks import PROGRESS
 
     request = simulation_request(args.workload, args.cluster, args.model, args.steps, args.policies, args.group_size,
                                  args.prompts_per_step, args.seed, args.run, names=as_flag)
+    check_feasible(request, config.planner)
     policies, steps = list(request.policies), request.steps
     with json_stdout(args.json) as out:
         with progress("simulating", quiet=args.json) as bar:

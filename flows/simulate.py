@@ -19,7 +19,7 @@ from typing import Any
 from prefect import flow
 
 from libra.checks import Names, as_parameter, in_range
-from libra.config import LibraConfig
+from libra.config import LibraConfig, PlannerConfig
 from libra.errors import LibraError
 
 MAX_TRAJECTORIES = 5_000_000  # simulated trajectories of a whole run (all held in memory)
@@ -81,6 +81,23 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
     return request
 
 
+def check_feasible(request: SimulationRequest, planner: PlannerConfig) -> None:
+    """A LibraError when the model cannot train even on all of the cluster's GPUs (then no policy
+    can run), before anything starts; what each policy finds within that is its run's to say."""
+    from libra.planner.planner import Planner
+    from libra.planner.profiles import model_profile, parse_cluster
+    from libra.planner.settings import cost_model, planner_settings
+    from libra.sim.training import workload_of
+    from libra.sim.workloads import WorkloadGenerator
+
+    cost = cost_model(parse_cluster(request.cluster), model_profile(request.model), planner)
+    warmup = WorkloadGenerator(request.spec(), request.seed).step(-1)
+    if Planner(cost, workload_of(warmup), planner_settings(planner)).training.best(cost.cluster.gpus) is None:
+        raise LibraError(f"{cost.model.name} cannot run on {request.cluster} with workload {request.workload}: no "
+                         f"training configuration fits {cost.cluster.gpus} GPUs; use more or larger GPUs, a smaller "
+                         "model or shorter trajectories")
+
+
 @flow(name="libra-simulate", log_prints=False)
 def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-14b", steps: int = 200,
                   policies: str | list[str] = "all", group_size: int | None = None, prompts_per_step: int | None = None,
@@ -102,6 +119,7 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
 
     settings = flow_config(config, {"store.root": store}, tracking=track)
     request = simulation_request(workload, cluster, model, steps, policies, group_size, prompts_per_step, seed, run)
+    check_feasible(request, settings.planner)
     began = time.perf_counter()
     drawn = workload_task(request, settings.planner)
     runs = {name: simulate_policy_task.with_options(name=f"simulate-{name}")(request, name, drawn, settings.planner)
