@@ -85,17 +85,15 @@ def check_feasible(request: SimulationRequest, planner: PlannerConfig) -> None:
     """A LibraError when the model cannot train even on all of the cluster's GPUs (then no policy
     can run), before anything starts; what each policy finds within that is its run's to say."""
     from libra.planner.planner import Planner
-    from libra.planner.profiles import model_profile, parse_cluster
-    from libra.planner.settings import cost_model, planner_settings
+    from libra.planner.settings import planner_settings
     from libra.sim.training import workload_of
     from libra.sim.workloads import WorkloadGenerator
+    from tasks.sim_tasks import cannot_run, request_cost
 
-    cost = cost_model(parse_cluster(request.cluster), model_profile(request.model), planner)
+    cost = request_cost(request, planner)
     warmup = WorkloadGenerator(request.spec(), request.seed).step(-1)
     if Planner(cost, workload_of(warmup), planner_settings(planner)).training.best(cost.cluster.gpus) is None:
-        raise LibraError(f"{cost.model.name} cannot run on {request.cluster} with workload {request.workload}: no "
-                         f"training configuration fits {cost.cluster.gpus} GPUs; use more or larger GPUs, a smaller "
-                         "model or shorter trajectories")
+        raise cannot_run(request, cost.model.name, f"no training configuration fits {cost.cluster.gpus} GPUs")
 
 
 @flow(name="libra-simulate", log_prints=False)

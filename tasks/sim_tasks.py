@@ -27,7 +27,8 @@ class SimWorkload:
     gpus: int
 
 
-def _cost(request, planner: PlannerConfig):
+def request_cost(request, planner: PlannerConfig):
+    """The cost model of a simulation request's cluster and model."""
     from libra.planner.profiles import model_profile, parse_cluster
     from libra.planner.settings import cost_model
 
@@ -38,7 +39,7 @@ def _cost(request, planner: PlannerConfig):
 def workload_task(request, planner: PlannerConfig) -> SimWorkload:
     from libra.sim.runner import workload_batches
 
-    cost = _cost(request, planner)
+    cost = request_cost(request, planner)
     batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
     return SimWorkload(batches, warmup, cost, cost.cluster.gpus)
 
@@ -57,8 +58,13 @@ def simulate_policy_task(request, policy: str, drawn: SimWorkload, planner: Plan
         return simulate_policy(policy, simulation_cost(request.spec(), drawn.cost), drawn.batches, drawn.warmup,
                                planner_settings(planner), trigger_settings(planner), progress=step_done)
     except InfeasibleError as exc:
-        raise LibraError(f"{drawn.cost.model.name} cannot run on {request.cluster} with workload {request.workload}: "
-                         f"{exc}; use more or larger GPUs, a smaller model or shorter trajectories") from None
+        raise cannot_run(request, drawn.cost.model.name, str(exc)) from None
+
+
+def cannot_run(request, model: str, reason: str) -> LibraError:
+    """The error of a simulation whose model does not fit its cluster, and what to do."""
+    return LibraError(f"{model} cannot run on {request.cluster} with workload {request.workload}: {reason}; use more "
+                      "or larger GPUs, a smaller model or shorter trajectories")
 
 
 @task(name="bound", cache_policy=NO_CACHE)
