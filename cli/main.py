@@ -7,9 +7,11 @@ out of range) and the operating system's refusals (`OSError`: a store on a read-
 that is a directory). The message is printed on one line whatever it quotes (control characters are
 escaped). Ctrl-C prints `libra: interrupted` and exits with 130, also while heavy modules are still
 being imported: this module imports nothing heavy at the top, the subcommands are imported inside
-`main`. Python drops a KeyboardInterrupt that lands in a weakref callback or a finalizer (it can,
-during imports) and prints "Exception ignored"; `main` delivers such a one again, in the main thread,
-and a second Ctrl-C ends the process at once, with the same line. Anything else is a bug and keeps
+`main`. A Ctrl-C that lands while a module is being imported waits until that import is done: raised
+inside a native extension's initialisation (DuckDB's nanobind enums, for one) it aborts the whole
+process. Python drops a KeyboardInterrupt that lands in a weakref callback or a finalizer (it can,
+during imports) and prints "Exception ignored"; `main` delivers such a one again, in the main thread.
+A second Ctrl-C ends the process at once, with the same line. Anything else is a bug and keeps
 its traceback; `LIBRA_DEBUG=1` shows tracebacks for the mapped errors too.
 """
 
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -106,33 +109,51 @@ def fail(message: str, code: int = 2) -> int:
 
 
 class _Interrupts:
-    """SIGINT handler: the first raises KeyboardInterrupt, as Python's does; the next exits at once.
-    Also the unraisable hook: a KeyboardInterrupt Python had to drop is delivered again."""
+    """SIGINT handler: the first raises KeyboardInterrupt, as Python's does, once no import is under
+    way; the next exits at once. Also the unraisable hook: a KeyboardInterrupt Python had to drop is
+    delivered again."""
 
     def __init__(self) -> None:
         self.seen = 0
+        self.redelivered = False  # the next call is this handler's own delivery, not a new Ctrl-C
         self.hook = sys.unraisablehook
 
-    def __call__(self, signum: int, frame: object) -> None:
-        self.seen += 1
-        if self.seen > 1:
-            os.write(2, b"libra: interrupted\n")
-            os._exit(130)
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        redelivered, self.redelivered = self.redelivered, False
+        if not redelivered:
+            self.seen += 1
+            if self.seen > 1:
+                os.write(2, b"libra: interrupted\n")
+                os._exit(130)
+        if _importing(frame):
+            self.deliver_later()
+            return
         raise KeyboardInterrupt
 
     def unraisable(self, unraisable: sys.UnraisableHookArgs) -> None:
         if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
-            self.seen -= 1  # it did not stop anything: the next delivery is the first again
-            # from another thread, a moment later, so that it lands once the main thread is back in
-            # ordinary code (raised from here, it would be dropped again)
-            _thread.start_new_thread(_interrupt_soon, ())
+            self.deliver_later()  # raised from here, it would be dropped again
             return
         self.hook(unraisable)
 
+    def deliver_later(self) -> None:
+        """The same interrupt again in a moment, from another thread, so that it lands once the main
+        thread is back in ordinary code."""
+        _thread.start_new_thread(self._deliver, ())
 
-def _interrupt_soon() -> None:
-    time.sleep(0.01)
-    _thread.interrupt_main(signal.SIGINT)
+    def _deliver(self) -> None:
+        time.sleep(0.01)
+        self.redelivered = True
+        _thread.interrupt_main(signal.SIGINT)
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether the interrupted code runs inside an import (the import machinery is on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

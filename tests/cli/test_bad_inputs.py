@@ -196,6 +196,24 @@ cli.main.config_from_args = dropped
 sys.exit(cli.main.main(sys.argv[1:]))
 """
 
+INTERRUPT_IN_AN_IMPORT = """
+import sys, cli.main
+load = cli.main.config_from_args
+def importing(args):  # Ctrl-C while a module runs its top level, as a native extension's init does
+    sys.path.insert(0, ".")
+    import interrupts_itself
+    return load(args)
+cli.main.config_from_args = importing
+sys.exit(cli.main.main(sys.argv[1:]))
+"""
+
+INTERRUPTS_ITSELF = """
+import os, pathlib, signal, time
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.3)
+pathlib.Path("imported").write_text("the import ran to its end")
+"""
+
 
 def interruptible() -> None:
     """In the child before it execs: Ctrl-C's default action, as in a terminal. A test runner started
@@ -210,6 +228,18 @@ def test_ctrl_c_is_one_line_and_exit_130(files: Path, script: str) -> None:
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           preexec_fn=interruptible)
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "libra: interrupted\n")
+    assert not (files / ".libra" / "store").exists()
+
+
+def test_ctrl_c_during_an_import_waits_for_the_import(files: Path) -> None:
+    """Raised inside a native extension's initialisation (DuckDB's nanobind), a KeyboardInterrupt
+    aborts the process; so it is held until the module has finished importing."""
+    (files / "interrupts_itself.py").write_text(INTERRUPTS_ITSELF)
+    proc = subprocess.run([sys.executable, "-c", INTERRUPT_IN_AN_IMPORT, "run", "--traces", "small.csv", "--json"],
+                          cwd=files, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=interruptible)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "libra: interrupted\n")
+    assert (files / "imported").read_text() == "the import ran to its end"
     assert not (files / ".libra" / "store").exists()
 
 
