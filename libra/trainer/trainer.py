@@ -10,7 +10,7 @@ Within a rank, micro-batches of at most `micro_batch_tokens` padded tokens accum
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,25 +77,34 @@ class TokenLosses:
     clipped: torch.Tensor  # 1 where the clipped term was taken
 
 
-def _logits(module: torch.nn.Module, batch: MicroBatch, temperature: float, device: torch.device) -> torch.Tensor:
+def hf_logits(module: torch.nn.Module, batch: MicroBatch, temperature: float, device: torch.device) -> torch.Tensor:
     logits = module(input_ids=batch.input_ids.to(device), attention_mask=batch.attention.to(device)).logits
     return logits[:, :-1] / temperature
 
 
 def token_losses(module: torch.nn.Module, reference: torch.nn.Module | None, batch: MicroBatch,
                  config: TrainerConfig, temperature: float, device: torch.device) -> TokenLosses:
-    """The loss terms of one micro-batch: the one definition of GRPO's loss, used by the trainer and
-    by the elastic pool's training task."""
-    logits = _logits(module, batch, temperature, device)
+    """The loss terms of one micro-batch from an HF-style model (and reference): used by the trainer
+    and by the elastic pool's training task."""
+    reference_logits = None
+    if reference is not None:
+        with torch.no_grad():
+            reference_logits = hf_logits(reference, batch, temperature, device)
+    return losses_from_logits(hf_logits(module, batch, temperature, device), reference_logits, batch, config, device)
+
+
+def losses_from_logits(logits: torch.Tensor, reference_logits: torch.Tensor | None, batch: MicroBatch,
+                       config: TrainerConfig, device: torch.device) -> TokenLosses:
+    """The one definition of GRPO's loss, from a micro-batch's temperature-scaled logits at each
+    target position ([B, T-1, V]) and the reference's (None: no KL term). Every backend (torch,
+    megatron, the pool's task) computes its loss here."""
     targets = batch.targets.to(device)
     logprobs = token_logprobs(logits, targets)
     surrogate = clipped_surrogate(logprobs, batch.behaviour.to(device), batch.advantages.to(device),
                                   config.clip_low, config.clip_high)
     per_token, kl = surrogate.loss, torch.zeros_like(surrogate.loss)
-    if reference is not None:
-        with torch.no_grad():
-            ref = token_logprobs(_logits(reference, batch, temperature, device), targets)
-        kl = kl_k3(logprobs, ref)
+    if reference_logits is not None:
+        kl = kl_k3(logprobs, token_logprobs(reference_logits, targets))
         per_token = per_token + config.kl_coef * kl
     return TokenLosses(per_token, kl, logits, logprobs, surrogate.clipped)
 
@@ -120,13 +129,17 @@ class AppliedUpdate:
 
 
 def take_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: TrainerConfig,
-                index: int) -> AppliedUpdate:
+                index: int, clip: Callable[[float], float] | None = None) -> AppliedUpdate:
     """Update `index` (from 0) with the mean gradient already in the parameters' grads: the
-    schedule's learning rate, the global-norm clip, one AdamW step. The trainer and the elastic
-    pool's training task both update through here."""
+    schedule's learning rate, the global-norm clip, one AdamW step. `clip(max_norm)` clips the
+    gradients and returns their norm before clipping (default: torch's over `model`'s parameters; a
+    sharded model's counts each element once over its shards). Every backend updates through here."""
     lr = learning_rate(index, config.steps, config.lr, config.warmup_steps, config.schedule)
     set_learning_rate(optimizer, lr)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+    if clip is None:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+    else:
+        grad_norm = float(clip(config.grad_clip))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return AppliedUpdate(lr, grad_norm)

@@ -1,0 +1,226 @@
+"""The megatron-core trainer: the torch trainer's interface (`train_step`, `save_weights`, the
+optimizer state, `updates`) over `tp` x `pp` x `dp` rank processes, each a `MegatronRank`.
+
+    trainer = MegatronTrainer(policy_dir, config.trainer, config.rollout, Layout(tp=2))
+    stats = trainer.train_step(samples)     # one update by every rank
+    trainer.save_weights(directory)         # HF safetensors + config, as the torch trainer writes them
+    trainer.close()
+
+The ranks are processes of their own (spawned, one process group: gloo on the CPU, NCCL on GPUs),
+started by the constructor and driven over one pipe each: every rank gets the same command, runs it
+(the collectives meet), and answers; rank 0's answer is the result. The run's process keeps no
+torch process group of its own, so the rollout engines beside it are untouched. Weights leave in HF
+form and the optimizer state in the torch trainer's layout (`MegatronRank.optimizer_state`), so a
+checkpoint of one backend resumes on the other, or on another layout.
+
+A rank that fails answers with its traceback and the trainer stops every rank and raises its last
+line; a rank that dies (killed, out of memory) is noticed within `poll_s` and raises RankLostError.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from libra.config import RolloutConfig, TrainerConfig
+from libra.errors import LibraError, RankLostError
+from libra.trainer.megatron_rank import Layout, read_architecture
+from libra.trainer.samples import TrainingSample
+from libra.trainer.trainer import UpdateStats, update_stats
+
+START_TIMEOUT_S = 600.0  # a rank's start: importing megatron, building and loading its shard
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(rank: int, layout: Layout, port: int, conn, policy_dir: str, config: TrainerConfig, temperature: float,
+           device: str, reference_dir: str, threads: int) -> None:
+    """A rank process: join the group, build the shard, then answer commands until "stop"."""
+    import torch.distributed as dist
+
+    from libra.trainer.megatron_rank import MegatronRank
+
+    try:
+        torch.set_num_threads(max(1, threads))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        where = torch.device(device)
+        if where.type == "cuda":
+            where = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+            torch.cuda.set_device(where)
+        dist.init_process_group("nccl" if where.type == "cuda" else "gloo", rank=rank, world_size=layout.world)
+        worker = MegatronRank(policy_dir, config, layout, temperature, where, reference_dir or None)
+        conn.send(("ok", None))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        command, argument = conn.recv()
+        if command == "stop":
+            break
+        try:
+            if command == "step":
+                samples, index = argument
+                answer: Any = worker.train_step(samples, index)
+            elif command == "weights":
+                answer = worker.hf_weights()
+            elif command == "optimizer":
+                answer = worker.optimizer_state()
+            elif command == "load_optimizer":
+                answer = worker.load_optimizer_state(argument)
+            elif command == "threads":
+                answer = torch.set_num_threads(max(1, argument))
+            else:
+                raise ValueError(f"unknown command {command!r}")
+            conn.send(("ok", answer))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+            break
+    dist.destroy_process_group()
+
+
+class MegatronTrainer:
+    def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig | None = None,
+                 layout: Layout | None = None, device: str = "cpu", reference_dir: str | Path | None = None,
+                 threads: int | None = None, poll_s: float = 0.05) -> None:
+        """`policy_dir`: the HF weights to start from; `reference_dir`: the KL term's frozen reference
+        (default `policy_dir`); `threads`: intra-op threads of each rank (default: this process's
+        share, divided among the ranks)."""
+        from libra.devices import torch_device
+
+        self.config = trainer
+        self.layout = layout or Layout()
+        self.policy_dir = Path(policy_dir)
+        self.device = torch_device(device)
+        self.poll_s = poll_s
+        arch = read_architecture(policy_dir)  # a clear error before any process starts
+        self.layout.sharding.check(arch)
+        if self.device.type == "cuda" and torch.cuda.device_count() < self.layout.world:
+            raise LibraError(f"layout {self.layout} needs {self.layout.world} GPUs; this machine has "
+                             f"{torch.cuda.device_count()}")
+        self.updates = 0
+        share = threads or max(1, torch.get_num_threads() // self.layout.world)
+        context = mp.get_context("spawn")
+        port = _free_port()
+        self._conns, self._ranks = [], []
+        temperature = (rollout or RolloutConfig()).temperature
+        for rank in range(self.layout.world):
+            mine, theirs = context.Pipe()
+            process = context.Process(target=_serve, name=f"megatron-rank-{rank}", daemon=True,
+                                      args=(rank, self.layout, port, theirs, str(policy_dir), trainer, temperature,
+                                            str(self.device), str(reference_dir or ""), share))
+            process.start()
+            theirs.close()
+            self._conns.append(mine)
+            self._ranks.append(process)
+        try:
+            self._answers(START_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- talking to the ranks --------------------------------------------------------------------
+
+    def _call(self, command: str, argument: Any = None, timeout_s: float = 24 * 3600.0) -> Any:
+        for conn in self._conns:
+            conn.send((command, argument))
+        return self._answers(timeout_s)
+
+    def _answers(self, timeout_s: float) -> Any:
+        """Every rank's answer (rank 0's returned); a failed or dead rank stops them all."""
+        answers: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(answers) < len(self._conns):
+            for rank, conn in enumerate(self._conns):
+                if rank in answers or not conn.poll(self.poll_s / len(self._conns)):
+                    continue
+                try:
+                    status, value = conn.recv()
+                except EOFError:  # it died: told below
+                    continue
+                if status == "error":
+                    self.close()
+                    last = value.strip().splitlines()[-1]
+                    if os.environ.get("LIBRA_DEBUG"):
+                        last = value
+                    raise LibraError(f"megatron trainer rank {rank} ({self.layout}) failed: {last}")
+                answers[rank] = value
+            dead = [r for r, p in enumerate(self._ranks) if r not in answers and not p.is_alive()]
+            if dead and not any(self._conns[r].poll() for r in dead):  # gone without a last word
+                code = self._ranks[dead[0]].exitcode
+                self.close()
+                raise RankLostError(dead[0], f"megatron trainer rank {dead[0]} ({self.layout}) died (exit code {code})")
+            if time.monotonic() > deadline:
+                self.close()
+                raise LibraError(f"megatron trainer ranks {sorted(set(range(len(self._conns))) - answers.keys())} "
+                                 f"did not answer within {timeout_s:.0f} s")
+        return answers[0]
+
+    # -- the trainer's interface -----------------------------------------------------------------
+
+    def train_step(self, samples: Sequence[TrainingSample]) -> UpdateStats:
+        """One update on the step's samples, by every rank."""
+        began = time.perf_counter()
+        sums, padded, applied = self._call("step", (list(samples), self.updates))
+        self.updates += 1
+        tokens = float(sum(s.policy_tokens for s in samples))
+        return update_stats(sums, tokens, len(samples), padded, applied, time.perf_counter() - began)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights in HF names (gathered from the shards)."""
+        return self._call("weights")
+
+    def save_weights(self, directory: str | Path) -> None:
+        """The weights in HF format (safetensors and config), loadable by vLLM and transformers."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(self.policy_dir)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(self.hf_state_dict(), strict=False, assign=True)
+        if config.tie_word_embeddings:
+            model.tie_weights()
+        missing = [n for n, p in model.named_parameters() if p.is_meta]
+        if missing:
+            raise LibraError(f"the megatron trainer's weights lack {missing[:3]}")
+        model.save_pretrained(directory, safe_serialization=True)
+
+    def optimizer_state(self) -> dict:
+        return {"optimizer": self._call("optimizer"), "updates": self.updates}
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self._call("load_optimizer", state["optimizer"])
+        self.updates = int(state["updates"])
+
+    def set_threads(self, count: int) -> None:
+        """The ranks' intra-op threads: `count` shared among them."""
+        self._call("threads", max(1, count // self.layout.world))
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+    def close(self) -> None:
+        """Stop the ranks (asked, then ended)."""
+        for conn in self._conns:
+            try:
+                conn.send(("stop", None))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 10.0
+        for process in self._ranks:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join(5.0)
+        self._conns, self._ranks = [], []

@@ -1,0 +1,92 @@
+"""The megatron-core trainer against the torch trainer on the same batch: the loss within 1e-5 and
+the weights after one update within 1e-5 (float32, CPU, gloo), for TP=PP=DP=1 and for TP=2, PP=2
+and DP=2 on two processes; its optimizer state resumes the torch trainer exactly."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from libra.config import TrainerConfig
+from libra.errors import LibraError
+from libra.trainer.megatron_rank import Layout
+from libra.trainer.megatron_trainer import MegatronTrainer
+from libra.trainer.trainer import PolicyTrainer
+from tests.libra.trainer.policies import assert_same_policy, random_samples
+
+CONFIG = TrainerConfig(lr=0.01, warmup_steps=0, seed=0, micro_batch_tokens=64, steps=4, kl_coef=0.05)
+
+
+@pytest.fixture(scope="module")
+def gqa_policy(tmp_path_factory) -> Path:
+    """Two layers (so PP=2 has a layer a stage), 4 query heads on 2 key/value heads, tied head."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = tmp_path_factory.mktemp("gqa-policy")
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=17, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=True, pad_token_id=0,
+                         eos_token_id=1, bos_token_id=None)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    return out
+
+
+def hf_weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.model.state_dict().items() if k != "lm_head.weight"}
+
+
+@pytest.mark.parametrize("layout", [Layout(), Layout(tp=2), Layout(pp=2), Layout(dp=2)], ids=str)
+def test_one_update_equals_the_torch_trainers(gqa_policy, layout):
+    samples = random_samples(1)
+    torch_trainer = PolicyTrainer(gqa_policy, CONFIG)
+    want = torch_trainer.train_step(samples)
+    megatron = MegatronTrainer(gqa_policy, CONFIG, layout=layout)
+    try:
+        got = megatron.train_step(samples)
+        weights = megatron.hf_state_dict()
+    finally:
+        megatron.close()
+    assert got.loss == pytest.approx(want.loss, abs=1e-5)
+    assert got.kl == pytest.approx(want.kl, abs=1e-6)  # 0: the weights are the reference's
+    assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
+    assert got.entropy == pytest.approx(want.entropy, abs=1e-5)
+    assert (got.tokens, got.sequences, got.lr) == (want.tokens, want.sequences, want.lr) == (150, 6, 0.01)
+    assert_same_policy(weights, hf_weights(torch_trainer), atol=1e-5)
+
+
+def test_its_checkpoint_resumes_the_torch_trainer_and_the_torch_trainers_resumes_it(gqa_policy, tmp_path):
+    """Weights in HF form and AdamW's state in the torch trainer's layout: a run may change backend
+    (or layout) at a checkpoint."""
+    first, second = random_samples(1), random_samples(2)
+    reference = PolicyTrainer(gqa_policy, CONFIG)
+    reference.train_step(first)
+    torch_state = copy.deepcopy(reference.optimizer_state())  # (its tensors are the live ones)
+    reference.save_weights(tmp_path / "torch-1")
+    want = reference.train_step(second)
+
+    megatron = MegatronTrainer(tmp_path / "torch-1", CONFIG, layout=Layout(tp=2), reference_dir=gqa_policy)
+    try:
+        megatron.load_optimizer_state(torch_state)
+        got = megatron.train_step(second)
+        weights = megatron.hf_state_dict()
+        state = megatron.optimizer_state()
+        megatron.save_weights(tmp_path / "megatron-2")
+    finally:
+        megatron.close()
+    assert got.loss == pytest.approx(want.loss, abs=1e-5) and got.lr == want.lr
+    assert got.kl == pytest.approx(want.kl, abs=1e-6) and want.kl > 0  # one update from the reference
+    assert_same_policy(weights, hf_weights(reference), atol=1e-5)
+    assert state["updates"] == 2
+    resumed = PolicyTrainer(tmp_path / "megatron-2", CONFIG, reference_dir=gqa_policy)
+    resumed.load_optimizer_state(state)
+    assert_same_policy(hf_weights(resumed), hf_weights(reference), atol=1e-5)
+    for i, moments in reference.optimizer_state()["optimizer"]["state"].items():
+        ours = resumed.optimizer.state_dict()["state"][i]
+        assert torch.allclose(ours["exp_avg"], moments["exp_avg"], atol=1e-7)
+        assert float(ours["step"]) == float(moments["step"]) == 2.0
+
+
+def test_a_layout_the_model_cannot_take_is_refused_before_any_rank_starts(gqa_policy):
+    with pytest.raises(LibraError, match="tp=3 does not divide the model's 4 attention heads"):
+        MegatronTrainer(gqa_policy, CONFIG, layout=Layout(tp=3))
