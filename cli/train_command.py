@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.add_argument("--policy", choices=("none", "libra", "static", "colocated"),
                      help="where rollout and training run (overrides placement.policy): libra re-plans from the run's "
                      "statistics, static keeps the initial split, colocated takes turns on every worker")
+    cmd.add_argument("--trainer", choices=("torch", "megatron"),
+                     help="the training backend (overrides trainer.backend; megatron's layout is trainer.tp/pp/dp)")
     cmd.add_argument("--restart", action="store_true", help="train the run again from the initial policy, replacing it")
     cmd.add_argument("--json", action="store_true", help="end with one JSON line instead of the summary")
     cmd.set_defaults(handler=cmd_train)
@@ -41,9 +43,11 @@ def with_overrides(config: LibraConfig, args: argparse.Namespace) -> LibraConfig
     from flows.train import training_config
 
     try:
-        return training_config(config, args.steps, args.run, None, getattr(args, "policy", None))
+        return training_config(config, args.steps, args.run, None, getattr(args, "policy", None),
+                               backend=getattr(args, "trainer", None))
     except LibraError as exc:
-        raise LibraError(str(exc).replace("trainer.steps", "--steps").replace("trainer.run", "--run")) from None
+        raise LibraError(str(exc).replace("trainer.steps", "--steps").replace("trainer.run", "--run")
+                         .replace("trainer.backend", "--trainer")) from None
 
 
 def cmd_train(args: argparse.Namespace, config: LibraConfig) -> int:

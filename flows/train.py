@@ -46,12 +46,13 @@ MAX_RECOVERIES = 3  # host losses in a row, with no step completed between them,
 
 
 def training_config(config: LibraConfig | str | None = None, steps: int | None = None, run: str | None = None,
-                    env: str | None = None, policy: str | None = None, store: str | None = None) -> LibraConfig:
+                    env: str | None = None, policy: str | None = None, store: str | None = None,
+                    backend: str | None = None) -> LibraConfig:
     """The run's config: `config` with the given values in place of trainer.steps, trainer.run,
-    trainer.env, placement.policy and store.root; then every check that can refuse the run before
-    anything is written or started (`check_training`)."""
+    trainer.env, placement.policy, store.root and trainer.backend; then every check that can refuse
+    the run before anything is written or started (`check_training`)."""
     resolved = resolve_config(config, {"trainer.steps": steps, "trainer.run": run, "trainer.env": env,
-                                       "placement.policy": policy, "store.root": store})
+                                       "placement.policy": policy, "store.root": store, "trainer.backend": backend})
     check_training(resolved)
     return resolved
 
@@ -61,6 +62,11 @@ def check_training(config: LibraConfig) -> None:
     from storage.writer import check_run_name
 
     check_run_name(config.trainer.run_name())
+    from libra.rl.ray_cluster import address_of
+
+    if config.trainer.backend == "megatron" and (config.placement.hybrids or address_of(config)):
+        raise LibraError("trainer.backend megatron trains on its own rank processes on this machine; hybrids "
+                         "(placement.hybrids) and Ray clusters train with trainer.backend: torch")
     router = config.rollout.router
     if router not in POLICIES or router == "oracle":
         raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")

@@ -189,6 +189,12 @@ class TrainerConfig(_Section):
     pipeline: Literal["one_step_off", "sync"] = Field("one_step_off", description="one_step_off: rollout k+1 runs while k trains")
     max_staleness: int = Field(1, ge=0, le=1_000, description="a trajectory more updates old than this is never trained on")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the trainer runs")
+    backend: Literal["torch", "megatron"] = Field("torch", description="torch: the HF model in the run's process "
+                                                  "(DDP over the pool's ranks); megatron: megatron-core's GPTModel on "
+                                                  "tp x pp x dp rank processes")
+    tp: int = Field(1, ge=1, le=1_024, description="tensor-parallel ranks (backend megatron)")
+    pp: int = Field(1, ge=1, le=1_024, description="pipeline-parallel stages (backend megatron)")
+    dp: int = Field(1, ge=1, le=4_096, description="data-parallel replicas (backend megatron)")
     eval_every: int = Field(10, ge=1, le=1_000_000, description="held-out evaluation every N steps (and at the start and end)")
     eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts (one sample each)")
     eval_temperature: float = Field(0.0, ge=0.0, le=10.0, description="held-out sampling temperature (0: greedy, "
@@ -202,6 +208,13 @@ class TrainerConfig(_Section):
         if self.pipeline == "one_step_off" and self.max_staleness < 1:
             raise ValueError("pipeline one_step_off trains on batches 1 update old: max_staleness must be >= 1 "
                              "(or set pipeline: sync)")
+        return self
+
+    @model_validator(mode="after")
+    def _layout_is_megatrons(self) -> TrainerConfig:
+        if self.backend == "torch" and (self.tp, self.pp, self.dp) != (1, 1, 1):
+            raise ValueError(f"trainer.tp/pp/dp ({self.tp}/{self.pp}/{self.dp}) are the megatron backend's layout; "
+                             "set trainer.backend: megatron, or leave them at 1")
         return self
 
     def run_name(self) -> str:

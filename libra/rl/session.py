@@ -239,6 +239,11 @@ class TrainingSession:
 
             trainer = PooledTrainer(weights, t, r, config.pool, root / "pool", hybrids=config.placement.hybrids,
                                     reference_dir=policy, on_event=pool_events.append)
+        elif t.backend == "megatron":
+            from libra.trainer.megatron_rank import Layout
+            from libra.trainer.megatron_trainer import MegatronTrainer
+
+            trainer = MegatronTrainer(weights, t, r, Layout(t.tp, t.pp, t.dp), device=t.device, reference_dir=policy)
         else:
             trainer = PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
         session = cls(config, run, root, policy, state, trainer, [], env, tokenizer, router,

@@ -19,6 +19,7 @@ line; a rank that dies (killed, out of memory) is noticed within `poll_s` and ra
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -53,6 +54,8 @@ def _serve(rank: int, layout: Layout, port: int, conn, policy_dir: str, config: 
     from libra.trainer.megatron_rank import MegatronRank
 
     try:
+        # megatron's import probes for Triton, which a CPU build lacks: torch logs that on stderr
+        logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
         torch.set_num_threads(max(1, threads))
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         where = torch.device(device)

@@ -184,3 +184,11 @@ def test_resolve_config_takes_a_record_a_file_or_the_defaults_then_the_overrides
     assert resolve_config(record, {"trainer.env": "search"}).trainer.env == "search"
     with pytest.raises(ConfigError, match=r"^trainer.steps = 0: Input should be greater than or equal to 1"):
         resolve_config(record, {"trainer.steps": 0})
+
+
+def test_a_parallel_layout_needs_the_megatron_backend():
+    from libra.config import TrainerConfig
+
+    with pytest.raises(ValueError, match="trainer.tp/pp/dp \\(2/1/1\\) are the megatron backend's layout"):
+        TrainerConfig(tp=2)
+    assert TrainerConfig(backend="megatron", tp=2, pp=2).dp == 1
