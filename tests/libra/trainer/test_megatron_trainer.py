@@ -36,7 +36,7 @@ def hf_weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in trainer.model.state_dict().items() if k != "lm_head.weight"}
 
 
-@pytest.mark.parametrize("layout", [Layout(), Layout(tp=2), Layout(pp=2), Layout(dp=2)], ids=str)
+@pytest.mark.parametrize("layout", [Layout(), Layout(tp=2), Layout(pp=2), Layout(dp=2)], ids=lambda layout: f"tp{layout.tp}-pp{layout.pp}-dp{layout.dp}")
 def test_one_update_equals_the_torch_trainers(gqa_policy, layout):
     samples = random_samples(1)
     torch_trainer = PolicyTrainer(gqa_policy, CONFIG)
