@@ -57,6 +57,7 @@ class Architecture:
     rope_base: float
     qkv_bias: bool
     tied: bool
+    pad_token: int = 0  # the id batches are padded with
 
     @classmethod
     def from_hf_config(cls, config: Mapping) -> Architecture:
@@ -83,7 +84,8 @@ class Architecture:
                    vocab=int(config["vocab_size"]), max_positions=int(config.get("max_position_embeddings", 2048)),
                    norm_eps=float(config.get("rms_norm_eps", 1e-6)),
                    rope_base=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))), qkv_bias=qkv_bias,
-                   tied=bool(config.get("tie_word_embeddings", False)))
+                   tied=bool(config.get("tie_word_embeddings", False)),
+                   pad_token=int(config.get("pad_token_id") or 0))
 
     @property
     def group_size(self) -> int:

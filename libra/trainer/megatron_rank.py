@@ -163,7 +163,7 @@ class MegatronRank:
         if config.kl_coef > 0 and self.last:
             self.reference = load_reference(reference_dir or policy_dir, device)
         self.hf_order = hf_parameter_names(policy_dir)
-        self.pad = int(json.loads((Path(policy_dir) / "config.json").read_text()).get("pad_token_id") or 0)
+        self.pad = self.arch.pad_token
 
     # -- weights in and out ----------------------------------------------------------------------
 
@@ -203,13 +203,13 @@ class MegatronRank:
                                            if i in state["state"]})
         if moments["exp_avg"] is None:
             return None
-        steps = {float(s["step"]) for s in state["state"].values()}
-        if not state["state"]:
+        if not state["state"]:  # no update yet
             return {"state": {}, "param_groups": self._hf_groups(state)}
+        steps = {float(s["step"]) for s in state["state"].values()}
         if len(steps) != 1:
             raise RuntimeError(f"AdamW's parameters are at different steps {sorted(steps)}")
-        whole = {k: to_hf(v, self.arch, self.layout.sharding) for k, v in moments.items()}
         step = steps.pop()
+        whole = {k: to_hf(v, self.arch, self.layout.sharding) for k, v in moments.items()}
         order = self.hf_order
         return {"state": {i: {"step": torch.tensor(step), "exp_avg": whole["exp_avg"][n],
                               "exp_avg_sq": whole["exp_avg_sq"][n]} for i, n in enumerate(order)},
