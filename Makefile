@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(VENV)/bin/libra train --config configs/demo.yaml
 
+# two workers (this machine's cores in CI), each running whole test files: a file's tests share its fixtures
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: setup
 	$(PY) -m benchmarks.bench_store

@@ -35,13 +35,13 @@ STAGES = ("rollout", "score", "update", "sync", "evaluate", "checkpoint")
 
 
 def config_for(base: Path, run: str, steps: int, seed: int, pipeline: str, eval_every: int, lr: float = 1e-4,
-               eval_prompts: int = 128) -> LibraConfig:
+               eval_prompts: int = 128, backend: str = "torch") -> LibraConfig:
     return LibraConfig.model_validate({
         **run_locations(base),
         "rollout": {"engine": "vllm", "instances": 1},
         "trainer": {"policy": str(SHIPPED), "run": run, "env": "math", "steps": steps, "seed": seed, "lr": lr,
                     "prompts_per_step": 8, "samples_per_prompt": 8, "eval_prompts": eval_prompts, "eval_every": eval_every,
-                    "pipeline": pipeline, "checkpoint_dir": str(base / "checkpoints")},
+                    "pipeline": pipeline, "checkpoint_dir": str(base / "checkpoints"), "backend": backend},
     })
 
 
@@ -116,27 +116,37 @@ def prefect_overhead(config: LibraConfig) -> dict[str, Any]:
     return {"iterations": shares, "overhead_share": overhead}
 
 
-def trainer_throughput(updates: int = 4) -> dict[str, Any]:
-    """PolicyTrainer against a bare loop on the same samples (math-like lengths, half policy tokens)."""
+def math_like_samples(count: int = 64, seed: int = 0) -> list:
+    """`count` trajectories of the shipped policy's vocabulary with the math tasks' lengths (180 to
+    300 tokens, the first 110 the prompt, two thirds of the rest the policy's), in groups of 8 with
+    rewards of +-1: the batches the trainer benchmarks time."""
     import json
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from libra.config import TrainerConfig
-    from libra.trainer.grpo import token_logprobs
-    from libra.trainer.samples import TrainingSample, collate, micro_batches
-    from libra.trainer.trainer import PolicyTrainer
+    from libra.trainer.samples import TrainingSample
 
     vocab = json.loads((SHIPPED / "config.json").read_text())["vocab_size"]
-    rng = random.Random(0)
+    rng = random.Random(seed)
     samples = []
-    for i in range(64):
+    for i in range(count):
         n = rng.randint(180, 300)
         ids = tuple(rng.randrange(8, vocab) for _ in range(n))
         mask = tuple(int(j >= 110 and j % 3 != 0) for j in range(n))
         logprobs = tuple(-rng.random() if m else 0.0 for m in mask)
         samples.append(TrainingSample(str(i), str(i // 8), ids, mask, logprobs, rng.choice((-1.0, 1.0)), 0.0, 0))
+    return samples
+
+
+def trainer_throughput(updates: int = 4) -> dict[str, Any]:
+    """PolicyTrainer against a bare loop on the same samples (math-like lengths, half policy tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from libra.config import TrainerConfig
+    from libra.trainer.grpo import token_logprobs
+    from libra.trainer.samples import collate, micro_batches
+    from libra.trainer.trainer import PolicyTrainer
+
+    samples = math_like_samples()
     config = TrainerConfig(lr=1e-5, warmup_steps=0)
     tokens = sum(s.policy_tokens for s in samples) * updates
 

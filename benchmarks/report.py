@@ -385,9 +385,38 @@ def cluster_section(result: dict) -> list[str]:
     ]
 
 
+def megatron_section(result: dict) -> list[str]:
+    speed, learned = result["throughput"], result["learning"]
+    runs = learned["runs"]
+
+    def curve(run: dict) -> str:
+        return " -> ".join(f"{reward:.3f}" for _, reward in sorted((int(k), v) for k, v in run["heldout"].items()))
+
+    lines = [
+        f"**megatron-core trainer** (`python -m benchmarks.bench_megatron`; the shipped policy, 64 math-like samples "
+        f"an update ({speed['policy_tokens_per_update']:,} policy tokens), {speed['threads']} threads in all; "
+        f"{result['machine']})",
+        "",
+        "| measure | megatron | baseline in the same run | figure | goal |",
+        "|---|---|---|---|---|",
+        f"| trainer policy tokens/s, TP=PP=DP=1 | {speed['megatron_tokens_per_s']:.0f} | torch trainer on the same "
+        f"samples: {speed['torch_tokens_per_s']:.0f} | ratio {speed['megatron_over_torch']:.2f} | - |",
+    ]
+    for row in speed["layouts"][1:]:
+        lines.append(f"| {row['layout']}, {row['ranks']} processes on the same threads | {row['seconds_per_update']:.2f} s "
+                     f"an update | TP=1, one process: {speed['layouts'][0]['seconds_per_update']:.2f} s | speed "
+                     f"ratio {row['speed_over_tp1']:.2f} | - |")
+    lines.append(f"| held-out reward over {learned['steps']} updates (demo settings, seed {learned['seed']}) | "
+                 f"{curve(runs['megatron'])} ({runs['megatron']['wall_s']:.0f} s) | torch: {curve(runs['torch'])} "
+                 f"({runs['torch']['wall_s']:.0f} s) | gain {runs['megatron']['reward_end'] - runs['megatron']['reward_start']:+.3f}"
+                 f" / {runs['torch']['reward_end'] - runs['torch']['reward_start']:+.3f} | rises as with torch |")
+    return lines
+
+
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
             "router": router_section, "sim": sim_section, "regimes": regimes_section,
             "pool": pool_section, "rollout": rollout_section, "train": train_section,
+            "megatron": megatron_section,
             "train_policies": train_policies_section, "live_hybrids": live_hybrids_section,
             "cluster": cluster_section}
 
