@@ -136,9 +136,18 @@ class MegatronTrainer:
     # -- talking to the ranks --------------------------------------------------------------------
 
     def _call(self, command: str, argument: Any = None, timeout_s: float = 24 * 3600.0) -> Any:
-        for conn in self._conns:
-            conn.send((command, argument))
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send((command, argument))
+            except OSError:  # its end of the pipe is gone: the rank died between commands
+                raise self._lost(rank) from None
         return self._answers(timeout_s)
+
+    def _lost(self, rank: int) -> RankLostError:
+        """The error for a rank that died, once every rank is stopped."""
+        code = self._ranks[rank].exitcode
+        self.close()
+        return RankLostError(rank, f"megatron trainer rank {rank} ({self.layout}) died (exit code {code})")
 
     def _answers(self, timeout_s: float) -> Any:
         """Every rank's answer (rank 0's returned); a failed or dead rank stops them all."""
@@ -161,9 +170,7 @@ class MegatronTrainer:
                 answers[rank] = value
             dead = [r for r, p in enumerate(self._ranks) if r not in answers and not p.is_alive()]
             if dead and not any(self._conns[r].poll() for r in dead):  # gone without a last word
-                code = self._ranks[dead[0]].exitcode
-                self.close()
-                raise RankLostError(dead[0], f"megatron trainer rank {dead[0]} ({self.layout}) died (exit code {code})")
+                raise self._lost(dead[0])
             if time.monotonic() > deadline:
                 self.close()
                 raise LibraError(f"megatron trainer ranks {sorted(set(range(len(self._conns))) - answers.keys())} "

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from libra.config import TrainerConfig
-from libra.errors import LibraError
+from libra.errors import LibraError, RankLostError
 from libra.trainer.megatron_rank import Layout
 from libra.trainer.megatron_trainer import MegatronTrainer
 from libra.trainer.trainer import PolicyTrainer
@@ -96,3 +96,38 @@ def test_its_checkpoint_resumes_the_torch_trainer_and_the_torch_trainers_resumes
 def test_a_layout_the_model_cannot_take_is_refused_before_any_rank_starts(gqa_policy):
     with pytest.raises(LibraError, match="tp=3 does not divide the model's 4 attention heads"):
         MegatronTrainer(gqa_policy, CONFIG, layout=Layout(tp=3))
+
+
+def test_a_rank_that_dies_is_a_rank_lost_error_and_the_others_are_stopped(gqa_policy):
+    megatron = MegatronTrainer(gqa_policy, CONFIG, layout=Layout(tp=2), poll_s=0.02)
+    ranks = list(megatron._ranks)
+    try:
+        ranks[1].kill()
+        ranks[1].join(10)
+        with pytest.raises(RankLostError, match=r"megatron trainer rank 1 \(tp=2 pp=1 dp=1\) died") as lost:
+            megatron.train_step(random_samples(1))
+        assert lost.value.rank == 1
+        assert not any(process.is_alive() for process in ranks)  # rank 0 stopped with it, not left waiting
+    finally:
+        megatron.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", [Layout(), Layout(tp=2), Layout(pp=2), Layout(dp=2)], ids=lambda layout: f"tp{layout.tp}-pp{layout.pp}-dp{layout.dp}")
+def test_on_cuda_one_update_equals_the_torch_trainers(gqa_policy, layout):
+    """The CPU equivalence on GPUs: NCCL between the ranks, one GPU a rank, the torch trainer on GPU 0."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < layout.world:
+        pytest.skip(f"needs {layout.world} CUDA device(s)")
+    samples = random_samples(1)
+    torch_trainer = PolicyTrainer(gqa_policy, CONFIG, device="cuda")
+    want = torch_trainer.train_step(samples)
+    megatron = MegatronTrainer(gqa_policy, CONFIG, layout=layout, device="cuda")
+    try:
+        got = megatron.train_step(samples)
+        weights = megatron.hf_state_dict()
+    finally:
+        megatron.close()
+    assert got.loss == pytest.approx(want.loss, abs=1e-5)
+    assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
+    assert_same_policy({k: v.cpu() for k, v in weights.items()}, {k: v.cpu() for k, v in hf_weights(torch_trainer).items()},
+                       atol=1e-5)
