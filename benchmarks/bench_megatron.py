@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from benchmarks.bench_train import config_for, math_like_samples, train_run
-from benchmarks.common import quiet_engines, save
+from benchmarks.common import quiet_engines, save, saved
 from libra.config import TrainerConfig
 from libra.rollout.policy import SHIPPED
 from libra.trainer.megatron_rank import Layout
@@ -98,18 +98,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="training steps of each learning run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="1 update, 2 steps (a smoke run; figures not saved)")
+    parser.add_argument("--only", choices=("throughput", "learning"),
+                        help="measure one part; the other part's figures are kept from the saved result")
     args = parser.parse_args(argv)
     if args.quick:
         args.updates, args.steps = 1, 2
     quiet_engines()
     began = time.perf_counter()
-    speed = throughput(args.updates)
-    print(f"trainer: megatron {speed['megatron_tokens_per_s']:.0f} policy tokens/s, torch "
-          f"{speed['torch_tokens_per_s']:.0f}: ratio {speed['megatron_over_torch']:.2f}", flush=True)
-    for row in speed["layouts"][1:]:
-        print(f"{row['layout']} on {row['ranks']} processes: {row['seconds_per_update']:.2f} s an update, "
-              f"{row['speed_over_tp1']:.2f}x TP=1's speed on the same {speed['threads']} threads", flush=True)
-    learned = learning(args.steps, args.seed)
+    kept = saved("megatron") if args.only and not args.quick else {}
+    if args.only == "learning":
+        speed = kept["throughput"]
+    else:
+        speed = throughput(args.updates)
+        print(f"trainer: megatron {speed['megatron_tokens_per_s']:.0f} policy tokens/s, torch "
+              f"{speed['torch_tokens_per_s']:.0f}: ratio {speed['megatron_over_torch']:.2f}", flush=True)
+        for row in speed["layouts"][1:]:
+            print(f"{row['layout']} on {row['ranks']} processes: {row['seconds_per_update']:.2f} s an update, "
+                  f"{row['speed_over_tp1']:.2f}x TP=1's speed on the same {speed['threads']} threads", flush=True)
+    learned = kept["learning"] if args.only == "throughput" else learning(args.steps, args.seed)
     result = {"throughput": speed, "learning": learned, "bench_s": time.perf_counter() - began}
     if not args.quick:
         print(f"saved {save('megatron', result)}")

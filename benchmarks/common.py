@@ -50,6 +50,14 @@ def save(name: str, result: dict[str, Any]) -> Path:
     return path
 
 
+def saved(name: str) -> dict[str, Any]:
+    """A benchmark's saved result (to keep the parts a partial run does not measure again)."""
+    path = OUT / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist: run the whole benchmark once before measuring one part")
+    return json.loads(path.read_text())
+
+
 def run_locations(base: Path) -> dict[str, Any]:
     """Config sections that put a benchmark's training runs (store, MLflow, Prefect) under `base`."""
     return {"store": {"root": str(base / "store"), "fsync": False},
