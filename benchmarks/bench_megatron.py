@@ -31,7 +31,7 @@ from benchmarks.bench_train import config_for, math_like_samples, train_run
 from benchmarks.common import quiet_engines, save, saved
 from libra.config import TrainerConfig
 from libra.rollout.policy import SHIPPED
-from libra.trainer.megatron_rank import Layout
+from libra.trainer.layout import Layout
 
 LAYOUTS = (Layout(tp=2), Layout(pp=2), Layout(dp=2))
 

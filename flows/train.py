@@ -67,6 +67,7 @@ def check_training(config: LibraConfig) -> None:
     if config.trainer.backend == "megatron" and (config.placement.hybrids or address_of(config)):
         raise LibraError("trainer.backend megatron trains on its own rank processes on this machine; hybrids "
                          "(placement.hybrids) and Ray clusters train with trainer.backend: torch")
+    check_megatron_layout(config)
     router = config.rollout.router
     if router not in POLICIES or router == "oracle":
         raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
@@ -81,6 +82,31 @@ def check_training(config: LibraConfig) -> None:
     missing = policy_missing(config)
     if missing:
         raise LibraError(missing)
+
+
+def check_megatron_layout(config: LibraConfig) -> None:
+    """A megatron layout this machine cannot run is refused before the run starts: a fixed layout
+    with more ranks than the placement's training workers, or, unplaced, than this process's cores."""
+    import os
+
+    from libra.rl.ray_cluster import address_of
+    from libra.trainer.layout import Layout
+
+    t = config.trainer
+    if t.backend != "megatron" or address_of(config):
+        return
+    if config.placement.policy != "none":
+        from libra.rl.cluster import initial_placement
+        from libra.rl.session import local_cluster
+        from libra.rl.trainers import check_layout_fits
+
+        cluster = local_cluster(config)
+        check_layout_fits(config, initial_placement(config.placement.policy, cluster, config.placement.hybrids))
+        return
+    layout, cores = Layout(t.tp, t.pp, t.dp), len(os.sched_getaffinity(0))
+    if t.device == "cpu" and layout.world > cores:
+        raise LibraError(f"trainer.tp x pp x dp = {layout.world} rank processes ({layout}), but this process may use "
+                         f"{cores} core(s): a rank needs one of its own; lower the layout")
 
 
 @flow(name="libra-train", log_prints=False)

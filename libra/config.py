@@ -195,6 +195,10 @@ class TrainerConfig(_Section):
     tp: int = Field(1, ge=1, le=1_024, description="tensor-parallel ranks (backend megatron)")
     pp: int = Field(1, ge=1, le=1_024, description="pipeline-parallel stages (backend megatron)")
     dp: int = Field(1, ge=1, le=4_096, description="data-parallel replicas (backend megatron)")
+    layout: Literal["fixed", "planned"] = Field("fixed", description="backend megatron: fixed: trainer.tp/pp/dp; "
+                                                "planned: the planner's training layout on the trainer's workers "
+                                                "(at the start, and anew with each plan applied; needs a placement "
+                                                "policy)")
     eval_every: int = Field(10, ge=1, le=1_000_000, description="held-out evaluation every N steps (and at the start and end)")
     eval_prompts: int = Field(32, ge=1, le=100_000, description="held-out prompts (one sample each)")
     eval_temperature: float = Field(0.0, ge=0.0, le=10.0, description="held-out sampling temperature (0: greedy, "
@@ -215,6 +219,12 @@ class TrainerConfig(_Section):
         if self.backend == "torch" and (self.tp, self.pp, self.dp) != (1, 1, 1):
             raise ValueError(f"trainer.tp/pp/dp ({self.tp}/{self.pp}/{self.dp}) are the megatron backend's layout; "
                              "set trainer.backend: megatron, or leave them at 1")
+        if self.layout == "planned" and self.backend != "megatron":
+            raise ValueError("trainer.layout planned runs the planner's tp x pp x dp on megatron's ranks; set "
+                             "trainer.backend: megatron (the torch trainer has no layout to plan)")
+        if self.layout == "planned" and (self.tp, self.pp, self.dp) != (1, 1, 1):
+            raise ValueError(f"trainer.tp/pp/dp ({self.tp}/{self.pp}/{self.dp}) fix the layout that trainer.layout "
+                             "planned leaves to the planner; set one of them, not both")
         return self
 
     def run_name(self) -> str:
@@ -280,6 +290,9 @@ class LibraConfig(_Section):
             raise ValueError(f"placement.hybrids {self.placement.hybrids}: hybrids are rollout workers that also train, "
                              f"which needs a split placement (placement.policy static or libra, not "
                              f"{self.placement.policy})")
+        if self.trainer.layout == "planned" and self.placement.policy == "none":
+            raise ValueError("trainer.layout planned takes the layout the planner chooses for the trainer's workers; "
+                             "set placement.policy to libra, static or colocated")
         if self.cluster.ray_address and self.placement.policy == "none":
             raise ValueError(f"cluster.ray_address {self.cluster.ray_address!r}: a run on a Ray cluster is placed on its "
                              "hosts' workers; set placement.policy to libra, static or colocated")

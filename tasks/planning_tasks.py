@@ -133,6 +133,7 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     from libra.planner.workload import build_workload, lengths_from_rows
     from libra.rl.cluster import placement_of
     from libra.rl.planning import adopt_placement, move_held, plan_row, step_times
+    from libra.rl.trainers import fixed_layout, running_layout
 
     s = session(run)
     if not stats.lengths:
@@ -143,14 +144,15 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     t = s.config.trainer
     workload = build_workload(lengths_from_rows(stats.lengths), t.prompts_per_step * t.samples_per_prompt)
     if controller.current is None:  # the run started from its own placement: weigh the first plan against it
-        adopt_placement(controller, s.placement, workload)
+        adopt_placement(controller, s.placement, workload, running_layout(s.config, s.placement))
     times = step_times(stats.last_step) if stats.last_step else None
     plan_id = f"plan-{step}"
     calibrating = fitted.wait_reason()  # a move that pays waits while the fit keeps default coefficients
     # a move pays off over the run's remaining iterations at most (step..steps-1)
     event = controller.observe(step, workload, times, force=True, steps_left=t.steps - step,
                                hold=lambda plan: move_held(plan, s.cluster, plan_id, calibrating,
-                                                           s.placement if s.config.placement.hybrids else None))
+                                                           s.placement if s.config.placement.hybrids else None,
+                                                           fixed_layout(s.config)))
     if event is None:
         return None
     placement = placement_of(event.candidate, s.cluster, plan_id) if event.applied else None
@@ -165,6 +167,7 @@ def apply_task(run: str, outcome: PlanOutcome) -> list[dict]:
     """Move the workers to the outcome's placement (engines restart only when theirs change); the
     `pool_events` rows of every worker moved, and of the engines' restart."""
     from libra.rl.planning import move_rows
+    from libra.rl.trainers import reshard_row
 
     s = session(run)
     old = s.placement
@@ -177,6 +180,9 @@ def apply_task(run: str, outcome: PlanOutcome) -> list[dict]:
                      "from_state": "serving", "to_state": "serving", "event": "engines_restarted",
                      "detail": f"{len(s.engines)} engine(s) of {list(outcome.placement.engine_sizes())} workers in "
                                f"{s.engine_start_s:.1f} s"})
+    if s.reshard is not None:  # the plan's training layout is not the trainer's: its ranks restarted in it
+        rows.append(reshard_row(outcome.step, time_s, s.reshard, len(outcome.placement.train)))
+        s.reshard = None
     return rows
 
 

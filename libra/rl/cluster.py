@@ -39,6 +39,7 @@ from typing import Literal
 from libra.errors import LibraError
 from libra.planner.planner import Plan
 from libra.planner.profiles import GB, Cluster, HardwareProfile
+from libra.trainer.layout import Layout
 
 PolicyName = Literal["libra", "static", "colocated"]
 POLICIES: tuple[str, ...] = ("libra", "static", "colocated")
@@ -126,6 +127,7 @@ class Placement:
     colocated: bool
     plan_id: str = "initial"
     hybrids: tuple[int, ...] = ()  # rollout workers that also train (hybrid i first), each its own engine's
+    layout: Layout | None = None  # the plan's training layout on the trainer's workers (None: no plan chose one)
 
     def __post_init__(self) -> None:
         if not self.engines or any(not e for e in self.engines) or not self.train:
@@ -138,6 +140,9 @@ class Placement:
         if self.hybrids and (self.colocated or any((w,) not in self.engines for w in self.hybrids)):
             raise LibraError(f"hybrid workers {self.hybrids} must each run an engine of their own in a split placement: "
                              f"{self.engines}")
+        if self.layout is not None and self.layout.world > len(self.train):
+            raise LibraError(f"a training layout of {self.layout.world} ranks ({self.layout}) on {len(self.train)} "
+                             "training workers: a rank needs a worker of its own")
 
     @property
     def rollout_workers(self) -> tuple[int, ...]:
@@ -197,7 +202,8 @@ def placement_of(plan: Plan, cluster: LocalCluster, plan_id: str) -> Placement:
     """A plan in this machine's terms: its rollout instance groups as engines on the first workers
     (one engine per instance, `tp` workers each), its hybrids next (an engine of one worker each),
     its training pool on the rest; a colocated plan puts its instances on every worker and the
-    trainer on all of them."""
+    trainer on all of them. The plan's training configuration is the placement's `layout` (its tp,
+    pp and dp: a megatron trainer with `trainer.layout: planned` runs it)."""
     colocated = plan.mode == "colocated"
     if plan.gpus != cluster.size and not (colocated and plan.train_gpus == cluster.size):
         raise LibraError(f"plan {plan_id} is for {plan.gpus} workers; this machine has {cluster.size}")
@@ -210,12 +216,14 @@ def placement_of(plan: Plan, cluster: LocalCluster, plan_id: str) -> Placement:
     limit = cluster.size if colocated else plan.rollout_gpus
     if nxt > limit or not engines:
         raise LibraError(f"plan {plan_id}: its instances need {nxt} workers, its rollout pool has {limit}")
+    layout = Layout(plan.train.config.tp, plan.train.config.pp, plan.train.config.dp) if plan.train else None
     if colocated:
-        return spread_over_hosts(Placement(tuple(engines), tuple(range(cluster.size)), True, plan_id), cluster)
+        return spread_over_hosts(Placement(tuple(engines), tuple(range(cluster.size)), True, plan_id, layout=layout),
+                                 cluster)
     first_train = plan.rollout_gpus + plan.hybrid_gpus
     engines += [(w,) for w in range(plan.rollout_gpus, first_train)]
     return spread_over_hosts(Placement(tuple(engines), tuple(range(first_train, cluster.size)), False, plan_id,
-                                       hybrid_workers(first_train, plan.hybrid_gpus)), cluster)
+                                       hybrid_workers(first_train, plan.hybrid_gpus), layout), cluster)
 
 
 def spread_over_hosts(placement: Placement, cluster: LocalCluster) -> Placement:
@@ -250,7 +258,7 @@ def spread_over_hosts(placement: Placement, cluster: LocalCluster) -> Placement:
                     train_list.append(ws.pop(0))
         train = tuple(sorted(train_list))
     return Placement(tuple(engines), train, placement.colocated, placement.plan_id,
-                     tuple(moved[w] for w in placement.hybrids))
+                     tuple(moved[w] for w in placement.hybrids), placement.layout)
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,12 @@ from libra.planner.cost_model import CostModel
 from libra.planner.planner import Plan, Planner, PlannerSettings
 from libra.planner.profiles import ModelProfile
 from libra.planner.settings import cost_model
+from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import StepTimes
-from libra.planner.workload import Workload
+from libra.planner.workload import TrajectoryLength, Workload, build_workload
 from libra.rl.cluster import LocalCluster, Placement, placement_of
 from libra.rollout.engines import DecodeTiming
+from libra.trainer.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -40,14 +42,15 @@ class EngineTiming:
 
 @dataclass(frozen=True)
 class TrainTiming:
-    """One update: what it trained and how long it took, on how many workers."""
+    """One update: what it trained and how long it took, in which parallel layout (the torch trainer
+    on k workers: data-parallel degree k; megatron: its ranks' tp, pp and dp)."""
 
     seconds: float
     sequences: int
     tokens: int  # the sequences' tokens (prompt, generations, tool returns), without padding: the
     # basis the planner's workloads count (`Workload.tokens`); the fitted coefficient absorbs padding
     max_tokens: int  # the longest sequence
-    workers: int
+    layout: Layout
 
 
 @dataclass(frozen=True)
@@ -95,10 +98,29 @@ def timing_rows(step: int, decode: Sequence[EngineTiming], train: TrainTiming | 
     rows = [row("decode_step", e.timing.seconds, tp=e.workers, batch=float(e.timing.batch),
                 context_tokens=e.timing.context_tokens) for e in decode if e.timing.steps > 0]
     if train is not None and train.seconds > 0 and train.sequences > 0:
-        rows.append(row("train_step", train.seconds, dp=train.workers, micro_batch=1, sequences=float(train.sequences),
-                        tokens=float(train.tokens), max_tokens=train.max_tokens))
+        rows.append(row("train_step", train.seconds, tp=train.layout.tp, pp=train.layout.pp, dp=train.layout.dp,
+                        micro_batch=1, sequences=float(train.sequences), tokens=float(train.tokens),
+                        max_tokens=train.max_tokens))
     rows += [row("engine_start", start.seconds, tp=start.workers) for start in starts if start.seconds > 0]
     return rows
+
+
+def prior_workload(trajectories: int, max_context: int) -> Workload:
+    """What a run plans its trainer's first layout for, before it has measured a trajectory: a step
+    of `trajectories` sequences, each as long as the engines allow (`rollout.max_context`): the
+    longest step its configuration admits, so the layout fits its memory whatever the lengths."""
+    longest = TrajectoryLength(prompt_tokens=0, gen_tokens=max_context, payload_tokens=0, turns=1)
+    return build_workload([longest], trajectories)
+
+
+def planned_layout(cost: CostModel, workload: Workload, workers: int) -> Layout:
+    """The planner's training layout for `workers` training workers (its training search: the
+    fastest tp x pp x dp that fits, on at most that many workers)."""
+    best = TrainingTable(cost, workload).best(workers)
+    if best is None:
+        raise LibraError(f"the planner finds no training layout on {workers} worker(s) that fits the policy's "
+                         f"memory for sequences of {workload.max_tokens} tokens; give the trainer more workers")
+    return Layout(best.config.tp, best.config.pp, best.config.dp)
 
 
 def step_times(row: dict) -> StepTimes:
@@ -124,10 +146,13 @@ def live_variants(cluster: LocalCluster, config: PlannerConfig, hybrids: int = 0
     return (base, colocated) if cluster.size >= 2 else (colocated,)
 
 
-def adopt_placement(controller: PlanController, placement: Placement, workload: Workload) -> None:
+def adopt_placement(controller: PlanController, placement: Placement, workload: Workload,
+                    layout: Layout | None = None) -> None:
     """Give `controller` the run's own placement as the plan in force (its variant: colocated or
-    split), so the first plan it makes is weighed against where the run is, not applied outright.
-    The planning flow and the simulator's replay of it (`libra.sim.local`) both start this way."""
+    split), so the first plan it makes is weighed against where the run is, not applied outright;
+    with `layout` (the megatron trainer's), costed in that training layout rather than the best one
+    for its workers, so a plan that only changes the layout is weighed as a move too. The planning
+    flow and the simulator's replay of it (`libra.sim.local`) both start this way."""
     variant = 1 if placement.colocated and len(controller.variants) > 1 else 0
     planner = Planner(controller.cost, workload, controller.variants[variant])
     if placement.colocated:
@@ -137,22 +162,30 @@ def adopt_placement(controller: PlanController, placement: Placement, workload: 
         current = planner.plan_at(len(placement.train), len(placement.hybrids), shares[len(shares) // 2])
     else:  # without a core rollout pool the planner has no hybrids: they count as rollout workers
         current = planner.plan_at(len(placement.train))
+    if layout is not None and current.train is not None:
+        running = replace(current.train.config, tp=layout.tp, pp=layout.pp, dp=layout.dp)
+        estimate = controller.cost.train_time(running, workload)
+        current = replace(current, train=estimate, t_train_s=estimate.seconds * current.t_train_s / current.train.seconds)
     controller.adopt(current, variant)
 
 
 def move_held(plan: Plan, cluster: LocalCluster, plan_id: str, calibrating: str | None,
-              core: Placement | None = None) -> str | None:
+              core: Placement | None = None, ranks: Layout | None = None) -> str | None:
     """Why a move to `plan` that pays must still wait, or None: the cost model is `calibrating`
-    (`libra.planner.calibrate.calibration_wait`), this machine cannot place the plan, or it would
+    (`libra.planner.calibrate.calibration_wait`), this machine cannot place the plan, it would
     move the trainer's workers while hybrids train beside them (`core`: the placement whose
-    training workers are the elastic pool's core, which stays). The planning flow and the
-    simulator's replay of it hold moves on it."""
+    training workers are the elastic pool's core, which stays), or it leaves fewer training
+    workers than the trainer's fixed layout has ranks (`ranks`: `trainer.layout: fixed`). The
+    planning flow and the simulator's replay of it hold moves on it."""
     if calibrating is not None:
         return calibrating
     try:
         placement = placement_of(plan, cluster, plan_id)
     except LibraError as exc:
         return f"not placed: {exc}"
+    if ranks is not None and ranks.world > len(placement.train):
+        return (f"the trainer's fixed layout ({ranks}) has {ranks.world} ranks; {placement.describe()} leaves it "
+                f"{len(placement.train)} worker(s)")
     if core is not None and (placement.train != core.train or placement.colocated):
         return (f"the trainer's workers {list(core.train)} are the elastic pool's core, which stays while hybrids "
                 f"train beside it ({placement.describe()} would move them)")

@@ -31,6 +31,7 @@ from libra.rl.cluster import LocalCluster, Placement, cluster_of_hosts, hybrid_w
 from libra.rl.planning import EngineStart, EngineTiming, TrainTiming, timing_rows
 from libra.rl.ray_cluster import RayCluster, address_of
 from libra.rl.schedule import EVAL_SEED, Admission, admit, hybrids_wanted, tokens_per_turn, train_task_seed
+from libra.rl.trainers import Reshard, layout_of, open_trainer, place_trainer, with_first_layout
 from libra.trainer.checkpoint import (
     CheckpointState,
     latest_checkpoint,
@@ -41,7 +42,7 @@ from libra.trainer.checkpoint import (
     save_checkpoint,
 )
 from libra.trainer.samples import TrainingSample, to_samples
-from libra.trainer.trainer import PolicyTrainer, UpdateStats
+from libra.trainer.trainer import UpdateStats
 from libra.types import Trajectory
 
 
@@ -158,7 +159,7 @@ class TrainingSession:
     root: Path  # the run's checkpoints
     policy: Path  # the initial policy
     state: CheckpointState
-    trainer: PolicyTrainer
+    trainer: Any  # PolicyTrainer, MegatronTrainer or PooledTrainer (libra.rl.trainers)
     engines: list
     env: Any
     tokenizer: Any
@@ -180,6 +181,7 @@ class TrainingSession:
     plan_events: dict[int, list[dict]] = field(default_factory=dict)  # a step's planning rows (pool_events)
     ray: RayCluster | None = None  # the Ray cluster the workers are on (None: this machine's cores)
     replaced: str = ""  # why the run was placed anew on the hosts there are (hosts lost or back), until recorded
+    reshard: Reshard | None = None  # the megatron trainer's last layout change, until recorded
 
     @classmethod
     def open(cls, config: LibraConfig, restart: bool = False) -> TrainingSession:
@@ -234,37 +236,33 @@ class TrainingSession:
         pool_events: list[PoolEvent] = []
         address = address_of(config)
         ray = RayCluster.connect(address, config.cluster.start_timeout_s) if address else None
-        if config.placement.hybrids or ray is not None:  # the trainer's ranks are the elastic pool's core
-            from libra.trainer.pooled import PooledTrainer
-
-            trainer = PooledTrainer(weights, t, r, config.pool, root / "pool", hybrids=config.placement.hybrids,
-                                    reference_dir=policy, on_event=pool_events.append)
-        elif t.backend == "megatron":
-            from libra.trainer.megatron_rank import Layout
-            from libra.trainer.megatron_trainer import MegatronTrainer
-
-            trainer = MegatronTrainer(weights, t, r, Layout(t.tp, t.pp, t.dp), device=t.device, reference_dir=policy)
-        else:
-            trainer = PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
+        planning = load_blob(latest, "planning") if latest is not None else None
+        cluster = placement = None
+        placed = False
+        if config.placement.policy != "none":
+            cluster = local_cluster(config) if ray is None else \
+                cluster_of_hosts(ray.hosts(), config.placement.cores_per_worker, r.device)
+            placed = planning is not None and planning.get("cluster", cluster) == cluster
+            placement = planning["placement"] if placed else initial_placement(config.placement.policy, cluster,
+                                                                               config.placement.hybrids)
+            placement = with_first_layout(config, placement, cluster, policy)
+        trainer = open_trainer(config, weights, policy, root, placement, cluster, pool_events.append,
+                               pooled=bool(config.placement.hybrids) or ray is not None)
         session = cls(config, run, root, policy, state, trainer, [], env, tokenizer, router,
                       engine_version=state.version, lock=lock, pool_events=pool_events, ray=ray)
-        planning = load_blob(latest, "planning") if latest is not None else None
-        if config.placement.policy == "none":
+        if placement is None:
             began = time.perf_counter()
             session.engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
             session.engine_start_s = time.perf_counter() - began
             session.engine_starts.append(EngineStart(r.instances, session.engine_start_s))
         else:
+            assert cluster is not None
             session.affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
             session.threads = trainer.threads()
-            session.cluster = local_cluster(config) if ray is None else \
-                cluster_of_hosts(ray.hosts(), config.placement.cores_per_worker, r.device)
+            session.cluster = cluster
             session.plan_events = planning.get("plan_events", {}) if planning else {}
-            placed = planning is not None and planning.get("cluster", session.cluster) == session.cluster
             if planning is not None and not placed:  # hosts were lost (or came back) since the checkpoint
-                session.note_hosts(state.step, planning["cluster"], session.cluster)
-            placement = planning["placement"] if placed else initial_placement(config.placement.policy, session.cluster,
-                                                                               config.placement.hybrids)
+                session.note_hosts(state.step, planning["cluster"], cluster)
             session.controller = planning["controller"] if placed else None
             session._place(placement, weights)
         if latest is not None:
@@ -308,6 +306,7 @@ class TrainingSession:
             self.trainer.set_threads(len(cores))
             if r.engine == "vllm":  # the engines run in processes of their own: this process is the trainer's
                 pin_process(cores)
+        self.reshard = place_trainer(self.trainer, self.config, placement, cluster) or self.reshard
         hybrids = self.config.placement.hybrids
         if hybrids:  # the pool's hybrid i on the i-th worker before the trainer's (it trains when the plan says)
             self.trainer.arrange(cluster.units(placement.train),
@@ -517,9 +516,9 @@ class TrainingSession:
                 raise
             host = self.cluster.host_of(self.placement.train[exc.rank]) if self.cluster else ""
             raise HostLostError(host, f"{exc} on host {host}") from None
-        workers = len(self.placement.train) + stats.hybrids if self.placement else self.trainer.threads()
         timing = TrainTiming(stats.seconds, stats.sequences, sum(len(s.token_ids) for s in admission.admitted),
-                             max(len(s.token_ids) for s in admission.admitted), workers)
+                             max(len(s.token_ids) for s in admission.admitted),
+                             layout_of(self.trainer, self.placement, stats.hybrids))
         return Update(stats, len(admission.admitted), len(admission.dropped), admission.staleness_max,
                       admission.staleness_mean, timing)
 

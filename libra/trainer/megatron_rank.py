@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch.distributed as dist
 
 from libra.config import TrainerConfig
 from libra.errors import LibraError
+from libra.trainer.layout import Layout
 from libra.trainer.megatron_convert import Architecture, Sharding, to_hf, to_megatron
 from libra.trainer.samples import MicroBatch, TrainingSample, collate, micro_batches
 from libra.trainer.trainer import (
@@ -40,26 +40,6 @@ from libra.trainer.trainer import (
     take_update,
     tallies,
 )
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The trainer's parallel layout: `tp` x `pp` model-parallel ranks per replica, `dp` replicas."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def sharding(self) -> Sharding:
-        return Sharding(self.tp, self.pp)
-
-    def __str__(self) -> str:
-        return f"tp={self.tp} pp={self.pp} dp={self.dp}"
 
 
 def read_architecture(policy_dir: str | Path) -> Architecture:
@@ -136,7 +116,8 @@ class MegatronRank:
             use_cpu()
         self.config, self.layout, self.temperature, self.device = config, layout, temperature, device
         self.arch = read_architecture(policy_dir)
-        layout.sharding.check(self.arch)
+        self.sharding = Sharding(layout.tp, layout.pp)
+        self.sharding.check(self.arch)
         if dist.get_world_size() != layout.world:
             raise LibraError(f"layout {layout} needs {layout.world} ranks; {dist.get_world_size()} are running")
         ps.initialize_model_parallel(tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp)
@@ -147,7 +128,7 @@ class MegatronRank:
         torch.manual_seed(config.seed)
         tc = transformer_config(self.arch, layout, device)
         self.model = GPTModel(tc, get_gpt_layer_local_spec(normalization="RMSNorm"),
-                              vocab_size=layout.sharding.padded_vocab(self.arch), max_sequence_length=self.arch.max_positions,
+                              vocab_size=self.sharding.padded_vocab(self.arch), max_sequence_length=self.arch.max_positions,
                               pre_process=self.first, post_process=self.last, parallel_output=False,
                               share_embeddings_and_output_weights=self.arch.tied, position_embedding_type="rope",
                               rotary_base=int(self.arch.rope_base)).to(device)
@@ -168,7 +149,7 @@ class MegatronRank:
     # -- weights in and out ----------------------------------------------------------------------
 
     def load_weights(self, hf: dict[str, torch.Tensor]) -> None:
-        mine = to_megatron(hf, self.arch, self.layout.sharding, self.tp_rank, self.stage)
+        mine = to_megatron(hf, self.arch, self.sharding, self.tp_rank, self.stage)
         params = dict(self.model.named_parameters())
         if params.keys() != mine.keys():
             raise LibraError(f"the converted weights do not match megatron's model: missing "
@@ -191,7 +172,7 @@ class MegatronRank:
     def hf_weights(self) -> dict[str, torch.Tensor] | None:
         """The whole policy in HF names, at global rank 0 (collective: every rank calls it)."""
         shards = self._gathered(dict(self.model.named_parameters()))
-        return None if shards is None else to_hf(shards, self.arch, self.layout.sharding)
+        return None if shards is None else to_hf(shards, self.arch, self.sharding)
 
     def optimizer_state(self) -> dict | None:
         """AdamW's state in the torch trainer's layout (HF parameter order, whole tensors), at global
@@ -209,7 +190,7 @@ class MegatronRank:
         if len(steps) != 1:
             raise RuntimeError(f"AdamW's parameters are at different steps {sorted(steps)}")
         step = steps.pop()
-        whole = {k: to_hf(v, self.arch, self.layout.sharding) for k, v in moments.items()}
+        whole = {k: to_hf(v, self.arch, self.sharding) for k, v in moments.items()}
         order = self.hf_order
         return {"state": {i: {"step": torch.tensor(step), "exp_avg": whole["exp_avg"][n],
                               "exp_avg_sq": whole["exp_avg_sq"][n]} for i, n in enumerate(order)},
@@ -228,7 +209,7 @@ class MegatronRank:
             shards = {}
             for key in ("exp_avg", "exp_avg_sq"):
                 whole = {n: state["state"][i][key] for i, n in enumerate(order)}
-                shards[key] = to_megatron(whole, self.arch, self.layout.sharding, self.tp_rank, self.stage)
+                shards[key] = to_megatron(whole, self.arch, self.sharding, self.tp_rank, self.stage)
             step = next(iter(state["state"].values()))["step"]
             mine = {j: {"step": step.clone(), "exp_avg": shards["exp_avg"][n].to(self.device),
                         "exp_avg_sq": shards["exp_avg_sq"][n].to(self.device)} for j, n in enumerate(self.names)}

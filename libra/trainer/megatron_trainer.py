@@ -3,6 +3,7 @@ optimizer state, `updates`) over `tp` x `pp` x `dp` rank processes, each a `Mega
 
     trainer = MegatronTrainer(policy_dir, config.trainer, config.rollout, Layout(tp=2))
     stats = trainer.train_step(samples)     # one update by every rank
+    trainer.relayout(Layout(dp=2))          # the same weights and optimizer state, sharded anew
     trainer.save_weights(directory)         # HF safetensors + config, as the torch trainer writes them
     trainer.close()
 
@@ -33,7 +34,9 @@ import torch.multiprocessing as mp
 
 from libra.config import RolloutConfig, TrainerConfig
 from libra.errors import LibraError, RankLostError
-from libra.trainer.megatron_rank import Layout, read_architecture
+from libra.trainer.layout import Layout, rank_units
+from libra.trainer.megatron_convert import Sharding
+from libra.trainer.megatron_rank import read_architecture
 from libra.trainer.samples import TrainingSample
 from libra.trainer.trainer import UpdateStats, update_stats
 
@@ -47,8 +50,9 @@ def _free_port() -> int:
 
 
 def _serve(rank: int, layout: Layout, port: int, conn, policy_dir: str, config: TrainerConfig, temperature: float,
-           device: str, reference_dir: str, threads: int) -> None:
-    """A rank process: join the group, build the shard, then answer commands until "stop"."""
+           device: str, cores: tuple[int, ...], reference_dir: str, threads: int) -> None:
+    """A rank process: pinned to `cores` (if any) with a thread each, join the group, build the
+    shard, then answer commands until "stop"."""
     import torch.distributed as dist
 
     from libra.trainer.megatron_rank import MegatronRank
@@ -56,11 +60,14 @@ def _serve(rank: int, layout: Layout, port: int, conn, policy_dir: str, config: 
     try:
         # megatron's import probes for Triton, which a CPU build lacks: torch logs that on stderr
         logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
-        torch.set_num_threads(max(1, threads))
+        if cores:
+            os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores) or max(1, threads))
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         where = torch.device(device)
         if where.type == "cuda":
-            where = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+            if where.index is None:
+                where = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
             torch.cuda.set_device(where)
         dist.init_process_group("nccl" if where.type == "cuda" else "gloo", rank=rank, world_size=layout.world)
         worker = MegatronRank(policy_dir, config, layout, temperature, where, reference_dir or None)
@@ -84,6 +91,9 @@ def _serve(rank: int, layout: Layout, port: int, conn, policy_dir: str, config: 
                 answer = worker.load_optimizer_state(argument)
             elif command == "threads":
                 answer = torch.set_num_threads(max(1, argument))
+            elif command == "pin":
+                os.sched_setaffinity(0, argument)
+                answer = torch.set_num_threads(len(argument))
             else:
                 raise ValueError(f"unknown command {command!r}")
             conn.send(("ok", answer))
@@ -96,33 +106,45 @@ def _serve(rank: int, layout: Layout, port: int, conn, policy_dir: str, config: 
 class MegatronTrainer:
     def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig | None = None,
                  layout: Layout | None = None, device: str = "cpu", reference_dir: str | Path | None = None,
-                 threads: int | None = None, poll_s: float = 0.05) -> None:
+                 threads: int | None = None, poll_s: float = 0.05, units: Sequence[int] = ()) -> None:
         """`policy_dir`: the HF weights to start from; `reference_dir`: the KL term's frozen reference
         (default `policy_dir`); `threads`: intra-op threads of each rank (default: this process's
-        share, divided among the ranks)."""
+        share, divided among the ranks); `units`: the trainer's workers' CPU cores or, on `cuda`, GPU
+        indices, shared among the ranks (`rank_units`): a rank pinned to its run of cores with a
+        thread each, or on the first GPU of its run (empty: ranks unpinned, rank r on GPU r)."""
         from libra.devices import torch_device
 
         self.config = trainer
         self.layout = layout or Layout()
         self.policy_dir = Path(policy_dir)
+        self.reference_dir = Path(reference_dir or policy_dir)
         self.device = torch_device(device)
+        self.temperature = (rollout or RolloutConfig()).temperature
         self.poll_s = poll_s
-        arch = read_architecture(policy_dir)  # a clear error before any process starts
-        self.layout.sharding.check(arch)
-        if self.device.type == "cuda" and torch.cuda.device_count() < self.layout.world:
-            raise LibraError(f"layout {self.layout} needs {self.layout.world} GPUs; this machine has "
-                             f"{torch.cuda.device_count()}")
+        self.arch = read_architecture(policy_dir)  # a clear error before any process starts
         self.updates = 0
-        share = threads or max(1, torch.get_num_threads() // self.layout.world)
+        self.units = tuple(units)
+        self._threads = threads
+        self._conns: list = []
+        self._ranks: list = []
+        self._start(self.layout, self.policy_dir)
+
+    def _start(self, layout: Layout, weights: Path) -> None:
+        """Start `layout`'s ranks from the HF weights in `weights`, each pinned to its cores."""
+        Sharding(layout.tp, layout.pp).check(self.arch)
+        if self.device.type == "cuda" and torch.cuda.device_count() < layout.world:
+            raise LibraError(f"layout {layout} needs {layout.world} GPUs; this machine has "
+                             f"{torch.cuda.device_count()}")
+        units = rank_units(layout, self.units) if self.units else ((),) * layout.world
+        share = self._threads or max(1, torch.get_num_threads() // layout.world)
         context = mp.get_context("spawn")
         port = _free_port()
-        self._conns, self._ranks = [], []
-        temperature = (rollout or RolloutConfig()).temperature
-        for rank in range(self.layout.world):
+        self.layout = layout
+        for rank in range(layout.world):
             mine, theirs = context.Pipe()
             process = context.Process(target=_serve, name=f"megatron-rank-{rank}", daemon=True,
-                                      args=(rank, self.layout, port, theirs, str(policy_dir), trainer, temperature,
-                                            str(self.device), str(reference_dir or ""), share))
+                                      args=(rank, layout, port, theirs, str(weights), self.config, self.temperature,
+                                            *self._where(units[rank]), str(self.reference_dir), share))
             process.start()
             theirs.close()
             self._conns.append(mine)
@@ -133,12 +155,36 @@ class MegatronTrainer:
             self.close()
             raise
 
+    def _where(self, units: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+        """A rank's device and the cores it is pinned to, from its run of units."""
+        if self.device.type == "cuda":
+            return (f"cuda:{units[0]}" if units else "cuda"), ()
+        return str(self.device), units
+
+    def relayout(self, layout: Layout, units: Sequence[int] = ()) -> float:
+        """Train on `layout` from now on (on `units`, see the constructor): the weights and AdamW's
+        state leave the old ranks whole (HF names, the torch trainer's layout), the old ranks stop,
+        and the new ranks start from them, sharded anew. Returns the seconds it took."""
+        import tempfile
+
+        began = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="libra-relayout-") as directory:
+            self.save_weights(directory)
+            state = self.optimizer_state()
+            self.close()
+            self.units = tuple(units)
+            self._start(layout, Path(directory))  # the ranks hold their shards once started
+        self.load_optimizer_state(state)
+        return time.perf_counter() - began
+
     # -- talking to the ranks --------------------------------------------------------------------
 
-    def _call(self, command: str, argument: Any = None, timeout_s: float = 24 * 3600.0) -> Any:
+    def _call(self, command: str, argument: Any = None, timeout_s: float = 24 * 3600.0,
+              per_rank: Sequence[Any] | None = None) -> Any:
+        """Send every rank `command` (with `argument`, or with its own item of `per_rank`); rank 0's answer."""
         for rank, conn in enumerate(self._conns):
             try:
-                conn.send((command, argument))
+                conn.send((command, argument if per_rank is None else per_rank[rank]))
             except OSError:  # its end of the pipe is gone: the rank died between commands
                 raise self._lost(rank) from None
         return self._answers(timeout_s)
@@ -213,9 +259,19 @@ class MegatronTrainer:
         self._call("load_optimizer", state["optimizer"])
         self.updates = int(state["updates"])
 
+    def pin(self, cores: Sequence[int]) -> None:
+        """Pin the running ranks (on the CPU) to `cores`, each to its run of them (`rank_units`), a
+        thread per core."""
+        if self.device.type != "cpu":
+            raise LibraError(f"only CPU ranks are pinned to cores; these run on {self.device}")
+        self._call("pin", per_rank=rank_units(self.layout, tuple(cores)))
+        self.units = tuple(cores)
+
     def set_threads(self, count: int) -> None:
-        """The ranks' intra-op threads: `count` shared among them."""
-        self._call("threads", max(1, count // self.layout.world))
+        """The ranks' intra-op threads: `count` shared among them (unpinned ranks; pinned ones keep a
+        thread per core)."""
+        if not self.units:
+            self._call("threads", max(1, count // self.layout.world))
 
     def threads(self) -> int:
         return torch.get_num_threads()

@@ -17,6 +17,7 @@ from libra.rl.planning import (
     timing_rows,
 )
 from libra.rollout.engines import DecodeTimer, DecodeTiming
+from libra.trainer.layout import Layout
 from tests.libra.rl.test_cluster import plan
 
 QWEN = {"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64,
@@ -41,7 +42,7 @@ def test_the_decode_timer_keeps_means_per_batch_size_until_drained():
 
 def test_an_iteration_becomes_one_row_per_engine_batch_size_and_one_training_row():
     decode = (EngineTiming(2, DecodeTiming(4, 10, 0.03, 110.0)), EngineTiming(1, DecodeTiming(1, 0, 0.0, 0.0)))
-    rows = timing_rows(7, decode, TrainTiming(1.5, 8, 4096, 600, 3), "local-cpu-worker", "tiny")
+    rows = timing_rows(7, decode, TrainTiming(1.5, 8, 4096, 600, Layout(dp=3)), "local-cpu-worker", "tiny")
     nothing = dict.fromkeys(["micro_batch", "sequences", "tokens", "max_tokens", "batch", "context_tokens"])
     assert rows == [
         {"step": 7, "kind": "decode_step", "seconds": 0.03, "hardware": "local-cpu-worker", "model": "tiny", "tp": 2,
@@ -52,7 +53,9 @@ def test_an_iteration_becomes_one_row_per_engine_batch_size_and_one_training_row
     samples = samples_from_rows([{**r, "step": None, "batch": r.get("batch")} for r in rows])
     assert samples[0] == TimingSample("decode_step", 0.03, tp=2, batch=4.0, context_tokens=110.0)
     assert samples[1].dp == 3 and samples[1].tokens == 4096.0 and samples[1].batch == TimingSample.batch
-    assert timing_rows(1, (), TrainTiming(0.0, 0, 0, 0, 1), "h", "m") == []
+    assert timing_rows(1, (), TrainTiming(0.0, 0, 0, 0, Layout()), "h", "m") == []
+    megatron = timing_rows(2, (), TrainTiming(2.0, 8, 4096, 600, Layout(tp=2, pp=2, dp=1)), "h", "m")
+    assert [(r["tp"], r["pp"], r["dp"]) for r in megatron] == [(2, 2, 1)]  # the ranks' layout, for the fit
 
 
 def test_an_engine_restart_is_a_timing_row_that_calibration_leaves_out():

@@ -10,7 +10,7 @@ import torch
 
 from libra.config import TrainerConfig
 from libra.errors import LibraError, RankLostError
-from libra.trainer.megatron_rank import Layout
+from libra.trainer.layout import Layout
 from libra.trainer.megatron_trainer import MegatronTrainer
 from libra.trainer.trainer import PolicyTrainer
 from tests.libra.trainer.policies import assert_same_policy, random_samples
@@ -91,6 +91,40 @@ def test_its_checkpoint_resumes_the_torch_trainer_and_the_torch_trainers_resumes
         ours = resumed.optimizer.state_dict()["state"][i]
         assert torch.allclose(ours["exp_avg"], moments["exp_avg"], atol=1e-7)
         assert float(ours["step"]) == float(moments["step"]) == 2.0
+
+
+def test_a_relayout_reshards_the_weights_and_optimizer_and_training_goes_on_as_the_torch_trainers(gqa_policy):
+    """Two updates in TP=2 (ranks pinned to a core each), then the layout the planner may move the
+    trainer to (DP=2): the third update equals the torch trainer's three, so nothing of the weights
+    or AdamW's moments was lost or split wrongly on the way."""
+    import os
+
+    batches = [random_samples(1), random_samples(2), random_samples(3)]
+    reference = PolicyTrainer(gqa_policy, CONFIG)
+    want = [reference.train_step(b) for b in batches]
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    megatron = MegatronTrainer(gqa_policy, CONFIG, layout=Layout(tp=2), units=cores)
+    try:
+        pinned = [set(os.sched_getaffinity(p.pid)) for p in megatron._ranks]
+        got = [megatron.train_step(b) for b in batches[:2]]
+        seconds = megatron.relayout(Layout(dp=2), cores)
+        assert megatron.layout == Layout(dp=2) and megatron.updates == 2 and seconds > 0
+        got.append(megatron.train_step(batches[2]))
+        weights = megatron.hf_state_dict()
+    finally:
+        megatron.close()
+    assert pinned == [{cores[0]}, {cores[1]}]  # each rank on its run of the trainer's cores
+    for g, w in zip(got, want, strict=True):
+        assert g.loss == pytest.approx(w.loss, abs=1e-5) and g.lr == w.lr
+        assert g.grad_norm == pytest.approx(w.grad_norm, rel=1e-4)
+    assert got[2].kl == pytest.approx(want[2].kl, abs=1e-6) and want[2].kl > 0
+    assert_same_policy(weights, hf_weights(reference), atol=1e-5)
+
+
+def test_more_ranks_than_units_is_refused_before_any_rank_starts(gqa_policy):
+    with pytest.raises(LibraError, match=r"layout tp=1 pp=2 dp=2 needs 4 rank processes, each on a unit of its own, "
+                                         r"but the trainer has 2 workers' cores"):
+        MegatronTrainer(gqa_policy, CONFIG, layout=Layout(pp=2, dp=2), units=(0, 1))
 
 
 def test_a_layout_the_model_cannot_take_is_refused_before_any_rank_starts(gqa_policy):
