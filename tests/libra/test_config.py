@@ -192,3 +192,19 @@ def test_a_parallel_layout_needs_the_megatron_backend():
     with pytest.raises(ValueError, match="trainer.tp/pp/dp \\(2/1/1\\) are the megatron backend's layout"):
         TrainerConfig(tp=2)
     assert TrainerConfig(backend="megatron", tp=2, pp=2).dp == 1
+
+
+def test_a_planned_layout_is_megatrons_and_needs_a_placement_and_no_fixed_degrees():
+    from libra.config import TrainerConfig
+
+    with pytest.raises(ValueError, match="trainer.layout planned runs the planner's tp x pp x dp on megatron's ranks"):
+        TrainerConfig(layout="planned")
+    with pytest.raises(ValueError, match="trainer.tp/pp/dp \\(1/1/2\\) fix the layout that trainer.layout planned "
+                                         "leaves to the planner"):
+        TrainerConfig(backend="megatron", layout="planned", dp=2)
+    with pytest.raises(ConfigError, match="trainer.layout planned takes the layout the planner chooses for the "
+                                          "trainer's workers; set placement.policy to libra, static or colocated"):
+        load_config(overrides={"trainer.backend": "megatron", "trainer.layout": "planned"})
+    config = load_config(overrides={"trainer.backend": "megatron", "trainer.layout": "planned",
+                                    "placement.policy": "colocated", "rollout.engine": "vllm"})
+    assert (config.trainer.layout, config.trainer.tp, config.trainer.dp) == ("planned", 1, 1)

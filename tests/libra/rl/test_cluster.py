@@ -60,6 +60,21 @@ def test_a_plan_places_its_instances_smallest_first_then_the_trainer_on_the_rest
     assert colocated.colocated
 
 
+def test_a_plans_training_configuration_is_its_placements_layout_on_the_trainers_workers():
+    from dataclasses import replace
+
+    from libra.planner.cost_model import TrainConfig, TrainEstimate
+    from libra.trainer.layout import Layout
+
+    cluster = LocalCluster.of_cores(tuple(range(8)))
+    estimate = TrainEstimate(TrainConfig(2, 2, 1, 1, 4), 1.0, 1.0, 1.0, 0.0)
+    placed = placement_of(replace(plan(4, 4, [(2, 2)]), train=estimate), cluster, "plan-2")
+    assert placed.train == (4, 5, 6, 7) and placed.layout == Layout(tp=2, pp=2, dp=1)
+    assert placement_of(plan(4, 4, [(2, 2)]), cluster, "plan-2").layout is None  # a plan without a training estimate
+    with pytest.raises(LibraError, match="a training layout of 4 ranks \\(tp=1 pp=1 dp=4\\) on 2 training workers"):
+        Placement(((0, 1),), (2, 3), False, layout=Layout(dp=4))
+
+
 def test_a_plans_hybrids_each_run_an_engine_of_their_own_next_to_the_trainers_workers():
     cluster = LocalCluster.of_cores(tuple(range(6)))
     placed = placement_of(plan(2, 2, [(1, 2)], hybrid=2), cluster, "plan-3")

@@ -3,6 +3,7 @@
 import pytest
 
 from libra.config import PlannerConfig
+from libra.errors import LibraError
 from libra.planner.calibrate import TimingSample, samples_from_rows
 from libra.rl.cluster import LocalCluster, Placement, initial_placement
 from libra.rl.planning import (
@@ -10,6 +11,7 @@ from libra.rl.planning import (
     EngineTiming,
     TrainTiming,
     live_variants,
+    local_cost_model,
     model_profile_of,
     move_held,
     move_rows,
@@ -122,6 +124,9 @@ def test_a_move_waits_for_the_calibration_then_for_a_place_and_keeps_the_pools_c
                      "beside it (split: rollout 3 (3x1) | train 1 + 1 hybrid would move them)")
     assert move_held(plan(1, 2, [(1, 2)], hybrid=1), four, "p", None) is None  # no pool: the trainer may move
     assert move_held(plan(2, 4, [(1, 4)]), four, "p", None).startswith("not placed: plan p is for 6 workers")
+    fewer = move_held(plan(1, 3, [(1, 3)]), four, "p", None, None, Layout(dp=2))
+    assert fewer == "the trainer's fixed layout (tp=1 pp=1 dp=2) has 2 ranks; split: rollout 3 (3x1) | train 1 leaves it 1 worker(s)"
+    assert move_held(plan(2, 2, [(1, 2)]), four, "p", None, None, Layout(dp=2)) is None
 
 
 def test_each_worker_that_changes_stage_is_one_move():
@@ -134,3 +139,57 @@ def test_each_worker_that_changes_stage_is_one_move():
     together = Placement(((0, 1, 2, 3),), (0, 1, 2, 3), True, "plan-6")
     assert [r["to_state"] for r in move_rows(6, 50.0, new, together, cluster)] == ["colocated"] * 4
     assert move_rows(6, 50.0, new, new, cluster) == []
+
+
+QWEN_1_5B = {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+def test_the_first_layout_is_the_planners_for_the_longest_step_the_config_admits():
+    """A 1.5B Qwen2 on workers of 16 GiB (default coefficients): its weights and AdamW state (24 GB)
+    fit on no one or two workers, so four split the model over two tensor-parallel ranks and the
+    batch over two replicas; a tiny policy takes plain data parallelism."""
+    from libra.rl.planning import planned_layout, prior_workload
+
+    workload = prior_workload(64, 4096)
+    assert workload.trajectories == 64 and workload.max_tokens == 4096
+    for workers, want in ((4, Layout(tp=2, dp=2)), (8, Layout(tp=2, dp=4))):
+        cluster = LocalCluster.of_cores(tuple(range(workers)), 1, 16 * 2**30 * workers)
+        assert planned_layout(local_cost_model(cluster, "q", QWEN_1_5B, PlannerConfig()), workload, workers) == want
+    two = LocalCluster.of_cores((0, 1), 1, 32 * 2**30)
+    with pytest.raises(LibraError, match="no training layout on 2 worker\\(s\\) that fits the policy's memory for "
+                                         "sequences of 4096 tokens"):
+        planned_layout(local_cost_model(two, "q", QWEN_1_5B, PlannerConfig()), workload, 2)
+    tiny = {**QWEN_1_5B, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "intermediate_size": 768, "vocab_size": 512}
+    assert planned_layout(local_cost_model(two, "t", tiny, PlannerConfig()), prior_workload(64, 1536), 2) == Layout(dp=2)
+
+
+def test_the_run_in_force_is_costed_in_the_trainers_own_layout_and_a_plan_carries_its_layout():
+    """The plan in force is the megatron trainer's layout, not the best one for its workers: a plan
+    that only reshards the trainer is then a move the trigger weighs (its switch cost includes the
+    resharding); the plan applied gives its layout to the placement."""
+    from libra.planner.controller import PlanController
+    from libra.planner.cost_model import TrainConfig
+    from libra.planner.planner import Planner, evaluate
+    from libra.rl.cluster import placement_of
+    from libra.rl.planning import adopt_placement, prior_workload
+
+    eight = LocalCluster.of_cores(tuple(range(8)), 1, 16 * 2**30 * 8)
+    cost = local_cost_model(eight, "q", QWEN_1_5B, PlannerConfig())
+    workload = prior_workload(64, 4096)
+    running = Placement(((0, 1, 2, 3),), (4, 5, 6, 7), False, layout=Layout(tp=4))
+    costed = {}
+    for layout in (None, Layout(tp=4)):
+        controller = PlanController(cost, variants=live_variants(eight, PlannerConfig()))
+        adopt_placement(controller, running, workload, layout)
+        config = controller.current.train.config
+        costed[layout] = evaluate(Planner(cost, workload, controller.variants[0]), controller.current)
+        assert (config.tp, config.pp, config.dp) == ((2, 1, 2) if layout is None else (4, 1, 1))
+    assert costed[Layout(tp=4)] > costed[None]  # the running layout is the slower one: a move may pay
+    event = controller.observe(10, workload, None, force=True, steps_left=100)
+    assert event.applied
+    placed = placement_of(event.candidate, eight, "plan-10")
+    c = event.candidate.train.config
+    assert placed.layout == Layout(c.tp, c.pp, c.dp) and placed.layout.world <= len(placed.train)
+    assert c != TrainConfig(4, 1, 1, 1, c.micro_batch)
