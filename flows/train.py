@@ -64,9 +64,14 @@ def check_training(config: LibraConfig) -> None:
     check_run_name(config.trainer.run_name())
     from libra.rl.ray_cluster import address_of
 
-    if config.trainer.backend == "megatron" and (config.placement.hybrids or address_of(config)):
-        raise LibraError("trainer.backend megatron trains on its own rank processes on this machine; hybrids "
-                         "(placement.hybrids) and Ray clusters train with trainer.backend: torch")
+    t = config.trainer
+    if t.backend == "megatron" and address_of(config):
+        raise LibraError("trainer.backend megatron trains on rank processes of this machine; a Ray cluster's workers "
+                         "train with trainer.backend: torch")
+    if t.backend == "megatron" and config.placement.hybrids and (t.layout == "planned" or (t.tp, t.pp, t.dp) != (1, 1, 1)):
+        raise LibraError(f"placement.hybrids {config.placement.hybrids} with trainer.backend megatron: hybrids join the "
+                         "elastic pool as data-parallel replicas of one process each, beside a core of one, so the "
+                         "layout is TP = PP = DP = 1 (trainer.layout fixed, trainer.tp/pp/dp 1)")
     check_megatron_layout(config)
     router = config.rollout.router
     if router not in POLICIES or router == "oracle":

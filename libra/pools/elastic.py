@@ -60,9 +60,10 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
     spec.pin(spec.core_id(rank))
     torch.set_num_threads(spec.threads)
     control = Control.connect(spec.host, spec.port)
-    model, optimizer = spec.build(rank)
+    # the core group first: a task whose model needs a default process group (megatron's) has it
     dist.init_process_group(spec.backend, store=dist.PrefixStore("core", control.store), rank=rank,
                             world_size=spec.core_ranks, timeout=timedelta(seconds=spec.group_timeout_s * 4))
+    model, optimizer = spec.build(rank)
     leader = Leader(control, spec, model, optimizer) if rank == 0 else None
     core = [spec.core_id(r) for r in range(spec.core_ranks)]
     me = spec.core_id(rank)

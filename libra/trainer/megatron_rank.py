@@ -62,6 +62,23 @@ def read_hf_weights(policy_dir: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def save_hf(policy_dir: str | Path, weights: dict[str, torch.Tensor], directory: str | Path) -> None:
+    """`weights` (HF names) as the HF model of `policy_dir`'s config, saved to `directory`
+    (safetensors and config): what vLLM, transformers and the checkpoints load."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(policy_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(weights, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise LibraError(f"the megatron trainer's weights lack {missing[:3]}")
+    model.save_pretrained(directory, safe_serialization=True)
+
+
 def hf_parameter_names(policy_dir: str | Path) -> list[str]:
     """The HF model's parameters in `parameters()` order (a tied head once): the order of the torch
     trainer's optimizer state, which is the layout of a checkpoint's."""
@@ -90,6 +107,89 @@ def transformer_config(arch: Architecture, layout: Layout, device: torch.device)
         moe_token_dispatcher_type="alltoall")  # a dense model: only to pass the variable-length check
 
 
+def gpt_model(arch: Architecture, layout: Layout, device: torch.device, first: bool = True, last: bool = True):
+    """This rank's stage of the policy as megatron-core's `GPTModel` (local layer spec; megatron's
+    parallel state initialised for `layout`), its parameters not loaded yet."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    tc = transformer_config(arch, layout, device)
+    model = GPTModel(tc, get_gpt_layer_local_spec(normalization="RMSNorm"),
+                     vocab_size=Sharding(layout.tp, layout.pp).padded_vocab(arch), max_sequence_length=arch.max_positions,
+                     pre_process=first, post_process=last, parallel_output=False,
+                     share_embeddings_and_output_weights=arch.tied, position_embedding_type="rope",
+                     rotary_base=int(arch.rope_base)).to(device)
+    return model, tc
+
+
+def load_shard(model: torch.nn.Module, hf: dict[str, torch.Tensor], arch: Architecture, sharding: Sharding,
+               tp_rank: int, stage: int) -> None:
+    """Copy the HF weights' shard (`to_megatron`) into `model`'s parameters, each checked by name and shape."""
+    mine = to_megatron(hf, arch, sharding, tp_rank, stage)
+    params = dict(model.named_parameters())
+    if params.keys() != mine.keys():
+        raise LibraError(f"the converted weights do not match megatron's model: missing "
+                         f"{sorted(params.keys() - mine.keys())}, extra {sorted(mine.keys() - params.keys())}")
+    with torch.no_grad():
+        for name, param in params.items():
+            if param.shape != mine[name].shape:
+                raise LibraError(f"{name}: megatron's shape {tuple(param.shape)}, converted {tuple(mine[name].shape)}")
+            param.copy_(mine[name])
+
+
+def moments_to_hf(state: dict, moments: dict[str, dict[tuple[int, int], dict[str, torch.Tensor]]], arch: Architecture,
+                  sharding: Sharding, hf_order: list[str]) -> dict:
+    """AdamW's state in the torch trainer's layout (HF parameter order, whole tensors) from one
+    rank's optimizer `state` dict (its step and groups) and every shard's moments by megatron name
+    (`moments[key][(tp_rank, stage)]`): a checkpoint of either backend resumes on the other."""
+    groups = [{**group, "params": list(range(len(hf_order)))} for group in state["param_groups"]]
+    if not state["state"]:  # no update yet
+        return {"state": {}, "param_groups": groups}
+    steps = {float(s["step"]) for s in state["state"].values()}
+    if len(steps) != 1:
+        raise RuntimeError(f"AdamW's parameters are at different steps {sorted(steps)}")
+    step = steps.pop()
+    whole = {k: to_hf(v, arch, sharding) for k, v in moments.items()}
+    return {"state": {i: {"step": torch.tensor(step), "exp_avg": whole["exp_avg"][n], "exp_avg_sq": whole["exp_avg_sq"][n]}
+                      for i, n in enumerate(hf_order)}, "param_groups": groups}
+
+
+def moments_from_hf(state: dict, arch: Architecture, sharding: Sharding, tp_rank: int, stage: int, names: list[str],
+                    hf_order: list[str], device: torch.device) -> dict:
+    """The inverse of `moments_to_hf`: the torch trainer's optimizer state as the state dict of the
+    optimizer over this rank's parameters (`names`, megatron's, in its order)."""
+    if len(state["param_groups"]) != 1 or len(state["param_groups"][0]["params"]) != len(hf_order):
+        raise LibraError(f"the optimizer state is not of this policy: {len(hf_order)} parameters expected")
+    mine: dict[int, dict] = {}
+    if state["state"]:
+        shards = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            whole = {n: state["state"][i][key] for i, n in enumerate(hf_order)}
+            shards[key] = to_megatron(whole, arch, sharding, tp_rank, stage)
+        step = next(iter(state["state"].values()))["step"]
+        mine = {j: {"step": step.clone(), "exp_avg": shards["exp_avg"][n].to(device),
+                    "exp_avg_sq": shards["exp_avg_sq"][n].to(device)} for j, n in enumerate(names)}
+    return {"state": mine, "param_groups": [{**state["param_groups"][0], "params": list(range(len(names)))}]}
+
+
+def positions_and_mask(ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch's position ids and megatron's causal mask."""
+    positions = torch.arange(ids.shape[1], device=device).unsqueeze(0).expand_as(ids)
+    return positions, causal_mask(ids.shape[1], device)
+
+
+def grpo_terms(output: torch.Tensor, reference: torch.nn.Module | None, batch: MicroBatch, arch: Architecture,
+               config: TrainerConfig, temperature: float, device: torch.device):
+    """GRPO's per-token terms (`losses_from_logits`) from megatron's last-stage output: the logits
+    at each target position, the vocabulary's padding rows dropped, scaled by the temperature."""
+    logits = output[:, :-1, :arch.vocab] / temperature
+    reference_logits = None
+    if reference is not None:
+        with torch.no_grad():
+            reference_logits = hf_logits(reference, batch, temperature, device)
+    return losses_from_logits(logits, reference_logits, batch, config, device)
+
+
 def causal_mask(length: int, device: torch.device) -> torch.Tensor:
     """Megatron's attention-mask convention: True where a query may not look (the future), [1, 1, T, T].
     Right padding needs nothing more: a real token never looks at the padding after it."""
@@ -105,8 +205,6 @@ class MegatronRank:
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.models.gpt.gpt_model import GPTModel
 
         from libra.trainer.optim import make_optimizer
 
@@ -126,12 +224,7 @@ class MegatronRank:
         self.dp_rank = ps.get_data_parallel_rank()
         self.first, self.last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         torch.manual_seed(config.seed)
-        tc = transformer_config(self.arch, layout, device)
-        self.model = GPTModel(tc, get_gpt_layer_local_spec(normalization="RMSNorm"),
-                              vocab_size=self.sharding.padded_vocab(self.arch), max_sequence_length=self.arch.max_positions,
-                              pre_process=self.first, post_process=self.last, parallel_output=False,
-                              share_embeddings_and_output_weights=self.arch.tied, position_embedding_type="rope",
-                              rotary_base=int(self.arch.rope_base)).to(device)
+        self.model, tc = gpt_model(self.arch, layout, device, self.first, self.last)
         self.load_weights(read_hf_weights(policy_dir))
         self.ddp = DistributedDataParallel(tc, DistributedDataParallelConfig(overlap_grad_reduce=False,
                                                                              use_distributed_optimizer=False), self.model)
@@ -149,16 +242,7 @@ class MegatronRank:
     # -- weights in and out ----------------------------------------------------------------------
 
     def load_weights(self, hf: dict[str, torch.Tensor]) -> None:
-        mine = to_megatron(hf, self.arch, self.sharding, self.tp_rank, self.stage)
-        params = dict(self.model.named_parameters())
-        if params.keys() != mine.keys():
-            raise LibraError(f"the converted weights do not match megatron's model: missing "
-                             f"{sorted(params.keys() - mine.keys())}, extra {sorted(mine.keys() - params.keys())}")
-        with torch.no_grad():
-            for name, param in params.items():
-                if param.shape != mine[name].shape:
-                    raise LibraError(f"{name}: megatron's shape {tuple(param.shape)}, converted {tuple(mine[name].shape)}")
-                param.copy_(mine[name])
+        load_shard(self.model, hf, self.arch, self.sharding, self.tp_rank, self.stage)
 
     def _gathered(self, tensors: dict[str, torch.Tensor]) -> dict[tuple[int, int], dict[str, torch.Tensor]] | None:
         """Every model-parallel rank's `tensors` of replica 0, at global rank 0 (None elsewhere)."""
@@ -175,8 +259,7 @@ class MegatronRank:
         return None if shards is None else to_hf(shards, self.arch, self.sharding)
 
     def optimizer_state(self) -> dict | None:
-        """AdamW's state in the torch trainer's layout (HF parameter order, whole tensors), at global
-        rank 0: a checkpoint of either backend resumes on the other, or on another layout."""
+        """AdamW's state in the torch trainer's layout (`moments_to_hf`), at global rank 0."""
         state = self.optimizer.state_dict()
         moments = {}
         for key in ("exp_avg", "exp_avg_sq"):
@@ -184,37 +267,12 @@ class MegatronRank:
                                            if i in state["state"]})
         if moments["exp_avg"] is None:
             return None
-        if not state["state"]:  # no update yet
-            return {"state": {}, "param_groups": self._hf_groups(state)}
-        steps = {float(s["step"]) for s in state["state"].values()}
-        if len(steps) != 1:
-            raise RuntimeError(f"AdamW's parameters are at different steps {sorted(steps)}")
-        step = steps.pop()
-        whole = {k: to_hf(v, self.arch, self.sharding) for k, v in moments.items()}
-        order = self.hf_order
-        return {"state": {i: {"step": torch.tensor(step), "exp_avg": whole["exp_avg"][n],
-                              "exp_avg_sq": whole["exp_avg_sq"][n]} for i, n in enumerate(order)},
-                "param_groups": self._hf_groups(state)}
-
-    def _hf_groups(self, state: dict) -> list[dict]:
-        return [{**group, "params": list(range(len(self.hf_order)))} for group in state["param_groups"]]
+        return moments_to_hf(state, moments, self.arch, self.sharding, self.hf_order)
 
     def load_optimizer_state(self, state: dict) -> None:
         """The inverse of `optimizer_state` (the torch trainer's layout), onto this rank's shard."""
-        order = self.hf_order
-        if len(state["param_groups"]) != 1 or len(state["param_groups"][0]["params"]) != len(order):
-            raise LibraError(f"the optimizer state is not of this policy: {len(order)} parameters expected")
-        mine: dict[int, dict] = {}
-        if state["state"]:
-            shards = {}
-            for key in ("exp_avg", "exp_avg_sq"):
-                whole = {n: state["state"][i][key] for i, n in enumerate(order)}
-                shards[key] = to_megatron(whole, self.arch, self.sharding, self.tp_rank, self.stage)
-            step = next(iter(state["state"].values()))["step"]
-            mine = {j: {"step": step.clone(), "exp_avg": shards["exp_avg"][n].to(self.device),
-                        "exp_avg_sq": shards["exp_avg_sq"][n].to(self.device)} for j, n in enumerate(self.names)}
-        group = {**state["param_groups"][0], "params": list(range(len(self.names)))}
-        self.optimizer.load_state_dict({"state": mine, "param_groups": [group]})
+        self.optimizer.load_state_dict(moments_from_hf(state, self.arch, self.sharding, self.tp_rank, self.stage,
+                                                       self.names, self.hf_order, self.device))
 
     # -- one update ------------------------------------------------------------------------------
 
@@ -249,17 +307,11 @@ class MegatronRank:
     def _forward(self, sums: torch.Tensor, data_iterator, model):
         batch = next(data_iterator)
         ids = batch.input_ids.to(self.device)
-        positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0).expand_as(ids)
-        output = model(ids, positions, attention_mask=causal_mask(ids.shape[1], self.device))
-        return output, partial(self._loss, sums, batch)
+        positions, mask = positions_and_mask(ids, self.device)
+        return model(ids, positions, attention_mask=mask), partial(self._loss, sums, batch)
 
     def _loss(self, sums: torch.Tensor, batch: MicroBatch, output: torch.Tensor):
-        logits = output[:, :-1, :self.arch.vocab] / self.temperature
-        reference = None
-        if self.reference is not None:
-            with torch.no_grad():
-                reference = hf_logits(self.reference, batch, self.temperature, self.device)
-        terms = losses_from_logits(logits, reference, batch, self.config, self.device)
+        terms = grpo_terms(output, self.reference, batch, self.arch, self.config, self.temperature, self.device)
         mask = batch.mask.to(self.device)
         if self.tp_rank == 0:  # every TP rank of the last stage has the same loss: counted once
             sums += tallies(terms, batch, mask)

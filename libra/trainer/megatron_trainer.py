@@ -36,7 +36,7 @@ from libra.config import RolloutConfig, TrainerConfig
 from libra.errors import LibraError, RankLostError
 from libra.trainer.layout import Layout, rank_units
 from libra.trainer.megatron_convert import Sharding
-from libra.trainer.megatron_rank import read_architecture
+from libra.trainer.megatron_rank import read_architecture, save_hf
 from libra.trainer.samples import TrainingSample
 from libra.trainer.trainer import UpdateStats, update_stats
 
@@ -239,18 +239,7 @@ class MegatronTrainer:
 
     def save_weights(self, directory: str | Path) -> None:
         """The weights in HF format (safetensors and config), loadable by vLLM and transformers."""
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config = AutoConfig.from_pretrained(self.policy_dir)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(self.hf_state_dict(), strict=False, assign=True)
-        if config.tie_word_embeddings:
-            model.tie_weights()
-        missing = [n for n, p in model.named_parameters() if p.is_meta]
-        if missing:
-            raise LibraError(f"the megatron trainer's weights lack {missing[:3]}")
-        model.save_pretrained(directory, safe_serialization=True)
+        save_hf(self.policy_dir, self.hf_state_dict(), directory)
 
     def optimizer_state(self) -> dict:
         return {"optimizer": self._call("optimizer"), "updates": self.updates}

@@ -140,6 +140,12 @@ class GRPOTask:
     def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> AppliedUpdate:
         return take_update(model, optimizer, self.trainer, self.first_update + step)
 
+    def save_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        """The weights in HF form (safetensors and config) and `optimizer.pt`, the torch trainer's
+        optimizer state dict, into `directory`."""
+        model.save_pretrained(directory, safe_serialization=True)
+        torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+
     def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
                 hybrids: int, applied: AppliedUpdate) -> None:
         """The state after pool step `step` as `update-<first_update + step + 1>/`: `model.safetensors`
@@ -151,8 +157,7 @@ class GRPOTask:
         final = published_path(self.publish_dir, version)
         partial = final.with_name(f".{final.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
-        model.save_pretrained(partial, safe_serialization=True)
-        torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+        self.save_state(model, optimizer, partial)
         stats = update_stats(reduced.tallies[:-1], reduced.weight, self.step_size(step), int(reduced.tallies[-1]),
                              applied, 0.0, hybrids)
         (partial / "update.json").write_text(json.dumps({"version": version, "stats": asdict(stats)}))

@@ -142,9 +142,14 @@ class PooledTrainer:
         left = self.config.steps - self.first
         if left < 1:
             raise LibraError(f"the run has had all {self.config.steps} of its updates; raise trainer.steps to train on")
-        task = GRPOTask(str(self.policy_dir), self.config, str(self._steps), self.rollout.temperature,
-                        first_update=self.first, reference_dir=str(self.reference_dir), optimizer_path=optimizer_path,
-                        publish_dir=str(self.work_dir / "published"))
+        kind = GRPOTask
+        if self.config.backend == "megatron":  # every replica megatron's GPTModel (TP = PP = 1)
+            from libra.trainer.megatron_task import MegatronGRPOTask
+
+            kind = MegatronGRPOTask
+        task = kind(str(self.policy_dir), self.config, str(self._steps), self.rollout.temperature,
+                    first_update=self.first, reference_dir=str(self.reference_dir), optimizer_path=optimizer_path,
+                    publish_dir=str(self.work_dir / "published"))
         s = self.settings
         site = self.site() if self.site is not None else None
         where = {} if site is None else {"core_provider": site.core, "provider": site.hybrids,

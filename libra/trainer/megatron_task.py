@@ -1,0 +1,116 @@
+"""The GRPO update as the elastic pool's training task on megatron-core: each replica of the pool
+(the core rank, and every hybrid that joins) holds the whole policy as megatron's `GPTModel` (one
+process: TP = PP = 1) and is one data-parallel replica; the pool sums the replicas' gradients and
+applies the mean, as it does for `GRPOTask`, whose step files, token-weighted shards, tallies and
+published updates this task shares. What differs is the model: megatron's layers, its fused
+QKV and gate/up weights (converted from the HF policy: `megatron_convert`), its forward pass, and
+the conversion back to HF form (weights) and to the torch trainer's layout (AdamW's state) when core
+rank 0 publishes an update, so a live run reads a megatron pool's updates as it reads any other's.
+
+Megatron's layers need its parallel state, which needs a default process group: a core rank's is
+the pool's core group (the pool joins it before building the task's model); a hybrid, which trains
+over groups of its own, joins a group of one (a store in its own memory). Model parallelism inside
+a replica (TP or PP > 1) would make a replica several processes, which the pool does not have: a
+pooled megatron run trains at TP = PP = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from libra.errors import LibraError
+from libra.pools.task import Shard
+from libra.trainer.layout import Layout
+from libra.trainer.megatron_convert import Sharding, to_hf
+from libra.trainer.megatron_rank import (
+    gpt_model,
+    grpo_terms,
+    hf_parameter_names,
+    load_shard,
+    moments_from_hf,
+    moments_to_hf,
+    positions_and_mask,
+    read_architecture,
+    read_hf_weights,
+    save_hf,
+)
+from libra.trainer.optim import make_optimizer
+from libra.trainer.pool_task import GRPOTask, _reference
+from libra.trainer.samples import collate, micro_batches
+from libra.trainer.trainer import TALLIES, tallies
+
+ONE = Sharding(1, 1)
+
+
+def join_megatron(device: torch.device) -> None:
+    """Megatron's parallel state for a one-process replica: the default process group (a group of
+    one when the process has none), model parallel 1 x 1, the CPU shims on the CPU."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if device.type != "cpu":
+        raise LibraError(f"the pool's megatron task runs on the CPU (pool.device cpu), not {device}")
+    from libra.trainer.megatron_cpu import use_cpu
+
+    use_cpu()
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+
+
+@dataclass(frozen=True)
+class MegatronGRPOTask(GRPOTask):
+    """`GRPOTask` with the policy as megatron-core's `GPTModel` in every replica."""
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        device = torch.device("cpu")
+        join_megatron(device)
+        torch.manual_seed(self.trainer.seed)
+        arch = read_architecture(self.policy_dir)
+        model, _ = gpt_model(arch, Layout(), device)
+        load_shard(model, read_hf_weights(self.policy_dir), arch, ONE, 0, 0)
+        optimizer = make_optimizer(model.parameters(), self.trainer.lr, self.trainer.weight_decay)
+        if self.optimizer_path:  # the torch trainer's layout (a checkpoint's, or a published update's)
+            state = torch.load(self.optimizer_path, weights_only=False)
+            names = [n for n, _ in model.named_parameters()]
+            optimizer.load_state_dict(moments_from_hf(state, arch, ONE, 0, 0, names, self._hf_order(), device))
+        return model, optimizer
+
+    def _hf_order(self) -> list[str]:
+        return hf_parameter_names(self.policy_dir)
+
+    def accumulate(self, model: nn.Module, step: int, rows: range) -> Shard:
+        mine = self.samples(step)[rows.start:rows.stop]
+        device = next(model.parameters()).device
+        arch = read_architecture(self.policy_dir)
+        reference = _reference(self.reference_dir or self.policy_dir, str(device)) if self.trainer.kl_coef > 0 else None
+        sums = torch.zeros(len(TALLIES), dtype=torch.float64)
+        padded = 0
+        for group in micro_batches(mine, self.trainer.micro_batch_tokens):
+            batch = collate(group, arch.pad_token)
+            ids = batch.input_ids.to(device)
+            positions, causal = positions_and_mask(ids, device)
+            terms = grpo_terms(model(ids, positions, attention_mask=causal), reference, batch, arch, self.trainer,
+                               self.temperature, device)
+            mask = batch.mask.to(device)
+            (terms.per_token * mask).sum().backward()
+            sums += tallies(terms, batch, mask)
+            padded += batch.input_ids.numel()
+        return Shard(float(sum(s.policy_tokens for s in mine)), (*(float(v) for v in sums), float(padded)))
+
+    def save_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        """The weights converted to HF form and AdamW's state to the torch trainer's layout: a
+        published update reads as the other trainers' do (and resumes on any backend)."""
+        arch = read_architecture(self.policy_dir)
+        params = {n: p.detach() for n, p in model.named_parameters()}
+        save_hf(self.policy_dir, to_hf({(0, 0): params}, arch, ONE), directory)
+        state = optimizer.state_dict()
+        names = list(params)
+        moments = {key: {(0, 0): {n: state["state"][i][key] for i, n in enumerate(names) if i in state["state"]}}
+                   for key in ("exp_avg", "exp_avg_sq")}
+        torch.save(moments_to_hf(state, moments, arch, ONE, self._hf_order()), directory / "optimizer.pt")
