@@ -66,7 +66,9 @@ def save_hf(policy_dir: str | Path, weights: dict[str, torch.Tensor], directory:
     """`weights` (HF names) as the HF model of `policy_dir`'s config, saved to `directory`
     (safetensors and config): what vLLM, transformers and the checkpoints load."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.disable_progress_bar()  # a rank's or a pool process's stderr is the run's
     config = AutoConfig.from_pretrained(policy_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

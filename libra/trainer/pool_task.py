@@ -143,6 +143,9 @@ class GRPOTask:
     def save_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """The weights in HF form (safetensors and config) and `optimizer.pt`, the torch trainer's
         optimizer state dict, into `directory`."""
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # the pool process's stderr is the run's
         model.save_pretrained(directory, safe_serialization=True)
         torch.save(optimizer.state_dict(), directory / "optimizer.pt")
 
