@@ -9,6 +9,8 @@
 2. Layouts: TP=2, PP=2 and DP=2 (two rank processes, half the threads each) against TP=1 (one
    process, all the threads) on the same samples: same cores, so the ratio is what splitting the
    model or the batch costs or gains here, not a speed-up from more hardware.
+   Resharding: TP=2 -> DP=2 after an update (what a plan that changes the layout costs) against
+   a fresh start of DP=2's ranks.
 3. Learning: `libra train`'s flow (configs/demo.yaml's settings: the math tasks, lr 1e-4, 8 x 8
    samples a step) once with each backend, the same seed: held-out reward (128 prompts, greedy)
    at the start, every 10 steps and at the end.
@@ -64,6 +66,7 @@ def throughput(updates: int) -> dict[str, Any]:
         finally:
             trainer.close()
     single = rows[str(Layout())]
+    reshard = resharding(samples, config, cores)
     return {
         "updates": updates, "policy_tokens_per_update": tokens, "threads": cores,
         "torch_tokens_per_s": tokens / torch_s,
@@ -72,7 +75,28 @@ def throughput(updates: int) -> dict[str, Any]:
         "layouts": [{"layout": name, "ranks": layout.world, "seconds_per_update": rows[name],
                      "tokens_per_s": tokens / rows[name], "speed_over_tp1": single / rows[name]}
                     for layout in (Layout(), *LAYOUTS) for name in [str(layout)]],
+        "reshard": reshard,
     }
+
+
+def resharding(samples: list, config: TrainerConfig, cores: int) -> dict[str, Any]:
+    """What a plan that changes the trainer's layout costs: TP=2 -> DP=2 after one update
+    (`MegatronTrainer.relayout`: the weights and AdamW's state gathered, the ranks restarted in the
+    new layout, the state loaded), against starting DP=2's ranks from the policy."""
+    from libra.trainer.megatron_trainer import MegatronTrainer
+
+    began = time.perf_counter()
+    fresh = MegatronTrainer(SHIPPED, config, layout=Layout(dp=2), threads=max(1, cores // 2))
+    start_s = time.perf_counter() - began
+    fresh.close()
+    trainer = MegatronTrainer(SHIPPED, config, layout=Layout(tp=2), threads=max(1, cores // 2))
+    try:
+        trainer.train_step(samples)
+        reshard_s = trainer.relayout(Layout(dp=2))
+    finally:
+        trainer.close()
+    return {"from": str(Layout(tp=2)), "to": str(Layout(dp=2)), "reshard_s": reshard_s, "start_s": start_s,
+            "reshard_over_start": reshard_s / start_s}
 
 
 def learning(steps: int, seed: int) -> dict[str, Any]:
@@ -115,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in speed["layouts"][1:]:
             print(f"{row['layout']} on {row['ranks']} processes: {row['seconds_per_update']:.2f} s an update, "
                   f"{row['speed_over_tp1']:.2f}x TP=1's speed on the same {speed['threads']} threads", flush=True)
+        r = speed["reshard"]
+        print(f"reshard {r['from']} -> {r['to']}: {r['reshard_s']:.1f} s, {r['reshard_over_start']:.2f}x a fresh start "
+              f"({r['start_s']:.1f} s)", flush=True)
     learned = kept["learning"] if args.only == "throughput" else learning(args.steps, args.seed)
     result = {"throughput": speed, "learning": learned, "bench_s": time.perf_counter() - began}
     if not args.quick:

@@ -406,6 +406,11 @@ def megatron_section(result: dict) -> list[str]:
         lines.append(f"| {row['layout']}, {row['ranks']} processes on the same threads | {row['seconds_per_update']:.2f} s "
                      f"an update | TP=1, one process: {speed['layouts'][0]['seconds_per_update']:.2f} s | speed "
                      f"ratio {row['speed_over_tp1']:.2f} | - |")
+    reshard = speed.get("reshard")
+    if reshard:
+        lines.append(f"| reshard {reshard['from']} -> {reshard['to']} after an update (weights and AdamW state) | "
+                     f"{reshard['reshard_s']:.1f} s | fresh start of {reshard['to']}'s ranks: {reshard['start_s']:.1f} s | "
+                     f"ratio {reshard['reshard_over_start']:.2f} | - |")
     lines.append(f"| held-out reward over {learned['steps']} updates (demo settings, seed {learned['seed']}) | "
                  f"{curve(runs['megatron'])} ({runs['megatron']['wall_s']:.0f} s) | torch: {curve(runs['torch'])} "
                  f"({runs['torch']['wall_s']:.0f} s) | gain {runs['megatron']['reward_end'] - runs['megatron']['reward_start']:+.3f}"

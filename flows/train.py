@@ -72,6 +72,9 @@ def check_training(config: LibraConfig) -> None:
         raise LibraError(f"placement.hybrids {config.placement.hybrids} with trainer.backend megatron: hybrids join the "
                          "elastic pool as data-parallel replicas of one process each, beside a core of one, so the "
                          "layout is TP = PP = DP = 1 (trainer.layout fixed, trainer.tp/pp/dp 1)")
+    if t.backend == "megatron" and config.placement.hybrids and config.pool.device == "cuda":
+        raise LibraError("placement.hybrids with trainer.backend megatron train on the CPU (the pool's megatron task "
+                         "builds megatron's model with its CPU shims); set pool.device: cpu or trainer.backend: torch")
     check_megatron_layout(config)
     router = config.rollout.router
     if router not in POLICIES or router == "oracle":
@@ -108,7 +111,8 @@ def check_megatron_layout(config: LibraConfig) -> None:
         cluster = local_cluster(config)
         check_layout_fits(config, initial_placement(config.placement.policy, cluster, config.placement.hybrids))
         return
-    layout, cores = Layout(t.tp, t.pp, t.dp), len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    layout = Layout(t.tp, t.pp, t.dp)
     if t.device == "cpu" and layout.world > cores:
         raise LibraError(f"trainer.tp x pp x dp = {layout.world} rank processes ({layout}), but this process may use "
                          f"{cores} core(s): a rank needs one of its own; lower the layout")

@@ -133,7 +133,7 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     from libra.planner.workload import build_workload, lengths_from_rows
     from libra.rl.cluster import placement_of
     from libra.rl.planning import adopt_placement, move_held, plan_row, step_times
-    from libra.rl.trainers import fixed_layout, running_layout
+    from libra.rl.trainers import fixed_layout, planned_running
 
     s = session(run)
     if not stats.lengths:
@@ -144,7 +144,7 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
     t = s.config.trainer
     workload = build_workload(lengths_from_rows(stats.lengths), t.prompts_per_step * t.samples_per_prompt)
     if controller.current is None:  # the run started from its own placement: weigh the first plan against it
-        adopt_placement(controller, s.placement, workload, running_layout(s.config, s.placement))
+        adopt_placement(controller, s.placement, workload, planned_running(s.config, s.placement))
     times = step_times(stats.last_step) if stats.last_step else None
     plan_id = f"plan-{step}"
     calibrating = fitted.wait_reason()  # a move that pays waits while the fit keeps default coefficients

@@ -1,6 +1,8 @@
 """Training search: the fastest parallel configuration for `gpus` training GPUs.
 
-Space: TP in {1, 2, 4, 8} within a node, PP over divisors of the layer count, DP = gpus / (TP*PP),
+Space: TP in {1, 2, 4, 8} within a node and dividing the model's query and key/value heads (a
+tensor-parallel rank holds whole heads and whole key/value groups: megatron-core refuses any other
+split), PP over divisors of the layer count, DP = gpus / (TP*PP),
 EP over divisors of the expert count that divide TP*DP (MoE only; 1 for dense models), micro-batch in
 {1, 2, 4, 8}. Configurations that exceed GPU memory are pruned before they are costed. A
 configuration may leave GPUs idle only if none uses them all (`best_training(..., exact=False)`
@@ -34,7 +36,7 @@ def enumerate_configs(cost: CostModel, gpus: int) -> Iterator[TrainConfig]:
     """Every configuration using exactly `gpus` GPUs, in a fixed order."""
     m = cost.model
     for tp in TP_CHOICES:
-        if tp > cost.cluster.gpus_per_node or gpus % tp:
+        if tp > cost.cluster.gpus_per_node or gpus % tp or m.heads % tp or m.kv_heads % tp:
             continue
         for pp in _divisors(m.layers):
             if (gpus // tp) % pp:

@@ -21,7 +21,7 @@ from libra.config import PlannerConfig
 from libra.errors import LibraError
 from libra.planner.controller import PlanController, PlanEvent
 from libra.planner.cost_model import CostModel
-from libra.planner.planner import Plan, Planner, PlannerSettings
+from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate
 from libra.planner.profiles import ModelProfile
 from libra.planner.settings import cost_model
 from libra.planner.training_search import TrainingTable
@@ -51,6 +51,12 @@ class TrainTiming:
     # basis the planner's workloads count (`Workload.tokens`); the fitted coefficient absorbs padding
     max_tokens: int  # the longest sequence
     layout: Layout
+
+    def __setstate__(self, state: dict) -> None:
+        """A record pickled before layouts (a checkpoint's) counted workers: data parallel over them."""
+        if "layout" not in state:
+            state = {k: v for k, v in state.items() if k != "workers"} | {"layout": Layout(dp=state.get("workers", 1))}
+        self.__dict__.update(state)
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,7 @@ def adopt_placement(controller: PlanController, placement: Placement, workload: 
         running = replace(current.train.config, tp=layout.tp, pp=layout.pp, dp=layout.dp)
         estimate = controller.cost.train_time(running, workload)
         current = replace(current, train=estimate, t_train_s=estimate.seconds * current.t_train_s / current.train.seconds)
+        current = replace(current, t_iter_s=evaluate(planner, current))
     controller.adopt(current, variant)
 
 

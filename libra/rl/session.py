@@ -146,6 +146,8 @@ def config_digest(config: LibraConfig) -> str:
     trainer = config.trainer.model_dump(mode="json")
     for key in ("run", "eval_every", "checkpoint_dir", "keep_checkpoints") + (("steps",) if config.trainer.schedule != "cosine" else ()):
         trainer.pop(key)
+    if trainer["layout"] == "fixed":  # the default, which runs from before layouts were planned left out
+        trainer.pop("layout")
     trainer["policy"] = str(Path(config.trainer.policy).resolve())
     data = {"run": config.trainer.run_name(), "rollout": rollout, "trainer": trainer,
             "scheduler": config.scheduler.model_dump(mode="json"), "placement": config.placement.policy}
@@ -213,7 +215,6 @@ class TrainingSession:
     def _open(cls, config: LibraConfig, run: str, policy: Path, root: Path, lock) -> TrainingSession:
         from transformers import AutoTokenizer
 
-        from libra.rollout.engines import make_engines
         from libra.rollout.envs import expert_bounds, make_env
         from libra.scheduler.policies import Buckets
         from libra.scheduler.replay import make_router
@@ -249,28 +250,41 @@ class TrainingSession:
         trainer = open_trainer(config, weights, policy, root, placement, cluster, pool_events.append,
                                pooled=bool(config.placement.hybrids) or ray is not None)
         session = cls(config, run, root, policy, state, trainer, [], env, tokenizer, router,
-                      engine_version=state.version, lock=lock, pool_events=pool_events, ray=ray)
+                      engine_version=state.version, lock=lock, pool_events=pool_events, ray=ray, cluster=cluster)
+        try:
+            session._start(latest, weights, placement, planning, placed)
+        except BaseException:  # nothing started is left running (the caller releases the lock)
+            session.lock = None
+            session.close()
+            raise
+        return session
+
+    def _start(self, latest: Path | None, weights: Path, placement: Placement | None, planning: dict | None,
+               placed: bool) -> None:
+        """Start the engines (where `placement` says, when the run has one) and restore a resumed
+        run's optimizer, RNG, batches ahead and last record from `latest`."""
+        from libra.rollout.engines import make_engines
+
+        r = self.config.rollout
         if placement is None:
             began = time.perf_counter()
-            session.engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
-            session.engine_start_s = time.perf_counter() - began
-            session.engine_starts.append(EngineStart(r.instances, session.engine_start_s))
+            self.engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
+            self.engine_start_s = time.perf_counter() - began
+            self.engine_starts.append(EngineStart(r.instances, self.engine_start_s))
         else:
-            assert cluster is not None
-            session.affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
-            session.threads = trainer.threads()
-            session.cluster = cluster
-            session.plan_events = planning.get("plan_events", {}) if planning else {}
+            assert self.cluster is not None
+            self.affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+            self.threads = self.trainer.threads()
+            self.plan_events = planning.get("plan_events", {}) if planning else {}
             if planning is not None and not placed:  # hosts were lost (or came back) since the checkpoint
-                session.note_hosts(state.step, planning["cluster"], cluster)
-            session.controller = planning["controller"] if placed else None
-            session._place(placement, weights)
+                self.note_hosts(self.state.step, planning["cluster"], self.cluster)
+            self.controller = planning["controller"] if placed else None
+            self._place(placement, weights)
         if latest is not None:
-            trainer.load_optimizer_state(load_blob(latest, "trainer"))
+            self.trainer.load_optimizer_state(load_blob(latest, "trainer"))
             restore_rng(load_blob(latest, "rng"))
-            session.pending = load_blob(latest, "pending") or {}
-            session.last_record = load_blob(latest, "record")
-        return session
+            self.pending = load_blob(latest, "pending") or {}
+            self.last_record = load_blob(latest, "record")
 
     # -- placement -----------------------------------------------------------------------------
 

@@ -49,12 +49,13 @@ def fixed_layout(config: LibraConfig) -> Layout | None:
     return Layout(t.tp, t.pp, t.dp) if t.backend == "megatron" and t.layout == "fixed" else None
 
 
-def running_layout(config: LibraConfig, placement: Placement | None) -> Layout | None:
-    """The megatron trainer's layout in `placement`: the fixed one, or the planned one it carries;
-    None for the torch trainer and the pool."""
-    if config.trainer.backend != "megatron":
+def planned_running(config: LibraConfig, placement: Placement | None) -> Layout | None:
+    """The layout a `planned` megatron trainer runs in `placement` (the plan in force is costed in
+    it, as every candidate is in its own); None when the layout is not the planner's (fixed, the
+    torch trainer, the pool), where the plans are costed in the planner's layouts alone."""
+    if config.trainer.layout != "planned" or placement is None:
         return None
-    return fixed_layout(config) or (placement.layout if placement is not None else None)
+    return placement.layout
 
 
 def check_layout_fits(config: LibraConfig, placement: Placement) -> None:
@@ -82,9 +83,13 @@ def with_first_layout(config: LibraConfig, placement: Placement, cluster: LocalC
     return replace(placement, layout=planned_layout(cost, workload, len(placement.train)))
 
 
-def _units(config: LibraConfig, placement: Placement, cluster: LocalCluster) -> tuple[int, ...]:
-    """The trainer's workers' cores (or GPUs), when the trainer runs on the workers' kind of device."""
-    return cluster.units(placement.train) if cluster.device == config.trainer.device else ()
+def _units(config: LibraConfig, placement: Placement, cluster: LocalCluster, layout: Layout) -> tuple[int, ...]:
+    """The cores (or GPUs) of the trainer's first `layout.world` workers, a worker a rank (a layout
+    of fewer ranks than workers leaves the others idle, as the planner's plan on fewer GPUs than it
+    is given does), when the trainer runs on the workers' kind of device; else none (unpinned)."""
+    if cluster.device != config.trainer.device:
+        return ()
+    return cluster.units(placement.train[:layout.world])
 
 
 def open_trainer(config: LibraConfig, weights: Path, policy: Path, root: Path, placement: Placement | None,
@@ -101,14 +106,13 @@ def open_trainer(config: LibraConfig, weights: Path, policy: Path, root: Path, p
     if t.backend == "megatron":
         from libra.trainer.megatron_trainer import MegatronTrainer
 
-        layout = fixed_layout(config)
+        layout = fixed_layout(config) or (placement.layout if placement is not None else None)
+        if layout is None:
+            raise LibraError("trainer.layout planned needs a placement (placement.policy libra, static or colocated)")
         units: tuple[int, ...] = ()
         if placement is not None and cluster is not None:
             check_layout_fits(config, placement)
-            layout = layout or placement.layout
-            units = _units(config, placement, cluster)
-        if layout is None:
-            raise LibraError("trainer.layout planned needs a placement (placement.policy libra, static or colocated)")
+            units = _units(config, placement, cluster, layout)
         return MegatronTrainer(weights, t, r, layout, device=t.device, reference_dir=policy, units=units)
     from libra.trainer.trainer import PolicyTrainer
 
@@ -124,13 +128,13 @@ def place_trainer(trainer: Any, config: LibraConfig, placement: Placement, clust
     if not isinstance(trainer, MegatronTrainer):
         return None
     check_layout_fits(config, placement)
-    units = _units(config, placement, cluster)
-    target = placement.layout if config.trainer.layout == "planned" and placement.layout is not None else trainer.layout
+    target = planned_running(config, placement) or trainer.layout
+    units = _units(config, placement, cluster, target)
     if target != trainer.layout:
         before = trainer.layout
         return Reshard(before, target, trainer.relayout(target, units))
     if units and units != trainer.units:
-        trainer.pin(units)
+        trainer.place(units)
     return None
 
 

@@ -4,6 +4,7 @@ optimizer state, `updates`) over `tp` x `pp` x `dp` rank processes, each a `Mega
     trainer = MegatronTrainer(policy_dir, config.trainer, config.rollout, Layout(tp=2))
     stats = trainer.train_step(samples)     # one update by every rank
     trainer.relayout(Layout(dp=2))          # the same weights and optimizer state, sharded anew
+    trainer.place(cores)                    # the same layout on other cores (GPUs: ranks restarted)
     trainer.save_weights(directory)         # HF safetensors + config, as the torch trainer writes them
     trainer.close()
 
@@ -129,27 +130,32 @@ class MegatronTrainer:
         self._ranks: list = []
         self._start(self.layout, self.policy_dir)
 
-    def _start(self, layout: Layout, weights: Path) -> None:
-        """Start `layout`'s ranks from the HF weights in `weights`, each pinned to its cores."""
+    def _check(self, layout: Layout, units: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """`layout` on `units` (each rank's run of them), or a clear error before anything stops or starts."""
         Sharding(layout.tp, layout.pp).check(self.arch)
         if self.device.type == "cuda" and torch.cuda.device_count() < layout.world:
             raise LibraError(f"layout {layout} needs {layout.world} GPUs; this machine has "
                              f"{torch.cuda.device_count()}")
-        units = rank_units(layout, self.units) if self.units else ((),) * layout.world
+        return rank_units(layout, tuple(units)) if units else ((),) * layout.world
+
+    def _start(self, layout: Layout, weights: Path) -> None:
+        """Start `layout`'s ranks from the HF weights in `weights`, each on its units (a failed
+        start stops every rank it started)."""
+        units = self._check(layout, self.units)
         share = self._threads or max(1, torch.get_num_threads() // layout.world)
         context = mp.get_context("spawn")
         port = _free_port()
         self.layout = layout
-        for rank in range(layout.world):
-            mine, theirs = context.Pipe()
-            process = context.Process(target=_serve, name=f"megatron-rank-{rank}", daemon=True,
-                                      args=(rank, layout, port, theirs, str(weights), self.config, self.temperature,
-                                            *self._where(units[rank]), str(self.reference_dir), share))
-            process.start()
-            theirs.close()
-            self._conns.append(mine)
-            self._ranks.append(process)
         try:
+            for rank in range(layout.world):
+                mine, theirs = context.Pipe()
+                process = context.Process(target=_serve, name=f"megatron-rank-{rank}", daemon=True,
+                                          args=(rank, layout, port, theirs, str(weights), self.config, self.temperature,
+                                                *self._where(units[rank]), str(self.reference_dir), share))
+                process.start()
+                theirs.close()
+                self._conns.append(mine)
+                self._ranks.append(process)
             self._answers(START_TIMEOUT_S)
         except BaseException:
             self.close()
@@ -164,17 +170,37 @@ class MegatronTrainer:
     def relayout(self, layout: Layout, units: Sequence[int] = ()) -> float:
         """Train on `layout` from now on (on `units`, see the constructor): the weights and AdamW's
         state leave the old ranks whole (HF names, the torch trainer's layout), the old ranks stop,
-        and the new ranks start from them, sharded anew. Returns the seconds it took."""
+        and the new ranks start from them, sharded anew. A layout the model or the units cannot take
+        is refused before anything stops; new ranks that fail to start give way to the old layout
+        again (from the same weights and state) before the error is raised. Returns the seconds it took."""
         import tempfile
 
+        self._check(layout, units)
         began = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="libra-relayout-") as directory:
             self.save_weights(directory)
             state = self.optimizer_state()
+            old_layout, old_units = self.layout, self.units
             self.close()
-            self.units = tuple(units)
-            self._start(layout, Path(directory))  # the ranks hold their shards once started
+            try:
+                self.units = tuple(units)
+                self._start(layout, Path(directory))  # the ranks hold their shards once started
+            except BaseException:
+                self.units = old_units
+                self._start(old_layout, Path(directory))
+                self.load_optimizer_state(state)
+                raise
         self.load_optimizer_state(state)
+        return time.perf_counter() - began
+
+    def place(self, units: Sequence[int]) -> float:
+        """Run the ranks on `units` in the same layout: CPU ranks are pinned anew (`rank_units`, a
+        thread per core); GPU ranks are restarted on the new GPUs (`relayout`). Seconds taken."""
+        if self.device.type == "cuda":
+            return self.relayout(self.layout, units)
+        began = time.perf_counter()
+        self._call("pin", per_rank=self._check(self.layout, units))
+        self.units = tuple(units)
         return time.perf_counter() - began
 
     # -- talking to the ranks --------------------------------------------------------------------
@@ -182,6 +208,8 @@ class MegatronTrainer:
     def _call(self, command: str, argument: Any = None, timeout_s: float = 24 * 3600.0,
               per_rank: Sequence[Any] | None = None) -> Any:
         """Send every rank `command` (with `argument`, or with its own item of `per_rank`); rank 0's answer."""
+        if not self._conns:
+            raise LibraError(f"the megatron trainer's ranks ({self.layout}) are stopped; open the run again")
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send((command, argument if per_rank is None else per_rank[rank]))
@@ -247,14 +275,6 @@ class MegatronTrainer:
     def load_optimizer_state(self, state: dict) -> None:
         self._call("load_optimizer", state["optimizer"])
         self.updates = int(state["updates"])
-
-    def pin(self, cores: Sequence[int]) -> None:
-        """Pin the running ranks (on the CPU) to `cores`, each to its run of them (`rank_units`), a
-        thread per core."""
-        if self.device.type != "cpu":
-            raise LibraError(f"only CPU ranks are pinned to cores; these run on {self.device}")
-        self._call("pin", per_rank=rank_units(self.layout, tuple(cores)))
-        self.units = tuple(cores)
 
     def set_threads(self, count: int) -> None:
         """The ranks' intra-op threads: `count` shared among them (unpinned ranks; pinned ones keep a

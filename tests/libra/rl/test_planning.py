@@ -58,6 +58,9 @@ def test_an_iteration_becomes_one_row_per_engine_batch_size_and_one_training_row
     assert timing_rows(1, (), TrainTiming(0.0, 0, 0, 0, Layout()), "h", "m") == []
     megatron = timing_rows(2, (), TrainTiming(2.0, 8, 4096, 600, Layout(tp=2, pp=2, dp=1)), "h", "m")
     assert [(r["tp"], r["pp"], r["dp"]) for r in megatron] == [(2, 2, 1)]  # the ranks' layout, for the fit
+    old = TrainTiming.__new__(TrainTiming)  # as a checkpoint's record pickled before layouts holds it
+    old.__setstate__({"seconds": 1.5, "sequences": 8, "tokens": 4096, "max_tokens": 600, "workers": 3})
+    assert old == TrainTiming(1.5, 8, 4096, 600, Layout(dp=3))
 
 
 def test_an_engine_restart_is_a_timing_row_that_calibration_leaves_out():
@@ -160,6 +163,11 @@ def test_the_first_layout_is_the_planners_for_the_longest_step_the_config_admits
     with pytest.raises(LibraError, match="no training layout on 2 worker\\(s\\) that fits the policy's memory for "
                                          "sequences of 4096 tokens"):
         planned_layout(local_cost_model(two, "q", QWEN_1_5B, PlannerConfig()), workload, 2)
+    # 14 query heads on 2 key/value groups: tensor parallelism of 2 at most, however many workers
+    fourteen = {**QWEN_1_5B, "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                "intermediate_size": 4864}
+    sixteen = LocalCluster.of_cores(tuple(range(16)), 1, 8 * 2**30 * 16)
+    assert planned_layout(local_cost_model(sixteen, "f", fourteen, PlannerConfig()), workload, 16) == Layout(tp=2, dp=8)
     tiny = {**QWEN_1_5B, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
             "intermediate_size": 768, "vocab_size": 512}
     assert planned_layout(local_cost_model(two, "t", tiny, PlannerConfig()), prior_workload(64, 1536), 2) == Layout(dp=2)

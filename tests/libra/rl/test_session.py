@@ -76,3 +76,15 @@ def test_an_unnamed_run_resumes_under_its_derived_name(tmp_path):
     base = small(tmp_path, "policy-dir", run="")
     named = base.model_copy(update={"trainer": replace_trainer(base, run="train-math-seed0")})
     assert base.trainer.run_name() == "train-math-seed0" and config_digest(base) == config_digest(named)
+
+
+def test_runs_checkpointed_before_layouts_were_planned_resume_and_a_planned_one_is_another_run():
+    """A fixed layout (the default) leaves the digest as it was before `trainer.layout` existed (the
+    value below is what that version computed for this config); `planned` trains otherwise."""
+    config = LibraConfig.model_validate({"trainer": {"policy": "/nonexistent/policy", "run": "digest",
+                                                     "backend": "megatron", "tp": 2}})
+    assert config_digest(config) == "9a728cc89c556b27"
+    planned = LibraConfig.model_validate({"trainer": {"policy": "/nonexistent/policy", "run": "digest",
+                                                      "backend": "megatron", "layout": "planned"},
+                                          "placement": {"policy": "colocated"}, "rollout": {"engine": "vllm"}})
+    assert config_digest(planned) != config_digest(planned.model_copy(update={"trainer": replace_trainer(planned, layout="fixed")}))

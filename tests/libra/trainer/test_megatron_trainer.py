@@ -106,7 +106,12 @@ def test_a_relayout_reshards_the_weights_and_optimizer_and_training_goes_on_as_t
     megatron = MegatronTrainer(gqa_policy, CONFIG, layout=Layout(tp=2), units=cores)
     try:
         pinned = [set(os.sched_getaffinity(p.pid)) for p in megatron._ranks]
-        got = [megatron.train_step(b) for b in batches[:2]]
+        got = [megatron.train_step(b) for b in batches[:1]]
+        with pytest.raises(LibraError, match="tp=3 does not divide"):  # refused before any rank stops
+            megatron.relayout(Layout(tp=3), cores)
+        megatron.place(cores[::-1])  # the same layout on the cores the other way round
+        swapped = [set(os.sched_getaffinity(p.pid)) for p in megatron._ranks]
+        got.append(megatron.train_step(batches[1]))
         seconds = megatron.relayout(Layout(dp=2), cores)
         assert megatron.layout == Layout(dp=2) and megatron.updates == 2 and seconds > 0
         got.append(megatron.train_step(batches[2]))
@@ -114,6 +119,7 @@ def test_a_relayout_reshards_the_weights_and_optimizer_and_training_goes_on_as_t
     finally:
         megatron.close()
     assert pinned == [{cores[0]}, {cores[1]}]  # each rank on its run of the trainer's cores
+    assert swapped == [{cores[1]}, {cores[0]}]
     for g, w in zip(got, want, strict=True):
         assert g.loss == pytest.approx(w.loss, abs=1e-5) and g.lr == w.lr
         assert g.grad_norm == pytest.approx(w.grad_norm, rel=1e-4)
