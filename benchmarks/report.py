@@ -415,6 +415,8 @@ def megatron_section(result: dict) -> list[str]:
                  f"{curve(runs['megatron'])} ({runs['megatron']['wall_s']:.0f} s) | torch: {curve(runs['torch'])} "
                  f"({runs['torch']['wall_s']:.0f} s) | gain {runs['megatron']['reward_end'] - runs['megatron']['reward_start']:+.3f}"
                  f" / {runs['torch']['reward_end'] - runs['torch']['reward_start']:+.3f} | rises as with torch |")
+    if learned.get("note"):
+        lines += ["", learned["note"]]
     return lines
 
 
