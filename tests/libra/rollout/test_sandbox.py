@@ -161,10 +161,12 @@ def test_programs_it_starts_are_confined_too(episode, host):
 
 
 def test_a_child_in_a_new_session_dies_with_the_call(episode, host, tmp_path):
+    # the grandchild writes 5 s after the fork: the call must have ended (and killed it) by then,
+    # with room for a loaded machine (at 1.5 s a busy CI machine let it write once)
     code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-            "        time.sleep(1.5)\n        open('late.txt', 'w').write('survived')\n    os._exit(0)\nprint('left')")
+            "        time.sleep(5.0)\n        open('late.txt', 'w').write('survived')\n    os._exit(0)\nprint('left')")
     assert attack(episode, host, code) == ("left", "ok")
-    time.sleep(2.5)
+    time.sleep(6.0)
     assert not (tmp_path / "work" / "late.txt").exists()
 
 
