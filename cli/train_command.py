@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
                      help="where rollout and training run (overrides placement.policy): libra re-plans from the run's "
                      "statistics, static keeps the initial split, colocated takes turns on every worker")
     cmd.add_argument("--trainer", choices=("torch", "megatron"),
-                     help="the training backend (overrides trainer.backend; megatron's layout is trainer.tp/pp/dp)")
+                     help="the training backend (overrides trainer.backend; megatron's layout is trainer.tp/pp/dp, or the "
+                          "planner's with trainer.layout: planned)")
     cmd.add_argument("--restart", action="store_true", help="train the run again from the initial policy, replacing it")
     cmd.add_argument("--json", action="store_true", help="end with one JSON line instead of the summary")
     cmd.set_defaults(handler=cmd_train)
