@@ -1,6 +1,6 @@
 """The run's trainer chosen and placed (libra/rl/trainers.py): a megatron trainer whose layout the
 planner decides, started on the trainer's workers in the planner's first layout and resharded when
-a plan moves it, in a live session (vLLM engines, the shipped policy, two one-core workers)."""
+a plan changes it, in a live session (a vLLM engine, the shipped policy, two one-core workers)."""
 
 import os
 
@@ -41,11 +41,12 @@ def test_the_planners_layout_trains_and_a_move_reshards_the_trainer(policy_dir, 
         assert first.timing.layout == Layout(dp=2) and session.trainer.updates == 1
         session.sync()
 
-        # a plan that splits the workers: the trainer keeps worker 1 in the plan's layout of one rank
-        session.apply(Placement(((0,),), (1,), False, "plan-1", layout=Layout()))
+        # a plan that keeps the workers but trains on one rank: the engine stays, the trainer is
+        # resharded into the plan's layout, its rank on the first training worker (the other idles)
+        restarted = session.apply(Placement(((0, 1),), (0, 1), True, "plan-1", layout=Layout()))
         reshard = session.reshard
-        assert (reshard.before, reshard.after) == (Layout(dp=2), Layout()) and reshard.seconds > 0
-        assert session.trainer.layout == Layout() and pinned(session.trainer) == [{cores[1]}]
+        assert not restarted and (reshard.before, reshard.after) == (Layout(dp=2), Layout()) and reshard.seconds > 0
+        assert session.trainer.layout == Layout() and pinned(session.trainer) == [{cores[0]}]
         row = reshard_row(1, 12.5, reshard, 1)
         assert row | {"detail": ""} == {"step": 1, "time_s": 12.5, "worker_id": "trainer", "gpus": 1,
                                         "from_state": "training", "to_state": "training",
