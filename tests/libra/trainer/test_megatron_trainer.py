@@ -42,17 +42,31 @@ def hf_weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in trainer.model.state_dict().items() if k != "lm_head.weight"}
 
 
-@pytest.mark.parametrize("layout", [Layout(), Layout(tp=2), Layout(pp=2), Layout(dp=2)], ids=lambda layout: f"tp{layout.tp}-pp{layout.pp}-dp{layout.dp}")
-def test_one_update_equals_the_torch_trainers(gqa_policy, layout):
+LAYOUTS = [Layout(), Layout(tp=2), Layout(pp=2), Layout(dp=2)]
+
+
+def layout_id(layout: Layout) -> str:
+    return f"tp{layout.tp}-pp{layout.pp}-dp{layout.dp}"
+
+
+def one_update_of_each(policy: Path, layout: Layout, device: str = "cpu"):
+    """The torch trainer and the megatron trainer in `layout` each take one update on the same
+    samples: (megatron's stats, its HF weights, the torch trainer's stats, the torch trainer)."""
     samples = random_samples(1)
-    torch_trainer = PolicyTrainer(gqa_policy, CONFIG)
+    torch_trainer = PolicyTrainer(policy, CONFIG, device=device)
     want = torch_trainer.train_step(samples)
-    megatron = MegatronTrainer(gqa_policy, CONFIG, layout=layout)
+    megatron = MegatronTrainer(policy, CONFIG, layout=layout, device=device)
     try:
         got = megatron.train_step(samples)
         weights = megatron.hf_state_dict()
     finally:
         megatron.close()
+    return got, weights, want, torch_trainer
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=layout_id)
+def test_one_update_equals_the_torch_trainers(gqa_policy, layout):
+    got, weights, want, torch_trainer = one_update_of_each(gqa_policy, layout)
     assert got.loss == pytest.approx(want.loss, abs=1e-5)
     assert got.kl == pytest.approx(want.kl, abs=1e-6)  # 0: the weights are the reference's
     assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
@@ -153,20 +167,12 @@ def test_a_rank_that_dies_is_a_rank_lost_error_and_the_others_are_stopped(gqa_po
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", [Layout(), Layout(tp=2), Layout(pp=2), Layout(dp=2)], ids=lambda layout: f"tp{layout.tp}-pp{layout.pp}-dp{layout.dp}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=layout_id)
 def test_on_cuda_one_update_equals_the_torch_trainers(gqa_policy, layout):
     """The CPU equivalence on GPUs: NCCL between the ranks, one GPU a rank, the torch trainer on GPU 0."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < layout.world:
         pytest.skip(f"needs {layout.world} CUDA device(s)")
-    samples = random_samples(1)
-    torch_trainer = PolicyTrainer(gqa_policy, CONFIG, device="cuda")
-    want = torch_trainer.train_step(samples)
-    megatron = MegatronTrainer(gqa_policy, CONFIG, layout=layout, device="cuda")
-    try:
-        got = megatron.train_step(samples)
-        weights = megatron.hf_state_dict()
-    finally:
-        megatron.close()
+    got, weights, want, torch_trainer = one_update_of_each(gqa_policy, layout, "cuda")
     assert got.loss == pytest.approx(want.loss, abs=1e-5)
     assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
     assert_same_policy({k: v.cpu() for k, v in weights.items()}, {k: v.cpu() for k, v in hf_weights(torch_trainer).items()},
