@@ -98,7 +98,7 @@ def check_megatron_layout(config: LibraConfig) -> None:
     import os
 
     from libra.rl.ray_cluster import address_of
-    from libra.trainer.layout import Layout
+    from libra.rl.trainers import check_layout_fits, fixed_layout
 
     t = config.trainer
     if t.backend != "megatron" or address_of(config):
@@ -106,14 +106,13 @@ def check_megatron_layout(config: LibraConfig) -> None:
     if config.placement.policy != "none":
         from libra.rl.cluster import initial_placement
         from libra.rl.session import local_cluster
-        from libra.rl.trainers import check_layout_fits
 
         cluster = local_cluster(config)
         check_layout_fits(config, initial_placement(config.placement.policy, cluster, config.placement.hybrids))
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    layout = Layout(t.tp, t.pp, t.dp)
-    if t.device == "cpu" and layout.world > cores:
+    layout = fixed_layout(config)  # unplaced, the layout is fixed (planned needs a placement: the config says so)
+    if layout is not None and t.device == "cpu" and layout.world > cores:
         raise LibraError(f"trainer.tp x pp x dp = {layout.world} rank processes ({layout}), but this process may use "
                          f"{cores} core(s): a rank needs one of its own; lower the layout")
 

@@ -17,6 +17,7 @@ pooled megatron run trains at TP = PP = 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -46,6 +47,18 @@ from libra.trainer.trainer import TALLIES, tallies
 ONE = Sharding(1, 1)
 
 
+@lru_cache(maxsize=4)
+def _architecture(policy_dir: str):
+    """The policy's architecture, read once per process (every step's shard and every publish need it)."""
+    return read_architecture(policy_dir)
+
+
+@lru_cache(maxsize=4)
+def _hf_order(policy_dir: str) -> list[str]:
+    """The HF parameter order of the torch trainer's optimizer layout, built once per process."""
+    return hf_parameter_names(policy_dir)
+
+
 def join_megatron(device: torch.device) -> None:
     """Megatron's parallel state for a one-process replica: the default process group (a group of
     one when the process has none), model parallel 1 x 1, the CPU shims on the CPU."""
@@ -71,23 +84,20 @@ class MegatronGRPOTask(GRPOTask):
         device = torch.device("cpu")
         join_megatron(device)
         torch.manual_seed(self.trainer.seed)
-        arch = read_architecture(self.policy_dir)
+        arch = _architecture(self.policy_dir)
         model, _ = gpt_model(arch, Layout(), device)
         load_shard(model, read_hf_weights(self.policy_dir), arch, ONE, 0, 0)
         optimizer = make_optimizer(model.parameters(), self.trainer.lr, self.trainer.weight_decay)
         if self.optimizer_path:  # the torch trainer's layout (a checkpoint's, or a published update's)
             state = torch.load(self.optimizer_path, weights_only=False)
             names = [n for n, _ in model.named_parameters()]
-            optimizer.load_state_dict(moments_from_hf(state, arch, ONE, 0, 0, names, self._hf_order(), device))
+            optimizer.load_state_dict(moments_from_hf(state, arch, ONE, 0, 0, names, _hf_order(self.policy_dir), device))
         return model, optimizer
-
-    def _hf_order(self) -> list[str]:
-        return hf_parameter_names(self.policy_dir)
 
     def accumulate(self, model: nn.Module, step: int, rows: range) -> Shard:
         mine = self.samples(step)[rows.start:rows.stop]
         device = next(model.parameters()).device
-        arch = read_architecture(self.policy_dir)
+        arch = _architecture(self.policy_dir)
         reference = _reference(self.reference_dir or self.policy_dir, str(device)) if self.trainer.kl_coef > 0 else None
         sums = torch.zeros(len(TALLIES), dtype=torch.float64)
         padded = 0
@@ -106,11 +116,11 @@ class MegatronGRPOTask(GRPOTask):
     def save_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """The weights converted to HF form and AdamW's state to the torch trainer's layout: a
         published update reads as the other trainers' do (and resumes on any backend)."""
-        arch = read_architecture(self.policy_dir)
+        arch = _architecture(self.policy_dir)
         params = {n: p.detach() for n, p in model.named_parameters()}
         save_hf(self.policy_dir, to_hf({(0, 0): params}, arch, ONE), directory)
         state = optimizer.state_dict()
         names = list(params)
         moments = {key: {(0, 0): {n: state["state"][i][key] for i, n in enumerate(names) if i in state["state"]}}
                    for key in ("exp_avg", "exp_avg_sq")}
-        torch.save(moments_to_hf(state, moments, arch, ONE, self._hf_order()), directory / "optimizer.pt")
+        torch.save(moments_to_hf(state, moments, arch, ONE, _hf_order(self.policy_dir)), directory / "optimizer.pt")
