@@ -16,7 +16,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from libra.config import LibraConfig, TrainerConfig
-from libra.rl.session import IterationRecord, RolloutStats, TrainingSession, Update
+from libra.rl.records import IterationRecord, RolloutStats, Update
+from libra.rl.session import TrainingSession
 
 SESSIONS: dict[str, TrainingSession] = {}  # run name -> its live session in this process
 LISTENERS: list[Callable[[IterationRecord], None]] = []  # told of each recorded iteration (progress lines)
