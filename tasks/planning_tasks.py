@@ -119,10 +119,9 @@ def _controller(s):
 
 
 def _cost(s):
-    from libra.rl.planning import local_cost_model
+    from libra.rl.planning import policy_cost_model
 
-    config = json.loads((Path(s.policy) / "config.json").read_text())
-    return local_cost_model(s.cluster, s.model_name(), config, s.config.planner)
+    return policy_cost_model(s.cluster, s.policy, s.config.planner)
 
 
 @task(name="plan", cache_policy=NO_CACHE)

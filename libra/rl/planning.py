@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from libra.config import PlannerConfig
 from libra.errors import LibraError
@@ -86,6 +87,13 @@ def local_cost_model(cluster: LocalCluster, model: str, hf_config: dict, config:
     out no faster than one."""
     cost = cost_model(cluster.planner_cluster(), model_profile_of(model, hf_config), config)
     return replace(cost, rollout=replace(cost.rollout, shared_host=True))
+
+
+def policy_cost_model(cluster: LocalCluster, policy: str | Path, config: PlannerConfig) -> CostModel:
+    """`local_cost_model` for the HF policy in `policy` (its config.json; named as its folder): what
+    the run's planning flow plans with, and what a planned trainer's first layout is chosen by."""
+    hf_config = json.loads((Path(policy) / "config.json").read_text())
+    return local_cost_model(cluster, Path(policy).name, hf_config, config)
 
 
 def timing_rows(step: int, decode: Sequence[EngineTiming], train: TrainTiming | None, hardware: str,

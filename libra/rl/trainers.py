@@ -20,7 +20,6 @@ The trainers:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -72,13 +71,12 @@ def check_layout_fits(config: LibraConfig, placement: Placement) -> None:
 def with_first_layout(config: LibraConfig, placement: Placement, cluster: LocalCluster, policy: Path) -> Placement:
     """`placement` with the layout a `planned` megatron trainer starts in: the one it has (a resumed
     run's, or a plan's), else the planner's for its trainer workers before anything is measured."""
-    from libra.rl.planning import local_cost_model, planned_layout, prior_workload
+    from libra.rl.planning import planned_layout, policy_cost_model, prior_workload
 
     if config.trainer.layout != "planned" or placement.layout is not None:
         return placement
     t = config.trainer
-    hf_config = json.loads((policy / "config.json").read_text())
-    cost = local_cost_model(cluster, policy.name, hf_config, config.planner)
+    cost = policy_cost_model(cluster, policy, config.planner)
     workload = prior_workload(t.prompts_per_step * t.samples_per_prompt, config.rollout.max_context)
     return replace(placement, layout=planned_layout(cost, workload, len(placement.train)))
 
