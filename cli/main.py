@@ -60,6 +60,7 @@ def common_options() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     from cli import (
         compare_command,
+        dashboard_command,
         deploy_command,
         plan_command,
         pool_command,
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout_command.register(sub, parent)
     run_command.register(sub, parent)
     train_command.register(sub, parent)
+    dashboard_command.register(sub, parent)
     compare_command.register(sub, parent)
     deploy_command.register(sub, parent)
     return parser

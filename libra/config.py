@@ -63,6 +63,17 @@ class TrackingConfig(_Section):
     )
 
 
+class DashboardConfig(_Section):
+    """The read-only web dashboard (`libra dashboard`)."""
+
+    host: str = Field("127.0.0.1", min_length=1, max_length=255,
+                      description="address to listen on (127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
+    port: int = Field(8050, ge=0, le=65_535, description="port to listen on (0: any free port)")
+    refresh_s: float = Field(2.0, ge=0.2, le=3_600.0, description="how often an open page checks the run for new data")
+    max_points: int = Field(2_000, ge=4, le=100_000, description="points per series at most; longer runs are binned")
+    max_series: int = Field(6, ge=1, le=50, description="series per comparison chart at most")
+
+
 class OrchestrationConfig(_Section):
     """Prefect settings for running flows without a server."""
 
@@ -274,6 +285,7 @@ class LibraConfig(_Section):
     scheduler: SchedulerConfig = SchedulerConfig()
     pool: PoolConfig = PoolConfig()
     tracking: TrackingConfig = TrackingConfig()
+    dashboard: DashboardConfig = DashboardConfig()
     orchestration: OrchestrationConfig = OrchestrationConfig()
     sandbox: SandboxConfig = SandboxConfig()
     rollout: RolloutConfig = RolloutConfig()

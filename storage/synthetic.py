@@ -22,8 +22,13 @@ def _labels(prefix: str, numbers: np.ndarray) -> pa.Array:
     return pc.binary_join_element_wise(prefix, pa.array(numbers).cast(pa.string()), "")
 
 
-def synthetic_turns(run: str, step: int, rows: int, turns_per_trajectory: int = 20, seed: int = 0) -> pa.Table:
-    """`rows` turn rows of step `step` (the last trajectory may be cut short)."""
+def synthetic_turns(run: str, step: int, rows: int, turns_per_trajectory: int = 20, seed: int = 0,
+                    routed: int = 0) -> pa.Table:
+    """`rows` turn rows of step `step` (the last trajectory may be cut short). With `routed` > 0 the
+    turns also carry what a routed rollout records: an instance and a bucket out of `routed` (a
+    trajectory moves up a bucket with probability 0.1 at each turn; a move is a migration), the
+    generation seconds (20 ms a token) and the tool seconds (log-normal), and the model version
+    (the step)."""
     rng = np.random.default_rng([seed, step])
     index = np.arange(rows)
     turn_idx = (index % turns_per_trajectory).astype(np.int32)
@@ -49,6 +54,15 @@ def synthetic_turns(run: str, step: int, rows: int, turns_per_trajectory: int = 
         "tool_status": pc.if_else(final, "none", STATUSES.take(rng.integers(0, len(STATUSES), rows))),
         "is_final": final,
     }
+    if routed:
+        up = (rng.random(rows) < 0.1) & (turn_idx > 0)
+        climbed = np.cumsum(up) - np.cumsum(up)[trajectory * turns_per_trajectory]
+        bucket = np.minimum(trajectory % routed + climbed, routed - 1).astype(np.int32)
+        moved = np.zeros(rows, dtype=bool)
+        moved[1:] = (bucket[1:] != bucket[:-1]) & (turn_idx[1:] > 0)
+        columns |= {"instance": pa.array(bucket).cast(pa.string()), "bucket": pa.array(bucket), "migrated": pa.array(moved),
+                    "gen_latency_s": pa.array(gen * 0.02), "tool_latency_s": pa.array(np.where(is_final, 0.0, rng.lognormal(-1.0, 1.0, rows))),
+                    "model_version": pa.array(np.full(rows, step, dtype=np.int64))}
     return pa.Table.from_arrays(
         [columns[f.name] if f.name in columns else pa.nulls(rows, f.type) for f in TURNS.arrow], schema=TURNS.arrow
     )

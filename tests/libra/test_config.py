@@ -34,7 +34,7 @@ def test_unknown_key_names_key_and_allowed(tmp_path: Path) -> None:
 def test_unknown_section(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("planer: {}\n")
-    with pytest.raises(ConfigError, match="unknown key 'planer'; allowed keys here: store, traces, planner, scheduler, pool, tracking, orchestration"):
+    with pytest.raises(ConfigError, match="unknown key 'planer'; allowed keys here: store, traces, planner, scheduler, pool, tracking, dashboard, orchestration"):
         load_config(path)
 
 

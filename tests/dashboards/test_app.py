@@ -1,0 +1,159 @@
+"""The web application: its routes, its refusals, that it only reads, and `libra dashboard`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ("overview", "trajectories", "scheduling", "pools")
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_every_page_of_every_run_answers(client) -> None:
+    index = client.get("/")
+    assert index.status_code == 200
+    for run in ("fixture-train", "fixture-sim", "fixture-traces"):
+        assert f"/runs/{run}/overview" in index.text
+        for name in PAGES:
+            html = client.get(f"/runs/{run}/{name}")
+            assert html.status_code == 200 and f'data-api="/api/runs/{run}/{name}"' in html.text
+            body = client.get(f"/api/runs/{run}/{name}").json()
+            assert body["charts"] or body["notice"], (run, name)
+    assert client.get("/compare").status_code == 200
+    assert client.get("/plotly.min.js").headers["content-type"].startswith("text/javascript")
+    assert client.get("/static/dashboard.js").status_code == 200
+    assert client.get("/runs/fixture-train", follow_redirects=False).headers["location"] == "/runs/fixture-train/overview"
+
+
+def test_missing_runs_pages_and_parameters_get_a_clear_answer(client) -> None:
+    page = client.get("/runs/no-such-run/overview")
+    assert page.status_code == 404
+    assert "no run named &#39;no-such-run&#39; in the store" in page.text and "fixture-train" in page.text
+    assert "Traceback" not in page.text
+    assert client.get("/api/runs/no-such-run/pools").json()["error"].startswith("no run named 'no-such-run'")
+    assert client.get("/runs/../../etc/overview").status_code == 404
+    assert client.get("/api/runs/..%2Fetc/overview").status_code == 404
+    bad_page = client.get("/runs/fixture-train/settings")
+    assert bad_page.status_code == 404 and "no page &#39;settings&#39;" in bad_page.text
+    for query, message in (("/api/runs/fixture-sim/overview?policy=nope", "run 'fixture-sim' has no policy 'nope'"),
+                           ("/api/runs/fixture-train/scheduling?step=x", "step must be a whole number"),
+                           ("/api/runs/fixture-train/scheduling?recent=0", "recent must be between 1 and"),
+                           ("/api/runs/fixture-train/trajectories?trajectory=7", "trajectory must be <step>:<trajectory id>"),
+                           ("/api/compare?series=nope:libra", "no series 'nope:libra'")):
+        response = client.get(query)
+        assert response.status_code == 400 and message in response.json()["error"], query
+    gone = client.get("/api/runs/fixture-train/trajectories?trajectory=3:nope").json()
+    assert [c["empty"] for c in gone["charts"] if c["key"] == "timeline"] == ["no such trajectory in this run"]
+
+
+def test_only_reads(client, dash_root) -> None:
+    before = tree_digest(dash_root / "store"), tree_digest(dash_root).get("mlflow.db")
+    for run in ("fixture-train", "fixture-sim", "fixture-traces"):
+        for name in PAGES:
+            client.get(f"/api/runs/{run}/{name}")
+    client.get("/api/compare")
+    for method in ("post", "put", "delete", "patch"):
+        assert getattr(client, method)("/api/runs/fixture-train/overview").status_code == 405
+    assert (tree_digest(dash_root / "store"), tree_digest(dash_root).get("mlflow.db")) == before
+
+
+def test_a_missing_mlflow_database_is_not_created(dash_root, tmp_path) -> None:
+    from dashboards.sources import Reads, Tracking
+
+    tracking = Tracking(f"sqlite:///{tmp_path / 'none.db'}")
+    assert tracking.history("fixture-train", Reads()) == {} and not (tmp_path / "none.db").exists()
+
+
+def test_other_hosts_are_refused_on_loopback(client) -> None:
+    assert client.get("/", headers={"host": "evil.example"}).status_code == 400
+    assert client.get("/", headers={"host": "localhost:8050"}).status_code == 200
+
+
+def test_events_announce_a_commit(tmp_path) -> None:
+    """The change stream: one `changed` event once a commit changes the run."""
+    import pyarrow as pa
+    from fastapi.testclient import TestClient
+
+    from dashboards.app import create_app
+    from dashboards.sources import Store, Tracking
+    from libra.config import DashboardConfig
+    from storage.writer import StoreWriter
+
+    writer = StoreWriter(tmp_path / "store", fsync=False)
+    row = {"run": "live", "step": 0, "policy": "libra", "step_s": 1.0}
+    writer.write_step("steps", "live", 0, pa.Table.from_pylist([row]))
+    app = create_app(Store(tmp_path / "store"), Tracking(None), DashboardConfig(refresh_s=0.2))
+    seen: list[str] = []
+
+    def commit_soon() -> None:
+        time.sleep(1.0)
+        writer.write_step("steps", "live", 1, pa.Table.from_pylist([row | {"step": 1}]))
+
+    threading.Thread(target=commit_soon, daemon=True).start()
+    with TestClient(app, base_url="http://127.0.0.1") as client, client.stream("GET", "/events?run=live") as stream:
+        for line in stream.iter_lines():
+            seen.append(line)
+            if line.startswith("event: changed"):
+                break
+    assert seen[0].startswith("retry: 200") and seen[-1] == "event: changed"
+
+
+def test_cli_serves_on_the_address_it_prints_and_stops_on_ctrl_c(dash_root) -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "dashboard", "--store", str(dash_root / "store"),
+                             "--port", "0", "--run", "fixture-train"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("Libra dashboard on http://127.0.0.1:") and "/runs/fixture-train/overview" in line
+        url = line.split()[3]
+        with urllib.request.urlopen(url) as response:
+            assert response.status == 200
+        base = url.split("/runs/")[0]
+        with urllib.request.urlopen(base + "/") as response:  # only the run asked for
+            text = response.read().decode()
+        assert "fixture-train" in text and "fixture-sim" not in text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode in (0, 130), err[-2000:]
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--run", "nope"], "--run nope: no such run in the store"),
+    (["--port", "70000"], "dashboard.port: Input should be less than or equal to 65535"),
+    (["--host", "no.such.host.invalid"], "cannot resolve host 'no.such.host.invalid'"),
+])
+def test_cli_refuses_bad_input_in_one_line(dash_root, args, message) -> None:
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "dashboard", "--store", str(dash_root / "store"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("libra: error: ") and message in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_cli_refuses_a_port_in_use(dash_root) -> None:
+    from dashboards.server import bind
+
+    taken = bind("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "dashboard", "--store", str(dash_root / "store"),
+                               "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        taken.close()
+    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
