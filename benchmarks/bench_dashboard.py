@@ -3,7 +3,8 @@
 - a 200-step simulation on a 48-GPU cluster (6x8 A800, search-r1, Qwen3-14B; `libra simulate`,
   five policies): the overview, pools and comparison pages;
 - a store of 10,000,000 routed turn rows (100 steps of synthetic turns with instances, buckets,
-  migrations and latencies, their trajectories and a steps row per step): every run page.
+  migrations and latencies, their trajectories, a steps row per step and 8 hybrids' join and leave
+  events each step): every run page.
 
 The dashboard runs as `libra dashboard` serves it (uvicorn, one process) and headless Chromium opens
 each page: the time is from the navigation to every chart drawn. Each page is opened `--repeats`
@@ -61,12 +62,28 @@ def build_big(root: Path, rows: int, steps: int) -> float:
         gen = pc.sum(trajectories.column("gen_tokens")).as_py()
         row = {"run": BIG_RUN, "step": step, "policy": "libra", "start_s": 600.0 * step, "rollout_s": 420.0,
                "train_s": 300.0, "step_s": 600.0, "trajectories": n, "gen_tokens": gen, "trained_tokens": gen,
-               "train_gpus": 16, "rollout_gpus": 32, "hybrid_gpus": 0}
+               "train_gpus": 16, "rollout_gpus": 24, "hybrid_gpus": 8}
         with writer.transaction(BIG_RUN, mode="replace" if step == 0 else "update", origin="train") as tx:
             tx.write_step("turns", step, turns)
             tx.write_step("trajectories", step, trajectories)
             tx.write_step("steps", step, pa.Table.from_pylist([row]))
+            tx.write_step("pool_events", step, pa.Table.from_pylist(hybrid_events(step, 600.0 * step)))
     return time.perf_counter() - began
+
+
+def hybrid_events(step: int, start_s: float, hybrids: int = 8) -> list[dict]:
+    """Each hybrid's lifecycle in one step: it leaves the rollout's tail, joins, trains and is
+    released; every seventh join is rolled back."""
+    rows = []
+    for h in range(hybrids):
+        t = start_s + 300.0 + 10.0 * h
+        moves = [("rollout", "joining", "join_requested"), ("joining", "rollout", "rolled_back")] if (step + h) % 7 == 0 else \
+            [("rollout", "joining", "join_requested"), ("joining", "training", "activated"),
+             ("training", "leaving", "leave_requested"), ("leaving", "rollout", "released")]
+        for i, (a, b, event) in enumerate(moves):
+            rows.append({"run": BIG_RUN, "step": step, "time_s": t + [0.0, 12.0, 250.0, 254.0][i], "worker_id": f"hybrid-{h}",
+                         "gpus": 1, "from_state": a, "to_state": b, "event": event, "detail": ""})
+    return rows
 
 
 def open_page(page, url: str) -> float:

@@ -420,12 +420,30 @@ def megatron_section(result: dict) -> list[str]:
     return lines
 
 
+def dashboard_section(result: dict) -> list[str]:
+    stores = {"sim-48gpu": f"{result['sim_steps']}-step simulation, 48 GPUs, 5 policies",
+              "turns-10m": f"{result['rows']:,} routed turns over {result['steps']} steps"}
+    lines = [
+        f"**Dashboard** (`python -m benchmarks.bench_dashboard`; headless Chromium opening each page of `libra dashboard`, "
+        f"from the navigation to every chart drawn, {result['repeats']} opens each, the first right after the server "
+        f"started; the server's query times for the page beside it; {result['machine']})",
+        "",
+        "| store | page | charts drawn | first open | median open | ratio to the 3 s goal | server: page built | slowest queries |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in result["pages"]:
+        slow = ", ".join(f"{r['name']} {r['ms']:.0f} ms" for r in sorted(p["reads"], key=lambda r: -r["ms"])[:3])
+        lines.append(f"| {stores.get(p['store'], p['store'])} | `{p['page']}` | {p['charts']} | {p['first_s']:.2f} s | {p['median_s']:.2f} s | "
+                     f"{p['max_s'] / result['goal_s']:.2f} | {p['built_ms']:.0f} ms | {slow} |")
+    return lines
+
+
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
             "router": router_section, "sim": sim_section, "regimes": regimes_section,
             "pool": pool_section, "rollout": rollout_section, "train": train_section,
             "megatron": megatron_section,
             "train_policies": train_policies_section, "live_hybrids": live_hybrids_section,
-            "cluster": cluster_section}
+            "cluster": cluster_section, "dashboard": dashboard_section}
 
 
 def render() -> str:

@@ -146,7 +146,7 @@ class Tracking:
     tag; of several (a run trained again from the start) the one not superseded is read."""
 
     def __init__(self, uri: str | None) -> None:
-        from flows.runtime import absolute_tracking_uri
+        from libra.files import absolute_tracking_uri
 
         self.uri = absolute_tracking_uri(uri, create=False) if uri else None
         self._path = Path(self.uri.removeprefix("sqlite:///")) if self.uri and self.uri.startswith("sqlite:///") else None

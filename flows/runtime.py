@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from libra.config import LibraConfig
+from libra.files import absolute_tracking_uri
 
 # what keeps both libraries quiet and at home; they read these when they are imported
 QUIET = {
@@ -82,18 +83,6 @@ def quiet_engines() -> None:
     for key, value in (("VLLM_LOGGING_STREAM", "ext://sys.stderr"), ("VLLM_LOGGING_LEVEL", "ERROR"),
                        ("PYTHONWARNINGS", "ignore"), ("TORCH_CPP_LOG_LEVEL", "ERROR")):
         os.environ.setdefault(key, value)
-
-
-def absolute_tracking_uri(uri: str, create: bool = True) -> str:
-    """`sqlite:///relative.db` -> `sqlite:////abs/relative.db` (MLflow needs an absolute path); with
-    `create`, the database's directory is created."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix):
-        path = Path(uri[len(prefix):]).resolve()
-        if create:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        return prefix + str(path)
-    return uri
 
 
 @contextmanager

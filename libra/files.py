@@ -1,4 +1,5 @@
-"""File-system durability shared by the store and the trainer's checkpoints."""
+"""File-system helpers: durability shared by the store and the trainer's checkpoints, and where a
+relative SQLite tracking database lies."""
 
 from __future__ import annotations
 
@@ -13,3 +14,15 @@ def fsync_path(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def absolute_tracking_uri(uri: str, create: bool = True) -> str:
+    """`sqlite:///relative.db` -> `sqlite:////abs/relative.db` (MLflow needs an absolute path); with
+    `create`, the database's directory is created."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix):
+        path = Path(uri[len(prefix):]).resolve()
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return prefix + str(path)
+    return uri

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dashboards.figures import Page, Series, Span, Table, bars, heatmap, lines, timeline
 from dashboards.view import BadParameter, View, plain, stride
-from storage.queries import PER_STEP_DRIFT, TOOL_STATISTICS
+from storage.queries import PER_STEP_DRIFT
 
 BINS = 40
 
@@ -30,12 +30,12 @@ SELECT 'tool calls' AS what, num_tool_calls AS n, count(*) AS trajectories FROM 
 ORDER BY what, n
 """
 
-ERRORS_BY_STEP_SQL = """
-SELECT step // $stride * $stride AS step,
-       avg(CASE WHEN tool_status = 'error' THEN 100.0 ELSE 0.0 END) AS error_pct,
-       avg(CASE WHEN tool_status = 'timeout' THEN 100.0 ELSE 0.0 END) AS timeout_pct
+TOOLS_SQL = """
+SELECT step // $stride * $stride AS step, tool_name, count(*) AS calls,
+       count(*) FILTER (WHERE tool_status = 'error') AS errors,
+       count(*) FILTER (WHERE tool_status = 'timeout') AS timeouts
 FROM turns WHERE tool_name <> 'none'
-GROUP BY ALL ORDER BY step
+GROUP BY ALL
 """
 
 LONGEST_SQL = """
@@ -81,17 +81,24 @@ def build(view: View) -> Page:
         Series("tool calls", [c["n"] for c in counts if c["what"] == "tool calls"],
                [c["trajectories"] for c in counts if c["what"] == "tool calls"]),
     ], empty="no trajectories")
-    tools = plain(view.store.query(view.run, "tool_statistics", TOOL_STATISTICS.sql, {"last_steps": 0}, view.reads))
-    names = [t["tool_name"] for t in tools][:12]
+    by_tool: dict[str, list[int]] = {}
+    by_step: dict[int, list[int]] = {}
+    for r in view.rows("tool calls by step and tool", TOOLS_SQL, stride=k):  # one scan of the turns for both charts
+        for key, acc in ((r["tool_name"], by_tool), (r["step"], by_step)):
+            total = acc.setdefault(key, [0, 0, 0])
+            total[0] += r["calls"]
+            total[1] += r["errors"]
+            total[2] += r["timeouts"]
+    tools = sorted(by_tool.items(), key=lambda t: (-t[1][0], t[0]))[:12]
     tool_chart = bars("tools", "Tool errors by tool", "tool", "% of calls", [
-        Series("error", names, [100 * t["error_rate"] for t in tools[:12]],
-               hover=[f"{t['calls']:,} calls, {t['trajectories']:,} trajectories" for t in tools[:12]]),
-        Series("timeout", names, [100 * t["timeout_rate"] for t in tools[:12]]),
+        Series("error", [t for t, _ in tools], [100 * e / n for _, (n, e, _) in tools],
+               hover=[f"{n:,} calls" for _, (n, _, _) in tools]),
+        Series("timeout", [t for t, _ in tools], [100 * o / n for _, (n, _, o) in tools]),
     ], empty="no tool calls in this run", note="the 12 most called tools")
-    errs = view.rows("tool errors per step", ERRORS_BY_STEP_SQL, stride=k)
+    steps_seen = sorted(by_step)
     err_chart = lines("errors", "Tool errors per step", "step", "% of tool calls", [
-        Series("error", [e["step"] for e in errs], [e["error_pct"] for e in errs]),
-        Series("timeout", [e["step"] for e in errs], [e["timeout_pct"] for e in errs]),
+        Series("error", steps_seen, [100 * by_step[s][1] / by_step[s][0] for s in steps_seen]),
+        Series("timeout", steps_seen, [100 * by_step[s][2] / by_step[s][0] for s in steps_seen]),
     ], empty="no tool calls in this run")
     longest = view.rows("longest trajectories", LONGEST_SQL, limit=10)
     chosen = _chosen(view, longest)

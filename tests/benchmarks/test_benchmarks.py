@@ -57,3 +57,15 @@ def test_cost_model_benchmark_smoke_on_cpu(capsys) -> None:
 
 def test_readme_performance_section_is_current() -> None:
     assert report.main(["--check"]) == 0, "run `python -m benchmarks.report` to regenerate README.md"
+
+
+def test_dashboard_benchmark_smoke(capsys) -> None:
+    from pathlib import Path
+
+    from benchmarks import bench_dashboard
+
+    if not Path(bench_dashboard.CHROMIUM).exists():
+        pytest.skip("no /usr/bin/chromium (apt-get install chromium, as `make setup` does)")
+    assert bench_dashboard.main(["--rows", "4000", "--steps", "4", "--sim-steps", "2", "--repeats", "1", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" first ") == 8 and "slowest open" in out and "of the 3 s goal" in out
