@@ -24,14 +24,12 @@ def points(tab: Tab) -> int:
 
 
 def test_overview_gains_points_while_a_training_runs(browser, policy_dir, tmp_path) -> None:  # noqa: F811
+    from benchmarks.common import run_locations
     from dashboards.server import Background
     from dashboards.sources import Store, Tracking
     from libra.config import DashboardConfig
 
-    config = {
-        "store": {"root": str(tmp_path / "store"), "fsync": False},
-        "tracking": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "artifact_root": str(tmp_path / "artifacts")},
-        "orchestration": {"prefect_home": str(tmp_path / "prefect")},
+    config = run_locations(tmp_path) | {
         "rollout": {"engine": "hf", "max_turns": 2, "max_tokens_per_turn": 24, "max_context": 384},
         "trainer": {"policy": str(policy_dir), "run": "live", "steps": STEPS, "prompts_per_step": 2,
                     "samples_per_prompt": 2, "eval_prompts": 2, "eval_every": 100,
