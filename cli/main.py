@@ -210,5 +210,16 @@ def _main(argv: Sequence[str] | None) -> int:
         return fail("error: out of memory; the input is too large for this machine")
 
 
+def entry(argv: Sequence[str] | None = None) -> NoReturn:
+    """The `libra` program: one command, then exit; nothing printed after the command's result (by
+    atexit handlers, threads) reaches stdout."""
+    from cli import streams
+
+    streams.own_process()
+    code = main(argv)
+    streams.seal()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

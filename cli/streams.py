@@ -6,6 +6,11 @@ processes (vLLM's engine processes, Prefect's temporary server) write to file de
 and `sys.stdout` is `sys.stderr`, and the block writes its JSON to the stream it is given, which is
 the real stdout saved at the start. Child processes started in the block keep stderr as their
 stdout. Without `--json` the block runs unchanged and is given `sys.stdout`.
+
+In a process that is one `libra` command (the console script, `python -m cli.main`: `own_process`),
+stdout stays on stderr after the block, and `seal` points it there once the command returns: what
+prints while the process exits is not the result. Ray's driver, for one, prints the cluster's
+deduplicated warnings to `sys.stdout` when its atexit handler disconnects.
 """
 
 from __future__ import annotations
@@ -15,6 +20,30 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
+
+_owned = False  # this process is one command: its stdout is the result and nothing after it
+
+
+def own_process() -> None:
+    """This process runs one `libra` command and then exits: from the end of a `json_stdout` block
+    on, stdout is stderr."""
+    global _owned
+    _owned = True
+
+
+def seal() -> None:
+    """The command's result is written: whatever prints from now until the process exits (atexit
+    handlers, threads still running) goes to stderr."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):  # closed, or its reader went away: nothing more reaches it anyway
+        pass
+    try:
+        sys.stderr.flush()
+        os.dup2(2, 1)
+    except OSError:  # no stderr to point at
+        pass
+    sys.stdout = sys.stderr
 
 
 @contextmanager
@@ -46,12 +75,13 @@ def json_stdout(enabled: bool = True) -> Iterator[TextIO]:
         try:
             out.flush()
         finally:
-            sys.stdout = original
             try:
                 original.flush()  # what libraries left in the old stdout's buffer goes to stderr too
             except (OSError, ValueError):
                 pass
-            os.dup2(saved, 1)
+            if not _owned:
+                sys.stdout = original
+                os.dup2(saved, 1)
             os.close(saved)
             if out is not original:
                 try:

@@ -71,3 +71,26 @@ def test_json_commands_print_one_json_document(tmp_path: Path, argv: list[str]) 
 # vLLM logs to stdout and starts engine processes that inherit it: that with --json none of it reaches
 # stdout is asserted of every `libra train --json` on vLLM (tests/flows/test_train.py `finished`, run
 # by tests/flows/test_planning.py)
+
+
+LATE = """
+import atexit, os, sys, threading
+from cli.main import entry
+atexit.register(lambda: (print("printed at exit"), os.write(1, b"written to fd 1 at exit\\n")))
+entry(["runs", "--store", {store!r}, "--json"])
+"""
+
+
+def test_what_prints_after_the_result_while_the_program_exits_goes_to_stderr(tmp_path: Path) -> None:
+    # Ray's driver prints the cluster's deduplicated warnings to sys.stdout from its atexit handler
+    proc = run_script(LATE.format(store=str(tmp_path / "store")))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [] and proc.stdout.count("\n") == 1
+    assert proc.stderr.splitlines()[-2:] == ["printed at exit", "written to fd 1 at exit"]
+
+
+def test_the_program_without_json_also_keeps_exit_noise_off_stdout(tmp_path: Path) -> None:
+    proc = run_script(LATE.format(store=str(tmp_path / "store")).replace(', "--json"', ""))
+    assert proc.returncode == 0, proc.stderr
+    assert "at exit" not in proc.stdout
+    assert proc.stderr.splitlines()[-2:] == ["printed at exit", "written to fd 1 at exit"]
