@@ -35,9 +35,11 @@ from dashboards.sources import MissingRun, Store, Tracking
 from dashboards.view import BadParameter, View
 from libra.config import DashboardConfig
 from libra.errors import LibraError
+from storage.manifest import RUN_NAME
 
 HERE = Path(__file__).parent
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+MAX_EVENT_RUNS = 100
 
 
 def plotly_js() -> Path:
@@ -70,6 +72,11 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
     def favicon() -> FileResponse:
         return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: one line, not a traceback page
+        return JSONResponse({"error": f"the dashboard failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"},
+                            status_code=500)
+
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
         runs = sorted(store.runs(), key=lambda r: -r.committed_at)
@@ -88,25 +95,29 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
             info = store.info(run)
         except MissingRun as exc:
             return problem(request, 404, str(exc))
+        except LibraError as exc:  # a manifest that cannot be read
+            return problem(request, 500, str(exc))
         return html(request, "page.html", run=run, page=page, info=info, title=f"{run}: {RUN_PAGES[page][0]}",
                     api=f"/api/runs/{quote(run, safe='')}/{page}", events=f"/events?run={quote(run, safe='')}")
 
     @app.get("/compare", response_class=HTMLResponse)
     def compare_page(request: Request) -> HTMLResponse:
         return html(request, "page.html", run=None, page="compare", info=None, title="compare runs",
-                    api="/api/compare", events="/events?" + "&".join(f"run={quote(r, safe='')}" for r in store.names()))
+                    api="/api/compare", events="/events?" + "&".join(f"run={quote(r, safe='')}" for r in compared()))
 
-    def answer(build, view: View) -> JSONResponse:
+    def answer(build, view: View, runs: list[str]) -> JSONResponse:
         began = time.perf_counter()
+        seen = ""
         try:
+            seen = version(runs)  # before reading: a commit during the build shows as a change
             page: Page = build(view)
         except MissingRun as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
+            return JSONResponse({"error": str(exc), "version": seen}, status_code=404)
         except BadParameter as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return JSONResponse({"error": str(exc), "version": seen}, status_code=400)
         except LibraError as exc:  # a query the store could not answer (a run replaced mid-read, ...)
-            return JSONResponse({"error": str(exc)}, status_code=500)
-        body = asdict(page) | {"reads": [asdict(t) for t in view.reads.times],
+            return JSONResponse({"error": str(exc), "version": seen}, status_code=500)
+        body = asdict(page) | {"version": seen, "reads": [asdict(t) for t in view.reads.times],
                                "built_ms": round(1000 * (time.perf_counter() - began), 1)}
         return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
@@ -120,22 +131,38 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
     def run_api(request: Request, run: str, page: str) -> JSONResponse:
         if page not in RUN_PAGES:
             return JSONResponse({"error": f"no page {page!r}; pages: {', '.join(RUN_PAGES)}"}, status_code=404)
-        return answer(RUN_PAGES[page][1], View(store, tracking, settings, run, params(request)))
+        return answer(RUN_PAGES[page][1], View(store, tracking, settings, run, params(request)), [run])
 
     @app.get("/api/compare")
     def compare_api(request: Request) -> JSONResponse:
-        return answer(COMPARE, View(store, tracking, settings, "", params(request)))
+        return answer(COMPARE, View(store, tracking, settings, "", params(request)), compared())
 
     @app.get("/api/runs")
     def runs_api() -> JSONResponse:
         return JSONResponse([asdict(r) | {"kind": r.kind} for r in store.runs()])
 
-    def version(runs: list[str]) -> str:
-        return json.dumps([repr(store.version(r)) for r in runs] + [tracking.version()])
+    def compared() -> list[str]:
+        """The runs the comparison page listens to (the events stream takes at most MAX_EVENT_RUNS)."""
+        return store.names()[:MAX_EVENT_RUNS]
 
-    @app.get("/events")
-    async def events(request: Request) -> StreamingResponse:
+    def version(runs: list[str]) -> str:
+        """What changes when a commit changes one of `runs`, or MLflow's database changes."""
+        return json.dumps([repr(store.version(r)) if RUN_NAME.match(r) else "" for r in runs] + [tracking.version()])
+
+    @app.get("/events", response_model=None)
+    async def events(request: Request) -> StreamingResponse | JSONResponse:
+        """The runs' version now, then again each time it changes; the page compares it with the
+        version its data was read at, so a commit between the two (or during a reconnect) is not lost."""
         runs = request.query_params.getlist("run")
+        if len(runs) > MAX_EVENT_RUNS:
+            return JSONResponse({"error": f"give at most {MAX_EVENT_RUNS} run parameters"}, status_code=400)
+        for run in runs:
+            try:
+                store.info(run)
+            except MissingRun as exc:
+                return JSONResponse({"error": str(exc)}, status_code=404)
+            except LibraError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=500)
 
         async def stream() -> AsyncIterator[str]:
             last, beat = None, time.monotonic()
@@ -143,8 +170,7 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
             while not await request.is_disconnected():
                 now = await asyncio.to_thread(version, runs)
                 if now != last:
-                    if last is not None:
-                        yield f"event: changed\ndata: {json.dumps({'at': time.time()})}\n\n"
+                    yield f"event: version\ndata: {json.dumps(now)}\n\n"
                     last, beat = now, time.monotonic()
                 elif time.monotonic() - beat > 15:
                     yield ": still here\n\n"

@@ -8,7 +8,9 @@ series: pages pick what to draw and bin long runs before anything reaches here.
 
 from __future__ import annotations
 
+import html
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +74,18 @@ class Series:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def text(value: Any) -> Any:
+    """A string drawn by Plotly, escaped: Plotly renders some markup (links, styles) in names, hover
+    text and category labels, and these come from the store. A newline becomes a line break."""
+    if not isinstance(value, str):
+        return value
+    return html.escape(value, quote=False).replace("\n", "<br>")
+
+
+def texts(values: Sequence[Any] | None) -> list[Any] | None:
+    return None if values is None else [text(v) for v in values]
+
+
 def base_layout(x_title: str, y_title: str, **more: Any) -> dict[str, Any]:
     return {"height": HEIGHT, "margin": {"l": 64, "r": 24, "t": 16, "b": 52}, "hovermode": "x unified",
             "xaxis": {"title": {"text": x_title}, "zeroline": False}, "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
@@ -83,8 +97,9 @@ def as_json(fig: go.Figure) -> dict[str, Any]:
 
 
 def lines(key: str, title: str, x_title: str, y_title: str, series: Sequence[Series], *, empty: str,
-          note: str = "", shapes: Sequence[dict] = (), y2_title: str = "") -> Chart:
-    """A line (or stacked area) chart; `empty` is shown when no series has a point."""
+          note: str = "", shapes: Sequence[dict] = (), y2_title: str = "", whole: Sequence[str] = ()) -> Chart:
+    """A line (or stacked area) chart; `empty` is shown when no series has a point. `whole` names the
+    axes ("y", "y2") whose values are counts: their ticks fall on whole numbers."""
     drawn = [s for s in series if any(v is not None for v in s.y)]
     if not drawn:
         return Chart(key, title, None, empty, note)
@@ -92,14 +107,17 @@ def lines(key: str, title: str, x_title: str, y_title: str, series: Sequence[Ser
     for i, s in enumerate(drawn):
         color = COLORS[i % len(COLORS)]
         extra = dict(s.extra)
-        fig.add_trace(go.Scatter(name=s.name, x=list(s.x), y=list(s.y), mode=s.mode, stackgroup=s.stackgroup,
-                                 hovertext=list(s.hover) if s.hover is not None else None, yaxis=s.yaxis,
+        fig.add_trace(go.Scatter(name=text(s.name), x=texts(s.x), y=list(s.y), mode=s.mode, stackgroup=s.stackgroup,
+                                 hovertext=texts(s.hover), yaxis=s.yaxis,
                                  line={"color": color, "dash": s.dash, "width": 2, **extra.pop("line", {})},
                                  marker={"size": 4, **extra.pop("marker", {})}, connectgaps=False, **extra))
     layout = base_layout(x_title, y_title, shapes=list(shapes), showlegend=True)
     if y2_title:
         layout["yaxis2"] = {"title": {"text": y2_title}, "overlaying": "y", "side": "right", "rangemode": "tozero",
                             "showgrid": False}
+    for axis in whole:
+        top = max((v for s in drawn if (s.yaxis or "y") == axis for v in s.y if v is not None), default=0)
+        layout["yaxis" if axis == "y" else "yaxis2"]["dtick"] = max(1, math.ceil(top / 5))
     fig.update_layout(**layout)
     return Chart(key, title, as_json(fig), note=note)
 
@@ -111,9 +129,9 @@ def bars(key: str, title: str, x_title: str, y_title: str, series: Sequence[Seri
         return Chart(key, title, None, empty, note)
     fig = go.Figure()
     for i, s in enumerate(drawn):
-        fig.add_trace(go.Bar(name=s.name, x=list(s.y if horizontal else s.x), y=list(s.x if horizontal else s.y),
+        fig.add_trace(go.Bar(name=text(s.name), x=texts(s.y if horizontal else s.x), y=texts(s.x if horizontal else s.y),
                              orientation="h" if horizontal else "v", marker={"color": COLORS[i % len(COLORS)]},
-                             hovertext=list(s.hover) if s.hover is not None else None, **s.extra))
+                             hovertext=texts(s.hover), **s.extra))
     fig.update_layout(**base_layout(x_title, y_title, barmode="stack" if stacked else "group", showlegend=len(drawn) > 1,
                                     hovermode="closest"))
     return Chart(key, title, as_json(fig), note=note)
@@ -123,7 +141,7 @@ def heatmap(key: str, title: str, x_title: str, y_title: str, z_title: str, x: S
             z: Sequence[Sequence], *, empty: str, note: str = "") -> Chart:
     if not x or not y:
         return Chart(key, title, None, empty, note)
-    fig = go.Figure(go.Heatmap(x=list(x), y=list(y), z=[list(row) for row in z], colorscale="Viridis",
+    fig = go.Figure(go.Heatmap(x=texts(x), y=texts(y), z=[list(row) for row in z], colorscale="Viridis",
                                colorbar={"title": {"text": z_title}}, hoverongaps=False))
     fig.update_layout(**base_layout(x_title, y_title, hovermode="closest"))
     return Chart(key, title, as_json(fig), note=note)
@@ -149,15 +167,15 @@ def timeline(key: str, title: str, x_title: str, spans: Sequence[Span], *, empty
     groups: dict[str, list[Span]] = {}
     for s in spans:
         groups.setdefault(s.group, []).append(s)
-    rows = list(dict.fromkeys(s.row for s in spans))
+    rows = [text(r) for r in dict.fromkeys(s.row for s in spans)]
     fig = go.Figure()
     for i, (group, members) in enumerate(groups.items()):
-        fig.add_trace(go.Bar(name=group, orientation="h", y=[m.row for m in members], x=[m.length for m in members],
-                             base=[m.start for m in members], hovertext=[m.hover for m in members], hoverinfo="text",
+        fig.add_trace(go.Bar(name=text(group), orientation="h", y=[text(m.row) for m in members], x=[m.length for m in members],
+                             base=[m.start for m in members], hovertext=[text(m.hover) for m in members], hoverinfo="text",
                              marker={"color": (colors or {}).get(group, COLORS[i % len(COLORS)])}))
     if markers:
-        fig.add_trace(go.Scatter(name="events", mode="markers", y=[m.row for m in markers], x=[m.start for m in markers],
-                                 hovertext=[m.hover for m in markers], hoverinfo="text",
+        fig.add_trace(go.Scatter(name="events", mode="markers", y=[text(m.row) for m in markers], x=[m.start for m in markers],
+                                 hovertext=[text(m.hover) for m in markers], hoverinfo="text",
                                  marker={"symbol": "x", "size": 8, "color": "black"}))
     height = max(HEIGHT, 60 + 22 * len(rows))
     fig.update_layout(**base_layout(x_title, row_title, barmode="overlay", hovermode="closest", height=height))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,9 @@ class Reads:
         self.times.append(QueryTime(name, round(seconds * 1000, 1), rows))
 
 
+OPEN_CATALOGS = 16  # runs whose DuckDB connection stays open between page views
+
+
 class Store:
     """The store's committed runs (only `runs` when given), each read through a locked catalog."""
 
@@ -78,7 +82,7 @@ class Store:
         self.root = Path(root)
         self.pinned = tuple(runs)
         self.threads = threads
-        self._catalogs: dict[str, tuple[Catalog, threading.Lock]] = {}
+        self._catalogs: OrderedDict[str, tuple[Catalog, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
 
     def names(self) -> list[str]:
@@ -102,7 +106,7 @@ class Store:
         for name in self.names():
             try:
                 out.append(self.info(name))
-            except MissingRun:  # removed since it was listed
+            except LibraError:  # removed since it was listed, or its manifest unreadable (the run's page says why)
                 continue
         return out
 
@@ -111,18 +115,26 @@ class Store:
 
     def query(self, run: str, name: str, sql: str, params: dict[str, Any] | None, reads: Reads) -> pa.Table:
         """One SELECT over `run`'s tables, timed into `reads`."""
-        catalog, lock = self._catalog(run)
-        began = time.perf_counter()
-        with lock:  # a DuckDB connection serves one query at a time
-            table = catalog.query(sql, params)
-        reads.add(name, time.perf_counter() - began, table.num_rows)
-        return table
+        while True:
+            catalog, lock = self._catalog(run)
+            with lock:  # a DuckDB connection serves one query at a time
+                if self._catalogs.get(run, (None,))[0] is not catalog:  # closed to make room since: open it again
+                    continue
+                began = time.perf_counter()
+                table = catalog.query(sql, params)
+            reads.add(name, time.perf_counter() - began, table.num_rows)
+            return table
 
     def _catalog(self, run: str) -> tuple[Catalog, threading.Lock]:
         self.info(run)  # a clear error for a run that is not there
         with self._lock:
             if run not in self._catalogs:
                 self._catalogs[run] = (Catalog(self.root, run, threads=self.threads), threading.Lock())
+                while len(self._catalogs) > OPEN_CATALOGS:  # the least recently read run's connection closes
+                    _, (old, old_lock) = self._catalogs.popitem(last=False)
+                    with old_lock:
+                        old.close()
+            self._catalogs.move_to_end(run)
             return self._catalogs[run]
 
     def close(self) -> None:
@@ -143,7 +155,12 @@ HISTORY_METRICS = ("heldout_reward", "sync_s", "reward", "generated_tokens", "it
 
 class Tracking:
     """Metric histories of training runs, from MLflow (read-only). A run is found by its `libra.run`
-    tag; of several (a run trained again from the start) the one not superseded is read."""
+    tag; of several (a run trained again from the start) the one not superseded is read.
+
+    A SQLite database is opened read-only (SQLite's `mode=ro`), and only once its tables exist: the
+    client MLflow builds would otherwise create tables, or a default experiment, in a database a
+    training is still setting up. A tracking server (http, https) is read through its API. Other
+    URIs (a file store) are not read: the file store's client creates folders as it opens."""
 
     def __init__(self, uri: str | None) -> None:
         from libra.files import absolute_tracking_uri
@@ -164,19 +181,27 @@ class Tracking:
             return 0.0
 
     def available(self) -> bool:
-        return self.uri is not None and (self._path is None or self._path.is_file())
+        if self.uri is None:
+            return False
+        if self._path is not None:
+            return _has_mlflow_tables(self._path)
+        return self.uri.startswith(("http://", "https://"))
 
     def history(self, run: str, reads: Reads) -> dict[str, list[tuple[int, float]]]:
-        """metric -> [(step, value)] of the MLflow run tagged `libra.run` = `run`; {} when there is none."""
-        if not self.available():
-            return {}
+        """metric -> [(step, value)] of the MLflow run tagged `libra.run` = `run`; {} when there is
+        none, or MLflow cannot be read now (it is only ever a part of a page)."""
         version = self.version()
         with self._lock:
             cached = self._cache.get(run)
             if cached is not None and cached[0] == version and self._path is not None:
                 return cached[1]
+            if not self.available():
+                return {}
             began = time.perf_counter()
-            metrics = self._read(run)
+            try:
+                metrics = self._read(run)
+            except Exception:  # noqa: BLE001 - a locked or migrating database, a server away: no metrics this time
+                return {}
             reads.add("mlflow metric histories", time.perf_counter() - began, sum(len(v) for v in metrics.values()))
             self._cache[run] = (version, metrics)
             return metrics
@@ -185,16 +210,31 @@ class Tracking:
         import mlflow
 
         if self._client is None:
-            self._client = mlflow.MlflowClient(tracking_uri=self.uri)
+            uri = f"sqlite:///file:{self._path}?mode=ro&uri=true" if self._path is not None else self.uri
+            self._client = mlflow.MlflowClient(tracking_uri=uri)
         quoted = run.replace("'", "\\'")
-        try:
-            found = self._client.search_runs(experiment_ids=[e.experiment_id for e in self._client.search_experiments()],
-                                             filter_string=f"tags.`libra.run` = '{quoted}'", max_results=50)
-        except mlflow.exceptions.MlflowException:
-            return {}
+        found = self._client.search_runs(experiment_ids=[e.experiment_id for e in self._client.search_experiments()],
+                                         filter_string=f"tags.`libra.run` = '{quoted}'", max_results=50)
         live = [r for r in found if r.data.tags.get("libra.superseded") != "true"]
         if not live:
             return {}
         latest = max(live, key=lambda r: r.info.start_time or 0)
         return {key: sorted((m.step, m.value) for m in self._client.get_metric_history(latest.info.run_id, key))
                 for key in HISTORY_METRICS if key in latest.data.metrics}
+
+
+def _has_mlflow_tables(path: Path) -> bool:
+    """Whether the SQLite file holds MLflow's tables (read-only; a missing file is not created)."""
+    import sqlite3
+
+    if not path.is_file():
+        return False
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return {"alembic_version", "experiments", "runs", "metrics", "tags"} <= names

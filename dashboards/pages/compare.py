@@ -15,7 +15,7 @@ POLICIES_SQL = "SELECT coalesce(policy, '') AS policy, count(*) AS steps FROM st
 
 SERIES_SQL = """
 WITH s AS (SELECT * FROM steps WHERE coalesce(policy, '') = $policy)
-SELECT min(step) AS step, sum(trained_tokens) / nullif(sum(step_s), 0) AS trained_tokens_per_s,
+SELECT min(step) AS step, max(step) AS last_step, sum(trained_tokens) / nullif(sum(step_s), 0) AS trained_tokens_per_s,
        avg(step_s) AS step_s, sum(step_s) AS seconds, sum(trained_tokens) AS trained_tokens,
        avg(train_gpus) AS train_gpus, avg(reward_mean) AS reward_mean, quantile_cont(step_s, 0.99) AS step_p99_s
 FROM s GROUP BY step // $stride ORDER BY step
@@ -55,7 +55,7 @@ def build(view: View) -> Page:
                                           "(`libra simulate`) runs, then compare them here")
     data = {}
     for key in chosen:
-        run, _, policy = key.rpartition(":")
+        run, _, policy = key.partition(":")  # run names have no ':'; a policy may
         count = next(n for r, p, n in found if r == run and p == policy)
         rows = plain(view.store.query(run, f"steps of {key}", SERIES_SQL, {"policy": policy,
                                 "stride": stride(count, view.settings.max_points)}, view.reads))
@@ -66,8 +66,8 @@ def build(view: View) -> Page:
         return lines(key, title, "step", y, [Series(k, [r["step"] for r in rows], [r[column] for r in rows], mode="lines")
                                               for k, (rows, _) in data.items()], empty=empty, note=note)
 
-    elapsed = lines("elapsed", "Time to reach a step", "step", "seconds since the run started", [
-        Series(k, [r["step"] for r in rows], _cumulative([r["seconds"] for r in rows]), mode="lines")
+    elapsed = lines("elapsed", "Time to reach a step", "step", "seconds from the run's start to the step's end", [
+        Series(k, [r["last_step"] for r in rows], _cumulative([r["seconds"] for r in rows]), mode="lines")
         for k, (rows, _) in data.items()], empty="no steps", note="lower is faster: the whole run's wall time "
                                                                   "(simulated time for simulations)")
     heldout = lines("heldout", "Held-out reward", "updates", "reward", [

@@ -12,7 +12,7 @@ from dashboards.figures import Control, Page, Series, Table, lines, vertical_mar
 from dashboards.view import View, chosen_policy, owner_prefix, policies, stride
 
 STEPS_SQL = """
-WITH s AS (SELECT * FROM steps WHERE $policy = '' OR coalesce(policy, '') = $policy)
+WITH s AS (SELECT * FROM steps WHERE coalesce(policy, '') = $policy)
 SELECT min(step) AS step, count(*) AS steps,
        avg(rollout_s) AS rollout_s, avg(train_s) AS train_s, avg(step_s) AS step_s,
        sum(gen_tokens) / nullif(sum(step_s), 0) AS gen_tokens_per_s,
@@ -25,7 +25,7 @@ GROUP BY step // $stride
 ORDER BY step
 """
 
-COUNT_SQL = "SELECT count(*) AS n FROM steps WHERE $policy = '' OR coalesce(policy, '') = $policy"
+COUNT_SQL = "SELECT count(*) AS n FROM steps WHERE coalesce(policy, '') = $policy"
 
 PLANS_SQL = """
 SELECT step, plan_id, applied, reason, train_gpus, rollout_gpus, hybrid_gpus, train_tp, train_pp, train_dp,
@@ -56,9 +56,11 @@ def build(view: View) -> Page:
     heldout = history.get("heldout_reward", [])
     reward = lines("reward", "Reward", "step", "reward", [
         Series("training batch (mean)", x, [s["reward_mean"] for s in steps]),
-        Series("held-out (after N updates)", [v for v, _ in heldout], [r for _, r in heldout], dash="dash"),
+        Series("held-out (after the step's update)", [v - 1 for v, _ in heldout], [r for _, r in heldout], dash="dash",
+               hover=[f"after {v} updates" for v, _ in heldout]),
     ], empty="no rewards: a simulated run has none, and this training has logged none yet",
-        note="mean reward of the step's trajectories; held-out: greedy, on tasks no step trains on (MLflow)" + binned)
+        note="mean reward of the step's trajectories; held-out: greedy, on tasks no step trains on (MLflow), drawn "
+             "at the step whose update it follows (-1: the initial policy)" + binned)
     throughput = lines("throughput", "Throughput", "step", "tokens / s", [
         Series("generated tokens / s", x, [s["gen_tokens_per_s"] for s in steps]),
         Series("trained tokens / s", x, [s["trained_tokens_per_s"] for s in steps]),
@@ -100,7 +102,7 @@ def _split(plan: dict) -> tuple:
 
 
 def _plan_text(plan: dict) -> str:
-    return (f"step {plan['step']}: {plan['reason'] or 'applied'}<br>train {plan['train_gpus']}, rollout "
+    return (f"step {plan['step']}: {plan['reason'] or 'applied'}\ntrain {plan['train_gpus']}, rollout "
             f"{plan['rollout_gpus']}, hybrid {plan['hybrid_gpus']} GPUs")
 
 

@@ -52,9 +52,15 @@ WITH moves AS (
     WHERE ($prefix = '' OR starts_with(worker_id, $prefix)) AND from_state <> to_state
     WINDOW w AS (PARTITION BY worker_id ORDER BY time_s, step)
 )
-SELECT step, event, next_event, next_s - time_s AS seconds
+SELECT step, time_s, event, next_event, next_s - time_s AS seconds
 FROM moves WHERE event IN ('join_requested', 'leave_requested') AND next_s IS NOT NULL
-ORDER BY step LIMIT $limit
+ORDER BY time_s DESC LIMIT $limit
+"""
+
+COUNTS_SQL = """
+SELECT count(*) FILTER (WHERE event = 'join_requested') AS joins,
+       count(*) FILTER (WHERE list_contains($events, event)) AS trouble
+FROM pool_events WHERE $prefix = '' OR starts_with(worker_id, $prefix)
 """
 
 TROUBLE_SQL = """
@@ -64,7 +70,7 @@ ORDER BY time_s DESC LIMIT 50
 """
 
 HYBRIDS_SQL = """
-SELECT step, hybrid_gpus FROM steps WHERE ($policy = '' OR coalesce(policy, '') = $policy) AND hybrid_gpus IS NOT NULL
+SELECT step, hybrid_gpus FROM steps WHERE coalesce(policy, '') = $policy AND hybrid_gpus IS NOT NULL
 ORDER BY step
 """
 
@@ -92,13 +98,15 @@ def build(view: View) -> Page:
         row_title="worker", empty="no state transitions", colors=STATE_COLORS,
         note=(f"the {MAX_WORKERS} workers with the most events; " if len(workers) >= MAX_WORKERS else "")
         + (f"the last {limit} intervals; " if len(spans) >= limit else "") + "x: progress notes")
-    durations = view.rows("join and leave durations", DURATIONS_SQL, prefix=prefix, limit=limit)
+    durations = view.rows("join and leave durations", DURATIONS_SQL, prefix=prefix, limit=limit)[::-1]  # the newest, oldest first
     kinds = {"join (requested -> active)": lambda d: d["event"] == "join_requested" and d["next_event"] == "activated",
              "join given up (cancelled, rolled back, timed out)":
                  lambda d: d["event"] == "join_requested" and d["next_event"] != "activated",
              "leave (requested -> released)": lambda d: d["event"] == "leave_requested"}
+    marks = {"leave (requested -> released)": {"marker": {"symbol": "circle-open", "size": 10}}}  # seen over a join of the same length
     joins = lines("durations", "Joins and leaves", "step", "seconds", [
-        Series(name, [d["step"] for d in durations if keep(d)], [d["seconds"] for d in durations if keep(d)], mode="markers")
+        Series(name, [d["step"] for d in durations if keep(d)], [d["seconds"] for d in durations if keep(d)], mode="markers",
+               extra=marks.get(name, {"marker": {"size": 6}}))
         for name, keep in kinds.items()], empty="no joins or leaves: the run has no hybrids")
     hybrids = view.rows("hybrid GPUs per step", HYBRIDS_SQL, policy=policy)
     trouble = view.rows("rollbacks and failures", TROUBLE_SQL, prefix=prefix, events=list(TROUBLE))
@@ -110,13 +118,14 @@ def build(view: View) -> Page:
                extra={"line": {"shape": "hv"}}),
         Series("rollbacks and failures", sorted(per_step), [per_step[s] for s in sorted(per_step)], mode="markers",
                yaxis="y2", extra={"marker": {"symbol": "x", "size": 9}}),
-    ], y2_title="rollbacks and failures (count)", empty="no hybrid GPUs recorded",
+    ], y2_title="rollbacks and failures (count)", whole=("y", "y2"), empty="no hybrid GPUs recorded",
         note="rollbacks and failures: of the last 50, how many in each step")
     table = Table("trouble", "Rollbacks and failures (newest first)",
                   ("step", "time s", "worker", "from", "to", "event", "detail"),
                   tuple((t["step"], round(t["time_s"], 2), t["worker_id"], t["from_state"], t["to_state"], t["event"],
                          t["detail"] or "") for t in trouble),
                   note="" if trouble else "none: no join was rolled back or given up, and no worker or host failed")
-    n_join = sum(1 for d in durations if d["event"] == "join_requested")
-    return Page(title, (("workers", str(len(workers))), ("joins", f"{n_join:,}"), ("rollbacks and failures", str(len(trouble)))),
+    counts = view.rows("joins, rollbacks and failures", COUNTS_SQL, prefix=prefix, events=list(TROUBLE))[0]
+    return Page(title, (("workers", str(len(workers))), ("joins", f"{counts['joins']:,}"),
+                        ("rollbacks and failures", f"{counts['trouble']:,}")),
                 (states, joins, hybrid_chart), (table,), controls)

@@ -9,6 +9,8 @@ router's own time between turns; imported traces record no times, and their time
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from dashboards.figures import Page, Series, Span, Table, bars, heatmap, lines, timeline
 from dashboards.view import BadParameter, View, plain, stride
 from storage.queries import PER_STEP_DRIFT
@@ -67,14 +69,15 @@ def build(view: View) -> Page:
                    steps, los, [[grid.get((s, lo)) for s in steps] for lo in los], empty="no trajectories",
                    note=f"trajectories per length bin ({BINS} bins), per step{binned}")
     drift_rows = plain(view.store.query(view.run, "per_step_drift", PER_STEP_DRIFT.sql, None, view.reads))
-    drift_rows = drift_rows[::k] if k > 1 else drift_rows
-    x = [r["step"] for r in drift_rows]
     last = drift_rows[-1]["length_vs_first"] if drift_rows else None
+    drift_rows = drift_rows[::k] if k > 1 else drift_rows  # every k-th step (the note says so)
+    x = [r["step"] for r in drift_rows]
     drift = lines("drift", "Length drift", "step", "total tokens per trajectory", [
         Series("mean", x, [r["total_tokens_mean"] for r in drift_rows]),
         Series("p50", x, [r["total_tokens_p50"] for r in drift_rows], dash="dot"),
         Series("p90", x, [r["total_tokens_p90"] for r in drift_rows], dash="dash"),
-    ], empty="no trajectories", note="" if last is None else f"last step's mean is {last:.2f}x the first step's")
+    ], empty="no trajectories", note=("" if last is None else f"the last step's mean is {last:.2f}x the first step's")
+        + (f"; every {k}th step drawn" if k > 1 else ""))
     counts = view.rows("turns and tool calls per trajectory", COUNTS_SQL)
     per = bars("counts", "Turns and tool calls per trajectory", "count per trajectory", "trajectories", [
         Series("turns", [c["n"] for c in counts if c["what"] == "turns"], [c["trajectories"] for c in counts if c["what"] == "turns"]),
@@ -108,7 +111,7 @@ def build(view: View) -> Page:
                   tuple((t["step"], t["trajectory_id"], t["total_tokens"], t["num_turns"], t["num_tool_calls"],
                          None if t["reward"] is None else round(t["reward"], 3),
                          None if t["rollout_s"] is None else round(t["rollout_s"], 2)) for t in longest),
-                  tuple(f"trajectory={t['step']}:{t['trajectory_id']}" for t in longest))
+                  tuple(urlencode({"trajectory": f"{t['step']}:{t['trajectory_id']}"}) for t in longest))
     return Page(f"{view.run}: trajectories", (("trajectories", f"{info.trajectories:,}"), ("turns", f"{info.turns:,}")),
                 (heat, drift, per, tool_chart, err_chart, _timeline(chosen, turns)), (table,))
 
@@ -119,7 +122,7 @@ def _chosen(view: View, longest: list[dict]) -> tuple[int, str] | None:
     if not text:
         return (longest[0]["step"], longest[0]["trajectory_id"]) if longest else None
     step, sep, tid = text.partition(":")
-    if not sep or not step.isdigit() or not tid:
+    if not sep or not (step.isascii() and step.isdigit()) or not tid:
         raise BadParameter(f"trajectory must be <step>:<trajectory id>, got {text!r}")
     return int(step), tid
 
@@ -136,7 +139,7 @@ def _timeline(chosen: tuple[int, str] | None, turns: list[dict]):
         tool = (t["tool_latency_s"] or 0.0) if timed else float(t["tool_payload_tokens"])
         where = "" if t["instance"] is None else f"instance {t['instance']}, bucket {t['bucket']}"
         spans.append(Span(row, at, gen, f"generate on instance {t['instance']}" if t["instance"] is not None else "generate",
-                          f"{row}: {t['gen_tokens']} tokens generated from {t['context_tokens']} of context<br>{where}"))
+                          f"{row}: {t['gen_tokens']} tokens generated from {t['context_tokens']} of context\n{where}"))
         if t["migrated"]:
             marks.append(Span(row, at, 0.0, "migrated", f"{row}: migrated (re-prefilled {t['context_tokens']} tokens)"))
         if t["tool_name"] != "none":

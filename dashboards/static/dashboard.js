@@ -5,7 +5,7 @@
   const root = document.getElementById("page");
   const api = root.dataset.api;
   const status = document.getElementById("status");
-  const state = { renders: 0, charts: 0, errors: [], loading: false, again: false };
+  const state = { renders: 0, charts: 0, errors: [], loading: false, again: false, version: null };
   window.libraDashboard = state;
 
   function el(tag, attrs, text) {
@@ -100,7 +100,11 @@
         if (!plot.classList.contains("js-plotly-plot")) plot.replaceChildren();
         drawing.push(Plotly.react(plot, c.figure.data, c.figure.layout, { responsive: true, displaylogo: false }));
       } else {
-        if (plot.classList.contains("js-plotly-plot")) Plotly.purge(plot);
+        if (plot.classList.contains("js-plotly-plot")) {
+          Plotly.purge(plot);
+          plot.classList.remove("js-plotly-plot");
+        }
+        plot.replaceChildren();
         plot.classList.add("empty");
         plot.textContent = c.empty;
       }
@@ -169,12 +173,14 @@
     state.loading = true;
     try {
       const response = await fetch(api + location.search, { cache: "no-store" });
-      const body = await response.json();
+      const json = (response.headers.get("content-type") || "").startsWith("application/json");
+      const body = json ? await response.json() : { error: "the dashboard answered " + response.status };
       if (!response.ok) {
         showNotice(body.error || "the page could not be built (" + response.status + ")");
-        document.getElementById("charts").replaceChildren();
-        document.getElementById("tables").replaceChildren();
+        state.version = body.version || (state.announced !== undefined ? state.announced : state.version);
+        for (const id of ["controls", "summary", "charts", "tables"]) document.getElementById(id).replaceChildren();
       } else {
+        state.version = body.version;
         document.getElementById("title").textContent = body.title;
         document.title = body.title + " · Libra";
         renderControls(body.controls);
@@ -191,13 +197,20 @@
       status.textContent = "cannot reach the dashboard (" + error + ")";
     } finally {
       state.loading = false;
-      if (state.again) { state.again = false; load(); }
+      const stale = state.announced !== undefined && state.version !== null && state.announced !== state.version;
+      if (state.again || stale) { state.again = false; load(); }
     }
   }
 
   window.addEventListener("popstate", load);
   const source = new EventSource(root.dataset.events);
-  source.addEventListener("changed", () => load());
+  // the runs' version now (on every connection) and on each change: reload when it is not the
+  // version this page's data was read at
+  source.addEventListener("version", (event) => {
+    state.announced = JSON.parse(event.data);
+    if (state.version !== null && state.announced !== state.version) load();
+  });
+  window.addEventListener("pagehide", () => source.close());
   source.addEventListener("open", () => { status.classList.add("live"); });
   source.addEventListener("error", () => { status.classList.remove("live"); });
   load();

@@ -83,8 +83,30 @@ def test_other_hosts_are_refused_on_loopback(client) -> None:
     assert client.get("/", headers={"host": "localhost:8050"}).status_code == 200
 
 
-def test_events_announce_a_commit(tmp_path) -> None:
-    """The change stream: one `changed` event once a commit changes the run."""
+def versions_seen(client, url: str, count: int, timeout_s: float = 20.0) -> list[str]:
+    """The first `count` `version` events of the change stream at `url` (bounded in time)."""
+    import json
+
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    with client.stream("GET", url) as stream:
+        assert stream.status_code == 200
+        event = None
+        for line in stream.iter_lines():
+            assert time.monotonic() < deadline, f"only {len(seen)} version events in {timeout_s} s"
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "version":
+                seen.append(json.loads(line.removeprefix("data: ")))
+                if len(seen) == count:
+                    return seen
+    return seen
+
+
+def test_events_give_the_version_now_and_again_after_a_commit(tmp_path) -> None:
+    """The change stream: the runs' version on connecting (so a commit between reading a page and
+    listening is not lost), then a new one once a commit changes the run; a page's data carries the
+    version it was read at."""
     import pyarrow as pa
     from fastapi.testclient import TestClient
 
@@ -97,19 +119,83 @@ def test_events_announce_a_commit(tmp_path) -> None:
     row = {"run": "live", "step": 0, "policy": "libra", "step_s": 1.0}
     writer.write_step("steps", "live", 0, pa.Table.from_pylist([row]))
     app = create_app(Store(tmp_path / "store"), Tracking(None), DashboardConfig(refresh_s=0.2))
-    seen: list[str] = []
 
     def commit_soon() -> None:
         time.sleep(1.0)
         writer.write_step("steps", "live", 1, pa.Table.from_pylist([row | {"step": 1}]))
 
-    threading.Thread(target=commit_soon, daemon=True).start()
-    with TestClient(app, base_url="http://127.0.0.1") as client, client.stream("GET", "/events?run=live") as stream:
-        for line in stream.iter_lines():
-            seen.append(line)
-            if line.startswith("event: changed"):
-                break
-    assert seen[0].startswith("retry: 200") and seen[-1] == "event: changed"
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        read_at = client.get("/api/runs/live/overview").json()["version"]
+        threading.Thread(target=commit_soon, daemon=True).start()
+        first, second = versions_seen(client, "/events?run=live", 2)
+        assert first == read_at and second != first
+        assert client.get("/api/runs/live/overview").json()["version"] == second
+        with client.stream("GET", "/events?run=live") as stream:
+            assert next(stream.iter_lines()).startswith("retry: 200")
+
+
+def test_events_refuse_runs_not_in_the_store_and_too_many_runs(client) -> None:
+    missing = client.get("/events?run=fixture-train&run=nope")
+    assert missing.status_code == 404 and missing.json()["error"].startswith("no run named 'nope'")
+    many = client.get("/events?" + "&".join(["run=fixture-train"] * 101))
+    assert many.status_code == 400 and many.json()["error"] == "give at most 100 run parameters"
+
+
+def test_a_bug_answers_one_line_not_a_traceback(dash_root) -> None:
+    from fastapi.testclient import TestClient
+
+    from dashboards.app import create_app
+    from dashboards.sources import Store, Tracking
+    from libra.config import DashboardConfig
+
+    class Broken(Store):
+        def query(self, *args, **kwargs):
+            raise ZeroDivisionError("division by zero\nsecond line")
+
+    app = create_app(Broken(dash_root / "store"), Tracking(None), DashboardConfig())
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
+        response = client.get("/api/runs/fixture-train/overview")
+    assert response.status_code == 500
+    assert response.json() == {"error": "the dashboard failed: ZeroDivisionError: division by zero"}
+
+
+def test_an_mlflow_database_still_being_set_up_is_left_as_it_is(dash_root, tmp_path) -> None:
+    """A training creates its SQLite file before MLflow's tables: the dashboard reads nothing from it
+    and creates nothing in it (MLflow's client would create its tables and a default experiment)."""
+    import sqlite3
+
+    from dashboards.sources import Reads, Tracking
+
+    path = tmp_path / "mlflow.db"
+    sqlite3.connect(path).close()  # an empty database file
+    before = path.read_bytes()
+    tracking = Tracking(f"sqlite:///{path}")
+    assert not tracking.available() and tracking.history("fixture-train", Reads()) == {}
+    assert path.read_bytes() == before
+    full = Tracking(f"sqlite:///{dash_root / 'mlflow.db'}")  # the fixture's: read, through a read-only connection
+    assert full.available() and full.history("fixture-train", Reads())["sync_s"] == [(s, 0.25) for s in range(12)]
+
+
+def test_at_most_so_many_runs_keep_a_connection_open(tmp_path) -> None:
+    import pyarrow as pa
+
+    from dashboards import sources
+    from dashboards.sources import Reads, Store
+    from storage.writer import StoreWriter
+
+    writer = StoreWriter(tmp_path / "store", fsync=False)
+    names = [f"run-{i:02d}" for i in range(sources.OPEN_CATALOGS + 2)]
+    for name in names:
+        writer.write_step("steps", name, 0, pa.Table.from_pylist([{"run": name, "step": 0, "step_s": 2.0}]))
+    store = Store(tmp_path / "store")
+    try:
+        for name in names:
+            assert store.query(name, "steps", "SELECT sum(step_s) AS s FROM steps", None, Reads()).to_pylist() == [{"s": 2.0}]
+        assert list(store._catalogs) == names[-sources.OPEN_CATALOGS:]  # the least recently read closed
+        assert store.query(names[0], "again", "SELECT count(*) AS n FROM steps", None, Reads()).to_pylist() == [{"n": 1}]
+        assert list(store._catalogs)[-1] == names[0] and len(store._catalogs) == sources.OPEN_CATALOGS
+    finally:
+        store.close()
 
 
 def test_cli_serves_on_the_address_it_prints_and_stops_on_ctrl_c(dash_root) -> None:

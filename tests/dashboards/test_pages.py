@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 from collections import defaultdict
+from urllib.parse import urlencode
 
 import pytest
 
@@ -21,7 +23,8 @@ def charts(body: dict) -> dict[str, dict]:
 
 
 def traces(chart: dict) -> dict[str, dict]:
-    return {t["name"]: t for t in chart["figure"]["data"]}
+    """A chart's traces by name as the page shows it (names reach Plotly escaped; it draws the entities)."""
+    return {html.unescape(t["name"]): t for t in chart["figure"]["data"]}
 
 
 def test_overview_of_a_placed_training(client) -> None:
@@ -31,8 +34,8 @@ def test_overview_of_a_placed_training(client) -> None:
     c = charts(body)
     reward = traces(c["reward"])
     assert reward["training batch (mean)"]["y"] == [0.25] * 4 + [0.5] * 4 + [0.75] * 4
-    assert (reward["held-out (after N updates)"]["x"], reward["held-out (after N updates)"]["y"]) == \
-        (list(HELDOUT), list(HELDOUT.values()))
+    heldout = reward["held-out (after the step's update)"]  # version v follows step v - 1's update
+    assert (heldout["x"], heldout["y"]) == ([v - 1 for v in HELDOUT], list(HELDOUT.values()))
     stages = traces(c["stages"])
     assert stages["rollout"]["y"] == [12.0 + s for s in range(12)]
     assert stages["weight sync"]["y"] == [SYNC_S] * 12  # from MLflow, the run not superseded
@@ -95,7 +98,7 @@ def test_trajectories_page(client, dash_root) -> None:
                               "order by turn_idx").to_pylist()
     table = body["tables"][0]
     assert [(r[0], r[1], r[2]) for r in table["rows"]] == [(t["step"], t["trajectory_id"], t["total_tokens"]) for t in longest]
-    assert table["links"][0] == f"trajectory={longest[0]['step']}:{longest[0]['trajectory_id']}"
+    assert table["links"][0] == urlencode({"trajectory": f"{longest[0]['step']}:{longest[0]['trajectory_id']}"})
     heat = c["lengths"]["figure"]["data"][0]
     assert sum(v for row in heat["z"] for v in row if v) == heat_total
     assert traces(c["errors"])["error"]["y"] == pytest.approx(errors)
@@ -166,6 +169,7 @@ def test_pools_page(client) -> None:
     assert dict(body["summary"]) == {"workers": "2", "joins": "6", "rollbacks and failures": "1"}
     c = charts(body)
     durations = traces(c["durations"])
+    assert durations["join (requested -> active)"]["x"] == [6, 7, 8, 10, 11]
     assert durations["join (requested -> active)"]["y"] == [1.5] * 5
     assert durations["join given up (cancelled, rolled back, timed out)"]["x"] == [9]
     assert durations["join given up (cancelled, rolled back, timed out)"]["y"] == [3.0]
