@@ -66,10 +66,10 @@ def build(view: View) -> Page:
         return lines(key, title, "step", y, [Series(k, [r["step"] for r in rows], [r[column] for r in rows], mode="lines")
                                               for k, (rows, _) in data.items()], empty=empty, note=note)
 
-    elapsed = lines("elapsed", "Time to reach a step", "step", "seconds from the run's start to the step's end", [
+    elapsed = lines("elapsed", "Time to reach a step", "step", "seconds to the step's end", [
         Series(k, [r["last_step"] for r in rows], _cumulative([r["seconds"] for r in rows]), mode="lines")
-        for k, (rows, _) in data.items()], empty="no steps", note="lower is faster: the whole run's wall time "
-                                                                  "(simulated time for simulations)")
+        for k, (rows, _) in data.items()], empty="no steps", note="seconds from the run's start to the end of each "
+                                                                  "step (simulated time for simulations); lower is faster")
     heldout = lines("heldout", "Held-out reward", "updates", "reward", [
         Series(k, [v for v, _ in h], [r for _, r in h]) for k, (_, h) in data.items()],
         empty="no held-out reward: only training runs evaluate one (MLflow)")
