@@ -1,13 +1,13 @@
 # Set-up and the two entry points. Every target is idempotent and works from a clean clone:
 #   make run    installs everything into .venv, then runs the main job (GRPO training, configs/demo.yaml)
-#   make test   installs everything into .venv, then runs the test suite
+#   make test   installs everything into .venv, then runs the test suite (make test-slow: the end-to-end runs of minutes)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.libra-installed
 
-.PHONY: setup run test bench lint clean
+.PHONY: setup run test test-slow bench lint clean
 
 setup: $(STAMP)
 
@@ -29,9 +29,13 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(VENV)/bin/libra train --config configs/demo.yaml
 
-# two workers (this machine's cores in CI), each running whole test files: a file's tests share its fixtures
+# two workers (this machine's cores in CI), each running whole test files: a file's tests share its fixtures;
+# the end-to-end runs of minutes (marked slow) are left to test-slow, which CI runs after test
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
+
+test-slow: setup
+	$(PY) -m pytest -q -n 2 --dist loadfile -m slow
 
 bench: setup
 	$(PY) -m benchmarks.bench_store

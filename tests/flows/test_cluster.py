@@ -64,6 +64,7 @@ def plans(base: Path) -> list[dict]:
         return []
 
 
+@pytest.mark.slow
 def test_training_across_hosts_survives_losing_one(policy_dir, tmp_path: Path):  # noqa: F811
     with NetnsHosts(workers=2, cpus=2) as hosts:
         config = cluster_config(tmp_path, policy_dir, hosts.ray_address)

@@ -104,6 +104,7 @@ def flow_run_state(server: PrefectServer, flow_run_id: str) -> str:
     return json.loads(out.stdout)["state"]["type"]
 
 
+@pytest.mark.slow
 def test_training_deployment_runs_crashes_and_resumes(server: PrefectServer, policy_dir, tmp_path: Path):  # noqa: F811
     config = write_config(tmp_path, policy_dir, "deployed")
     deployed = server.run(sys.executable, "-m", "cli.main", "deploy", "--only", "libra-train/demo", "--pool", "test-pool",

@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from libra.config import LibraConfig
@@ -72,6 +73,7 @@ def kill_during_an_update(pool_dir: Path, killed: dict, stop: threading.Event) -
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_hybrid_killed_during_an_update_of_a_live_run_costs_no_gradient(policy_dir, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     from flows.train import train_flow

@@ -20,6 +20,7 @@ import os
 import signal
 import time
 
+import pytest
 import yaml
 
 from tests.flows.test_train import finished, libra, mlflow_runs, write_config
@@ -30,6 +31,7 @@ PLANNED = 40  # the steps the run is started with
 KILLED_AFTER = 3  # iterations done when the run is killed
 
 
+@pytest.mark.slow
 def test_drifting_lengths_are_planned_from_the_runs_statistics_and_every_step_is_recorded_once(policy_dir, tmp_path, capsys):  # noqa: F811
     path = write_config(tmp_path, policy_dir, "drift")
     config = yaml.safe_load(path.read_text())

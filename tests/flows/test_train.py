@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
@@ -82,6 +83,7 @@ def store_steps(base: Path, run: str) -> list[dict]:
                              "min(model_version) as v from trajectories group by step order by step").to_pylist()
 
 
+@pytest.mark.slow
 def test_train_killed_mid_iteration_resumes_and_matches_the_uninterrupted_run(policy_dir, tmp_path):  # noqa: F811
     straight_dir, killed_dir = tmp_path / "straight", tmp_path / "killed"
     straight_dir.mkdir()
