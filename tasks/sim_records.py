@@ -16,15 +16,21 @@ from storage.ingest import writer_for
 
 
 def record_store(runs: dict, run: str, store: StoreConfig) -> None:
+    """Each policy's steps, plans and hybrid events. A one-step-off run trains its last batch after
+    its last rollout (`tail_train_s`): the last step's row holds that training's tokens and so also
+    its seconds, so that the rows add up to the run (its tokens over its total time)."""
     steps, plans, events = [], [], []
     for name, r in runs.items():
         clock = 0.0
-        for s in r.steps:
+        last = len(r.steps) - 1
+        for i, s in enumerate(r.steps):
+            tail_s = r.tail_train_s if i == last else 0.0
             plan_id = f"{name}/{s.step}"
             steps.append({"step": s.step, "policy": name, "plan_id": plan_id, "start_s": clock,
-                          "rollout_s": s.rollout_s, "train_s": s.train_s, "step_s": s.step_s,
+                          "rollout_s": s.rollout_s, "train_s": s.train_s + tail_s, "step_s": s.step_s + tail_s,
                           "trajectories": None, "gen_tokens": s.gen_tokens, "trained_tokens": s.trained_tokens,
-                          "idle_rollout_gpu_s": s.idle_rollout_gpu_s, "idle_train_gpu_s": s.idle_train_gpu_s,
+                          "idle_rollout_gpu_s": s.idle_rollout_gpu_s + s.rollout_gpus * tail_s,
+                          "idle_train_gpu_s": s.idle_train_gpu_s,
                           "train_gpus": s.train_gpus, "rollout_gpus": s.rollout_gpus, "hybrid_gpus": s.hybrid_gpus})
             if s.plan_reason:
                 c = s.train_config
@@ -34,7 +40,7 @@ def record_store(runs: dict, run: str, store: StoreConfig) -> None:
                               "micro_batch": c.micro_batch, "switch_cost_s": s.switch_cost_s,
                               "rollout_instances": json.dumps([{"tp": tp, "count": n} for tp, n in s.instances])})
             events += [asdict(e) for e in hybrid_lifecycle(name, s, clock)]
-            clock += s.step_s
+            clock += s.step_s + tail_s
     writer = writer_for(store)
     for table, rows in (("steps", steps), ("plans", plans), ("pool_events", events)):
         if rows:

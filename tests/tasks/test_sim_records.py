@@ -15,3 +15,38 @@ def test_simulated_hybrids_follow_the_pool_lifecycle_table():
         ("libra/hybrid-1", 102.0, "rollout", "joining", "join_requested"),
         ("libra/hybrid-1", 110.0, "joining", "rollout", "cancelled"),  # training ended before its fetch did
     ]
+
+
+def test_the_stored_steps_add_up_to_each_policys_run(tmp_path):
+    """A one-step-off run trains its last batch after its last rollout: the last step's row carries
+    that training's seconds with its tokens, so the rows' tokens over their seconds is the run's."""
+    import pytest
+
+    from flows.simulate import simulation_request
+    from libra.config import PlannerConfig, StoreConfig
+    from libra.planner.settings import planner_settings, trigger_settings
+    from libra.sim.runner import simulate_policy, simulation_cost, workload_batches
+    from storage.catalog import Catalog
+    from tasks.sim_records import record_store
+    from tasks.sim_tasks import request_cost
+
+    planner = PlannerConfig()
+    request = simulation_request("search-r1", "2x8:a800", steps=6, policies="libra,verl-colocated", run="sums")
+    cost = request_cost(request, planner)
+    batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
+    runs = {p: simulate_policy(p, simulation_cost(request.spec(), cost), batches, warmup, planner_settings(planner),
+                               trigger_settings(planner)) for p in request.policies}
+    assert runs["libra"].tail_train_s > 0 and runs["verl-colocated"].tail_train_s == 0  # one-step-off, colocated
+    record_store(runs, "sums", StoreConfig(root=str(tmp_path), fsync=False))
+    with Catalog(tmp_path, "sums") as catalog:
+        rows = {r["policy"]: r for r in catalog.query(
+            "SELECT policy, sum(step_s) AS seconds, sum(trained_tokens) AS tokens, max(start_s + step_s) AS end_s "
+            "FROM steps GROUP BY policy").to_pylist()}
+        last = catalog.query("SELECT step_s, train_s FROM steps WHERE policy = 'libra' ORDER BY step DESC LIMIT 1").to_pylist()[0]
+    for name, run in runs.items():
+        assert rows[name]["seconds"] == pytest.approx(run.total_time_s)
+        assert rows[name]["end_s"] == pytest.approx(run.total_time_s)
+        assert rows[name]["tokens"] == run.trained_tokens
+    libra_last = runs["libra"].steps[-1]
+    assert (last["step_s"], last["train_s"]) == pytest.approx((libra_last.step_s + runs["libra"].tail_train_s,
+                                                               libra_last.train_s + runs["libra"].tail_train_s))
