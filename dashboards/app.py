@@ -35,7 +35,6 @@ from dashboards.sources import MissingRun, Store, Tracking
 from dashboards.view import BadParameter, View
 from libra.config import DashboardConfig
 from libra.errors import LibraError
-from storage.manifest import RUN_NAME
 
 HERE = Path(__file__).parent
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -105,18 +104,20 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
         return html(request, "page.html", run=None, page="compare", info=None, title="compare runs",
                     api="/api/compare", events="/events?" + "&".join(f"run={quote(r, safe='')}" for r in compared()))
 
+    def refusal(exc: LibraError, **more) -> JSONResponse:
+        """A run not in the store (404), a parameter a page cannot take (400), or a query the store
+        could not answer (500: a run replaced mid-read, a manifest that cannot be read)."""
+        status = 404 if isinstance(exc, MissingRun) else 400 if isinstance(exc, BadParameter) else 500
+        return JSONResponse({"error": str(exc), **more}, status_code=status)
+
     def answer(build, view: View, runs: list[str]) -> JSONResponse:
         began = time.perf_counter()
         seen = ""
         try:
             seen = version(runs)  # before reading: a commit during the build shows as a change
             page: Page = build(view)
-        except MissingRun as exc:
-            return JSONResponse({"error": str(exc), "version": seen}, status_code=404)
-        except BadParameter as exc:
-            return JSONResponse({"error": str(exc), "version": seen}, status_code=400)
-        except LibraError as exc:  # a query the store could not answer (a run replaced mid-read, ...)
-            return JSONResponse({"error": str(exc), "version": seen}, status_code=500)
+        except LibraError as exc:
+            return refusal(exc, version=seen)
         body = asdict(page) | {"version": seen, "reads": [asdict(t) for t in view.reads.times],
                                "built_ms": round(1000 * (time.perf_counter() - began), 1)}
         return JSONResponse(body, headers={"Cache-Control": "no-store"})
@@ -147,7 +148,7 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
 
     def version(runs: list[str]) -> str:
         """What changes when a commit changes one of `runs`, or MLflow's database changes."""
-        return json.dumps([repr(store.version(r)) if RUN_NAME.match(r) else "" for r in runs] + [tracking.version()])
+        return json.dumps([repr(store.version(r)) for r in runs] + [tracking.version()])
 
     @app.get("/events", response_model=None)
     async def events(request: Request) -> StreamingResponse | JSONResponse:
@@ -159,10 +160,8 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
         for run in runs:
             try:
                 store.info(run)
-            except MissingRun as exc:
-                return JSONResponse({"error": str(exc)}, status_code=404)
             except LibraError as exc:
-                return JSONResponse({"error": str(exc)}, status_code=500)
+                return refusal(exc)
 
         async def stream() -> AsyncIterator[str]:
             last, beat = None, time.monotonic()

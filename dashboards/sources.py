@@ -111,7 +111,8 @@ class Store:
         return out
 
     def version(self, run: str) -> tuple:
-        return manifests_signature(self.root, run)
+        """What a commit to `run` changes; () for a name no run can have."""
+        return manifests_signature(self.root, run) if _plain_name(run) else ()
 
     def query(self, run: str, name: str, sql: str, params: dict[str, Any] | None, reads: Reads) -> pa.Table:
         """One SELECT over `run`'s tables, timed into `reads`."""

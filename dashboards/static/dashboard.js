@@ -5,7 +5,7 @@
   const root = document.getElementById("page");
   const api = root.dataset.api;
   const status = document.getElementById("status");
-  const state = { renders: 0, charts: 0, errors: [], loading: false, again: false, version: null };
+  const state = { renders: 0, charts: 0, errors: [], loading: false, again: false, version: null, announced: null };
   window.libraDashboard = state;
 
   function el(tag, attrs, text) {
@@ -177,7 +177,7 @@
       const body = json ? await response.json() : { error: "the dashboard answered " + response.status };
       if (!response.ok) {
         showNotice(body.error || "the page could not be built (" + response.status + ")");
-        state.version = body.version || (state.announced !== undefined ? state.announced : state.version);
+        state.version = body.version || state.announced || state.version;
         for (const id of ["controls", "summary", "charts", "tables"]) document.getElementById(id).replaceChildren();
       } else {
         state.version = body.version;
@@ -197,7 +197,7 @@
       status.textContent = "cannot reach the dashboard (" + error + ")";
     } finally {
       state.loading = false;
-      const stale = state.announced !== undefined && state.version !== null && state.announced !== state.version;
+      const stale = state.announced !== null && state.version !== null && state.announced !== state.version;
       if (state.again || stale) { state.again = false; load(); }
     }
   }
