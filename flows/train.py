@@ -105,7 +105,7 @@ def check_megatron_layout(config: LibraConfig) -> None:
         return
     if config.placement.policy != "none":
         from libra.rl.cluster import initial_placement
-        from libra.rl.session import local_cluster
+        from libra.rl.placing import local_cluster
 
         cluster = local_cluster(config)
         check_layout_fits(config, initial_placement(config.placement.policy, cluster, config.placement.hybrids))

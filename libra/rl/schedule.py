@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from libra.config import RolloutConfig, TrainerConfig
 from libra.trainer.samples import TrainingSample
 
 EVAL_SEED = 0  # held-out tasks (`libra rollout`'s default seed); the policy was warm-started on seeds >= 10000
@@ -69,3 +70,29 @@ def hybrids_wanted(schedule: Mapping[int, int], hybrids: int, step: int) -> int:
         return hybrids
     named = [it for it in schedule if it <= step]
     return schedule[max(named)] if named else 0
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """What one rollout of a run generates: its tasks and the limits and sampling of their turns."""
+
+    prompts: int
+    task_seed: int
+    samples: int  # per prompt
+    max_tokens_per_turn: int
+    min_tokens_per_turn: int
+    temperature: float
+    seed: int  # the sampling's
+
+
+def rollout_spec(trainer: TrainerConfig, rollout: RolloutConfig, step: int, evaluation: bool) -> RolloutSpec:
+    """Iteration `step`'s rollout (its per-turn limits grown when the workload drifts), or the held-out
+    evaluation's: its own tasks, one sample each, the full per-turn limit and no floor."""
+    if evaluation:
+        return RolloutSpec(trainer.eval_prompts, EVAL_SEED, 1, rollout.max_tokens_per_turn, 0, trainer.eval_temperature,
+                           trainer.seed * 1_000_003 + step)
+    per_turn = tokens_per_turn(rollout.max_tokens_per_turn, rollout.turn_growth, step, rollout.max_context)
+    floor = tokens_per_turn(rollout.min_tokens_per_turn, rollout.turn_growth, step, per_turn) \
+        if rollout.min_tokens_per_turn else 0
+    return RolloutSpec(trainer.prompts_per_step, train_task_seed(trainer.seed, step), trainer.samples_per_prompt,
+                       per_turn, floor, rollout.temperature, trainer.seed * 1_000_003 + step)

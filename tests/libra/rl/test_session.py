@@ -6,7 +6,8 @@ import pytest
 from libra.config import LibraConfig
 from libra.errors import LibraError
 from libra.planner.workload import build_workload, lengths_from_trajectories
-from libra.rl.session import TrainingSession, config_digest, hold_run
+from libra.rl.runs import config_digest, hold_run
+from libra.rl.session import TrainingSession
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
 
 
