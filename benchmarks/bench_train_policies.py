@@ -82,8 +82,8 @@ def simulated(base: Path, seed: int, config: LibraConfig) -> dict[str, Any]:
     from dataclasses import replace
 
     from libra.planner.calibrate import fit, samples_from_rows
-    from libra.rl.planning import local_cost_model
     from libra.rl.placing import local_cluster
+    from libra.rl.planning import local_cost_model
     from libra.sim.local import batches_from_turns, predict
     from storage.catalog import Catalog
 

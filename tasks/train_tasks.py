@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from libra.config import LibraConfig, TrainerConfig
 from libra.rl.records import IterationRecord, RolloutStats, Update
+from libra.rl.runs import open_session
 from libra.rl.session import TrainingSession
 
 SESSIONS: dict[str, TrainingSession] = {}  # run name -> its live session in this process
@@ -96,7 +97,7 @@ def open_session_task(config: LibraConfig, restart: bool = False) -> SessionInfo
     run = config.trainer.run_name()
     if run in SESSIONS:
         SESSIONS.pop(run).close()
-    SESSIONS[run] = TrainingSession.open(config, restart)
+    SESSIONS[run] = open_session(config, restart)
     return _info(SESSIONS[run])
 
 
@@ -104,7 +105,7 @@ def open_session_task(config: LibraConfig, restart: bool = False) -> SessionInfo
 def recover_task(config: LibraConfig, host: str) -> SessionInfo:
     """After `host` was lost mid-iteration: wait for Ray to count it gone (up to
     cluster.start_timeout_s), close the run's session and open it again from its newest checkpoint on
-    the hosts there are (`TrainingSession.open` places it anew when they changed); the iteration in
+    the hosts there are (`open_session` places it anew when they changed); the iteration in
     flight was not checkpointed, so it runs again, and nothing of it was recorded."""
     run = config.trainer.run_name()
     lost = SESSIONS.pop(run)
@@ -112,7 +113,7 @@ def recover_task(config: LibraConfig, host: str) -> SessionInfo:
         lost.await_departure(host, config.cluster.start_timeout_s)
     finally:
         lost.close()
-    SESSIONS[run] = TrainingSession.open(config)
+    SESSIONS[run] = open_session(config)
     return _info(SESSIONS[run])
 
 

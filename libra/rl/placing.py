@@ -17,6 +17,8 @@ host_lost, host_joined) for the store's `pool_events` rows.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,6 +251,17 @@ class Placer:
         events = () if moved.hybrids is None else placed_events(self.cluster, placement, moved.hybrids, step, time_s)
         self.placement = placement
         return Placed(engines, restart, start, moved.reshard, events)
+
+    def move(self, placement: Placement, policy: Path, scratch: Path, engines: list[Engine], step: int, time_s: float,
+             force: bool = False) -> Placed:
+        """`apply` with the trainer's weights now: engines that restart load them (an HF-format
+        directory under `scratch` with the policy's other files)."""
+        with tempfile.TemporaryDirectory(prefix="libra-place-", dir=scratch) as directory:
+            shutil.copytree(policy, directory, dirs_exist_ok=True)
+            for stale in Path(directory).glob("*.safetensors"):
+                stale.unlink()
+            self.trainer.save_weights(directory)
+            return self.apply(placement, Path(directory), engines, step, time_s, force)
 
     def host_of_rank(self, rank: int) -> str | None:
         """The host of the trainer's core rank `rank`, when losing a rank means losing a host."""

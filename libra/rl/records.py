@@ -7,12 +7,13 @@ them; the record tasks (`tasks/train_tasks.py`) write them; checkpoints keep the
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from libra.pools.states import PoolEvent
 from libra.rl.cluster import Placement
 from libra.rl.planning import EngineStart, EngineTiming, TrainTiming, timing_rows
+from libra.trainer.checkpoint import CheckpointState
 from libra.trainer.samples import TrainingSample
 from libra.trainer.trainer import UpdateStats
 from libra.types import Trajectory
@@ -119,3 +120,14 @@ class IterationRecord:
                  "from_state": e.from_state, "to_state": e.to_state, "event": e.event,
                  "detail": "; ".join(part for part in (f"pool step {e.step}", e.detail) if part)}
                 for e in self.pool_events]
+
+
+def advanced(state: CheckpointState, record: IterationRecord, version: int, mlflow_run_id: str) -> CheckpointState:
+    """The run's state once iteration `record.step` is done: the next step, the weights' version, the
+    training seconds and tokens so far, and the held-out reward of the version when it was evaluated."""
+    summary = {**state.summary, "elapsed_s": record.start_s + record.seconds["iteration"],
+               "generated_tokens": state.summary.get("generated_tokens", 0) + record.batch.stats.generated_tokens}
+    if record.heldout_reward is not None:
+        summary["heldout"] = {**summary.get("heldout", {}), str(record.version): record.heldout_reward}
+    return replace(state, step=record.step + 1, version=version, mlflow_run_id=mlflow_run_id or state.mlflow_run_id,
+                   summary=summary)

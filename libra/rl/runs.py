@@ -1,5 +1,9 @@
-"""A training run's directory: who may train it (one process, locked), and what a resumed run must
-share with the run it continues (the configuration's digest)."""
+"""A training run's directory and how a session opens on it: who may train it (one process,
+locked), what a resumed run must share with the run it continues (the configuration's digest),
+where it starts (the newest checkpoint, else the policy), and the session's parts started in order.
+
+    session = open_session(config)      # resumes from the run's newest checkpoint, if any
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,24 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from libra.clock import Clock, WallClock
 from libra.config import LibraConfig
 from libra.errors import LibraError
+from libra.pools.states import PoolEvent
+from libra.rl.batches import Batches
+from libra.rl.cluster import initial_placement
+from libra.rl.placing import Placer, host_change, site_of
+from libra.rl.planning import EngineStart
+from libra.rl.ray_cluster import RayCluster, address_of
+from libra.rl.routes import router_for
+from libra.rl.session import TrainingSession
+from libra.rl.trainers import open_trainer, with_first_layout
+from libra.trainer.checkpoint import CheckpointState, latest_checkpoint, load_blob, load_state, restore_rng
+
+if TYPE_CHECKING:
+    from libra.rollout.engines import Engine
 
 
 def config_digest(config: LibraConfig) -> str:
@@ -72,3 +90,105 @@ def check_policy(config: LibraConfig) -> Path:
         raise LibraError(f"rollout.max_context {config.rollout.max_context} is more than the policy's {positions} "
                          f"positions; set it to at most {positions}")
     return policy
+
+
+def resume_point(config: LibraConfig, policy: Path, root: Path) -> tuple[CheckpointState, Path, Path | None]:
+    """Where the run starts: its state, the weights it starts from and its newest checkpoint (None:
+    from the policy). A checkpoint of another configuration is refused with what to do."""
+    run, digest = config.trainer.run_name(), config_digest(config)
+    latest = latest_checkpoint(root)
+    if latest is None:
+        return CheckpointState(run, 0, 0, digest), policy, None
+    state = load_state(latest)
+    if state.config_digest != digest:
+        raise LibraError(f"run {run!r} was trained with another configuration (checkpoints in {root}); name a new "
+                         "run (trainer.run) or pass --restart to train this one again from the policy")
+    return state, latest, latest
+
+
+def open_session(config: LibraConfig, restart: bool = False) -> TrainingSession:
+    """The run's session: from its newest checkpoint when one exists, else from the policy. The run
+    is locked for this process until the session closes; `restart` removes its checkpoints first."""
+    run, policy = config.trainer.run_name(), check_policy(config)
+    root = Path(config.trainer.checkpoint_dir) / run
+    lock = hold_run(root)
+    try:
+        if restart:
+            clear_run(root)
+        return _open(config, run, policy, root, lock)
+    except BaseException:
+        lock.close()
+        raise
+
+
+def _open(config: LibraConfig, run: str, policy: Path, root: Path, lock: TextIO) -> TrainingSession:
+    """The session's parts started in order (tokenizer, environment, router, the site and placement,
+    the trainer, the engines where the placement says), then a resumed run's state restored; what
+    started is closed again if a later part fails."""
+    from transformers import AutoTokenizer
+
+    from libra.rollout.envs import make_env
+
+    state, weights, latest = resume_point(config, policy, root)
+    tokenizer = AutoTokenizer.from_pretrained(weights)
+    env = make_env(config.trainer.env, config.sandbox)
+    router = router_for(config, env, tokenizer, config.rollout.instances)
+    clock = WallClock()
+    address = address_of(config)
+    ray = RayCluster.connect(address, config.cluster.start_timeout_s) if address else None
+    planning = load_blob(latest, "planning") if latest is not None else None
+    site = site_of(config, ray, clock) if config.placement.policy != "none" else None
+    placement = None
+    if site is not None:
+        placed = planning is not None and planning.get("cluster", site.cluster) == site.cluster
+        placement = planning["placement"] if placed else \
+            initial_placement(config.placement.policy, site.cluster, config.placement.hybrids)
+        placement = with_first_layout(config, placement, site.cluster, policy)
+    pool_events: list[PoolEvent] = []
+    trainer = open_trainer(config, weights, policy, root, placement, site.cluster if site else None,
+                           pool_events.append, pooled=bool(config.placement.hybrids) or ray is not None)
+    session = TrainingSession(config, run, root, policy, state, trainer, [], env, tokenizer, router, lock=lock,
+                              clock=clock, engine_version=state.version, pool_events=pool_events)
+    try:
+        if site is None:
+            session.took_engines(start_engines(config, weights, clock))
+        else:
+            assert placement is not None
+            session.placer = Placer.open(site, trainer, clock)
+            _resume_placement(session, planning)
+            session.took(session.placer.apply(placement, weights, [], state.step, session.elapsed_s()))
+        if latest is not None:
+            session.trainer.load_optimizer_state(load_blob(latest, "trainer"))
+            restore_rng(load_blob(latest, "rng"))
+            session.batches = Batches.restored(load_blob(latest, "pending"))
+            session.last_record = load_blob(latest, "record")
+    except BaseException:  # nothing started is left running (the caller releases the lock)
+        session.lock = None
+        session.close()
+        raise
+    return session
+
+
+def start_engines(config: LibraConfig, weights: Path, clock: Clock) -> tuple[list[Engine], EngineStart]:
+    """An unplaced run's engines: rollout.instances of them, sharing every core; their start, measured."""
+    from libra.rollout.engines import make_engines
+
+    r = config.rollout
+    began = clock.now()
+    engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
+    return engines, EngineStart(r.instances, clock.now() - began)
+
+
+def _resume_placement(session: TrainingSession, planning: dict | None) -> None:
+    """A resumed placed run's planning state: its plan controller and planning rows, when it is on
+    the cluster it was placed on; else the hosts it lost or got back, as the step's rows."""
+    if planning is None:
+        return
+    session.plan_events = planning.get("plan_events", {})
+    cluster = session.cluster
+    assert cluster is not None
+    if planning.get("cluster", cluster) == cluster:
+        session.controller = planning["controller"]
+        return
+    step = session.state.step
+    session.note_hosts(step, host_change(step, session.elapsed_s(), planning["cluster"], cluster))

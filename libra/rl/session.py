@@ -1,6 +1,6 @@
 """A training run's live objects in one process, and one method per stage of an iteration.
 
-    session = TrainingSession.open(config)      # resumes from the run's newest checkpoint, if any
+    session = open_session(config)               # libra.rl.runs: resumes from the newest checkpoint, if any
     session.rollout(k); session.score(k)         # batch k: trajectories with rewards
     session.update(k)                            # one GRPO update on batch k (stale ones dropped)
     session.sync()                               # the new weights into every engine
@@ -12,7 +12,7 @@ Engines, the trainer and the rolled-out batches stay here, never in a flow's arg
 the trainer run, and moving them, is the placer's (`libra.rl.placing`); a batch's lifecycle is
 `libra.rl.batches`; decisions (which tasks an iteration sees, what is fresh enough to train on) are
 in `libra.rl.schedule`; what an iteration produced is in `libra.rl.records`; which trainer runs in
-`libra.rl.trainers`; the run's directory (its lock, what a resume must share) in `libra.rl.runs`.
+`libra.rl.trainers`; opening a run (its lock, what a resume must share, where it starts) is `libra.rl.runs`.
 """
 
 from __future__ import annotations
@@ -29,27 +29,19 @@ from libra.errors import HostLostError, LibraError, RankLostError
 from libra.pools.states import PoolEvent
 from libra.rl.batches import EVALUATION, Batches, Rolled
 from libra.rl.cluster import LocalCluster, Placement, initial_placement
-from libra.rl.placing import HostChange, Placer, event_row, host_change, site_of
+from libra.rl.placing import HostChange, Placed, Placer, event_row
 from libra.rl.planning import EngineStart, EngineTiming, TrainTiming
-from libra.rl.ray_cluster import RayCluster, address_of
 from libra.rl.records import (  # (also where older checkpoints' pickles find them)
     Batch,
     IterationRecord,
     RolloutStats,
     Update,
+    advanced,
 )
-from libra.rl.runs import check_policy, clear_run, config_digest, hold_run
+from libra.rl.routes import router_for
 from libra.rl.schedule import admit, hybrids_wanted, rollout_spec
-from libra.rl.trainers import Reshard, layout_of, open_trainer, with_first_layout
-from libra.trainer.checkpoint import (
-    CheckpointState,
-    latest_checkpoint,
-    load_blob,
-    load_state,
-    restore_rng,
-    rng_state,
-    save_checkpoint,
-)
+from libra.rl.trainers import Reshard, layout_of
+from libra.trainer.checkpoint import CheckpointState, rng_state, save_checkpoint
 from libra.trainer.samples import to_samples
 
 if TYPE_CHECKING:
@@ -88,103 +80,6 @@ class TrainingSession:
     replaced: str = ""  # why the run was placed anew on the hosts there are (hosts lost or back), until recorded
     reshard: Reshard | None = None  # the megatron trainer's last layout change, until recorded
 
-    # -- open ------------------------------------------------------------------------------------
-
-    @classmethod
-    def open(cls, config: LibraConfig, restart: bool = False) -> TrainingSession:
-        """The run's session: from its newest checkpoint when one exists, else from the policy. The
-        run is locked for this process until `close`; `restart` removes its checkpoints first."""
-        run, policy = config.trainer.run_name(), check_policy(config)
-        root = Path(config.trainer.checkpoint_dir) / run
-        lock = hold_run(root)
-        try:
-            if restart:
-                clear_run(root)
-            return cls._open(config, run, policy, root, lock)
-        except BaseException:
-            lock.close()
-            raise
-
-    @classmethod
-    def _open(cls, config: LibraConfig, run: str, policy: Path, root: Path, lock: TextIO) -> TrainingSession:
-        from transformers import AutoTokenizer
-
-        from libra.rollout.envs import expert_bounds, make_env
-        from libra.scheduler.policies import Buckets
-        from libra.scheduler.replay import make_router
-
-        latest = latest_checkpoint(root)
-        state, weights = CheckpointState(run, 0, 0, config_digest(config)), policy
-        if latest is not None:
-            state, weights = load_state(latest), latest
-            if state.config_digest != config_digest(config):
-                raise LibraError(f"run {run!r} was trained with another configuration (checkpoints in {root}); name a new "
-                                 "run (trainer.run) or pass --restart to train this one again from the policy")
-        tokenizer = AutoTokenizer.from_pretrained(weights)
-        env = make_env(config.trainer.env, config.sandbox)
-        buckets = Buckets(expert_bounds(env, config.rollout.instances, tokenizer))
-        router = make_router(config.rollout.router, buckets, {}, config.scheduler)
-        clock = WallClock()
-        address = address_of(config)
-        ray = RayCluster.connect(address, config.cluster.start_timeout_s) if address else None
-        planning = load_blob(latest, "planning") if latest is not None else None
-        site = site_of(config, ray, clock) if config.placement.policy != "none" else None
-        placement = None
-        if site is not None:
-            placed = planning is not None and planning.get("cluster", site.cluster) == site.cluster
-            placement = planning["placement"] if placed else \
-                initial_placement(config.placement.policy, site.cluster, config.placement.hybrids)
-            placement = with_first_layout(config, placement, site.cluster, policy)
-        pool_events: list[PoolEvent] = []
-        trainer = open_trainer(config, weights, policy, root, placement, site.cluster if site else None,
-                               pool_events.append, pooled=bool(config.placement.hybrids) or ray is not None)
-        session = cls(config, run, root, policy, state, trainer, [], env, tokenizer, router, lock=lock, clock=clock,
-                      engine_version=state.version, pool_events=pool_events)
-        try:
-            if site is None:
-                session._start_engines(weights)
-            else:
-                assert placement is not None
-                session.placer = Placer.open(site, trainer, clock)
-                session._resume_placement(planning)
-                session._place(placement, weights)
-            if latest is not None:
-                session._resume(latest)
-        except BaseException:  # nothing started is left running (the caller releases the lock)
-            session.lock = None
-            session.close()
-            raise
-        return session
-
-    def _start_engines(self, weights: Path) -> None:
-        """An unplaced run's engines: rollout.instances of them, sharing every core."""
-        from libra.rollout.engines import make_engines
-
-        r = self.config.rollout
-        began = self.clock.now()
-        self.engines = make_engines(r.engine, weights, r.instances, r.device, r.max_context)
-        self.engine_start_s = self.clock.now() - began
-        self.engine_starts.append(EngineStart(r.instances, self.engine_start_s))
-
-    def _resume_placement(self, planning: dict | None) -> None:
-        """A resumed placed run's planning state: its plan controller and planning rows, when it is
-        on the cluster it was placed on; else the hosts it lost or got back, as the step's rows."""
-        assert self.placer is not None
-        if planning is None:
-            return
-        self.plan_events = planning.get("plan_events", {})
-        if planning.get("cluster", self.cluster) == self.cluster:
-            self.controller = planning["controller"]
-            return
-        self._note_hosts(self.state.step, host_change(self.state.step, self.elapsed_s(), planning["cluster"], self.cluster))
-
-    def _resume(self, latest: Path) -> None:
-        """The optimizer, the RNG, the batches scored ahead and the last record of checkpoint `latest`."""
-        self.trainer.load_optimizer_state(load_blob(latest, "trainer"))
-        restore_rng(load_blob(latest, "rng"))
-        self.batches = Batches.restored(load_blob(latest, "pending"))
-        self.last_record = load_blob(latest, "record")
-
     # -- where it runs -----------------------------------------------------------------------
 
     @property
@@ -206,24 +101,26 @@ class TrainingSession:
         restart everything (the cluster changed)."""
         if self.batches.awaiting_rewards():
             raise RuntimeError("cannot move workers while a rollout awaits its rewards")
-        with tempfile.TemporaryDirectory(prefix="libra-place-", dir=self.root) as directory:
-            shutil.copytree(self.policy, directory, dirs_exist_ok=True)
-            for stale in Path(directory).glob("*.safetensors"):
-                stale.unlink()
-            self.trainer.save_weights(directory)
-            restarted = self._place(placement, Path(directory), force)
+        assert self.placer is not None
+        restarted = self.took(self.placer.move(placement, self.policy, self.root, self.engines, self.state.step,
+                                                  self.elapsed_s(), force))
         if restarted:
             self.engine_version = self.trainer.updates
         return restarted
 
-    def _place(self, placement: Placement, weights: Path, force: bool = False) -> bool:
-        assert self.placer is not None
-        placed = self.placer.apply(placement, weights, self.engines, self.state.step, self.elapsed_s(), force)
+    def took_engines(self, started: tuple[list[Engine], EngineStart]) -> None:
+        """An unplaced run's engines, started."""
+        self.engines, start = started
+        self.engine_start_s = start.seconds
+        self.engine_starts.append(start)
+
+    def took(self, placed: Placed) -> bool:
+        """Take what a placing did: the engines (and the router over them), their start, a reshard, the events."""
         self.engines = placed.engines
         if placed.start is not None:
             self.engine_start_s = placed.start.seconds
             self.engine_starts.append(placed.start)
-            self._route(len(self.engines))
+            self.router = router_for(self.config, self.env, self.tokenizer, len(self.engines), self.router)
         self.reshard = placed.reshard or self.reshard
         self.plan_events.setdefault(self.state.step, []).extend(event_row(e) for e in placed.events)
         return placed.restarted
@@ -236,7 +133,7 @@ class TrainingSession:
         change = self.placer.follow_hosts(step, self.elapsed_s()) if self.placer is not None else None
         if change is None:
             return ""
-        self._note_hosts(step, change)
+        self.note_hosts(step, change)
         self.controller = None
         self.apply(initial_placement(self.config.placement.policy, change.after, self.config.placement.hybrids),
                    force=True)
@@ -246,22 +143,10 @@ class TrainingSession:
         """Wait until the cluster no longer counts `host` alive; whether it left within `timeout_s`."""
         return self.placer.site.await_departure(host, timeout_s) if self.placer is not None else True
 
-    def _note_hosts(self, step: int, change: HostChange) -> None:
+    def note_hosts(self, step: int, change: HostChange) -> None:
         """The run moves to other hosts at `step`: their rows among the step's, and why in words."""
         self.plan_events.setdefault(step, []).extend(event_row(e) for e in change.events)
         self.replaced = change.reason
-
-    def _route(self, instances: int) -> None:
-        """The router over `instances` buckets, keeping what it learned (Libra's router)."""
-        from libra.rollout.envs import expert_bounds
-        from libra.scheduler.policies import Buckets
-        from libra.scheduler.replay import make_router
-
-        if self.router.buckets.count == instances:
-            return
-        buckets = Buckets(expert_bounds(self.env, instances, self.tokenizer))
-        carried = getattr(self.router, "carried_to", None)
-        self.router = carried(buckets) if carried else make_router(self.config.rollout.router, buckets, {}, self.config.scheduler)
 
     # -- the stages of an iteration ------------------------------------------------------------
 
@@ -364,12 +249,7 @@ class TrainingSession:
     def checkpoint(self, record: IterationRecord, mlflow_run_id: str = "") -> Path:
         """The state after iteration `record.step`: weights, optimizer, RNG, the batches rolled out
         ahead, and the iteration's record (re-recorded on resume if the process died before)."""
-        summary = {**self.state.summary, "elapsed_s": record.start_s + record.seconds["iteration"],
-                   "generated_tokens": self.state.summary.get("generated_tokens", 0) + record.batch.stats.generated_tokens}
-        if record.heldout_reward is not None:
-            summary["heldout"] = {**summary.get("heldout", {}), str(record.version): record.heldout_reward}
-        self.state = replace(self.state, step=record.step + 1, version=self.trainer.updates,
-                             mlflow_run_id=mlflow_run_id or self.state.mlflow_run_id, summary=summary)
+        self.state = advanced(self.state, record, self.trainer.updates, mlflow_run_id)
         self.last_record = record
         return save_checkpoint(self.root, self.state, self.trainer.save_weights,
                                {"trainer": self.trainer.optimizer_state(), "rng": rng_state(), "pending": self.pending,

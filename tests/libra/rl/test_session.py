@@ -6,8 +6,7 @@ import pytest
 from libra.config import LibraConfig
 from libra.errors import LibraError
 from libra.planner.workload import build_workload, lengths_from_trajectories
-from libra.rl.runs import config_digest, hold_run
-from libra.rl.session import TrainingSession
+from libra.rl.runs import config_digest, hold_run, open_session
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
 
 
@@ -19,7 +18,7 @@ def small(tmp_path, policy, **trainer) -> LibraConfig:
 
 
 def test_a_batch_rolled_out_beyond_the_staleness_bound_is_never_trained_on(policy_dir, tmp_path):  # noqa: F811
-    session = TrainingSession.open(small(tmp_path, policy_dir, pipeline="sync", max_staleness=1))
+    session = open_session(small(tmp_path, policy_dir, pipeline="sync", max_staleness=1))
     try:
         for step in (0, 1, 2):  # the rollout runs three batches ahead of the trainer, all from version 0
             session.rollout(step)

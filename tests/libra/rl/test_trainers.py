@@ -8,7 +8,7 @@ import pytest
 
 from libra.config import LibraConfig
 from libra.rl.cluster import Placement
-from libra.rl.session import TrainingSession
+from libra.rl.runs import open_session
 from libra.rl.trainers import reshard_row
 from libra.trainer.layout import Layout
 from tests.libra.rollout.conftest import policy_dir  # noqa: F401 - the session fixture
@@ -30,7 +30,7 @@ def pinned(trainer) -> list[set[int]]:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores: two one-core workers")
 def test_the_planners_layout_trains_and_a_move_reshards_the_trainer(policy_dir, tmp_path):  # noqa: F811
     cores = sorted(os.sched_getaffinity(0))[:2]
-    session = TrainingSession.open(planned(tmp_path, policy_dir).model_copy(deep=True))
+    session = open_session(planned(tmp_path, policy_dir).model_copy(deep=True))
     try:
         # colocated on two workers: the planner's training search splits the small policy's batch
         assert session.placement.layout == session.trainer.layout == Layout(dp=2)
