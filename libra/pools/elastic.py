@@ -61,7 +61,7 @@ def core_main(rank: int, spec: WorkerSpec, clock: Clock | None = None) -> None:
     clock = clock or WallClock()
     spec.pin(spec.core_id(rank))
     torch.set_num_threads(spec.threads)
-    control = Control.connect(spec.host, spec.port)
+    control = Control.connect(spec.host, spec.port, clock=clock)
     # the core group first: a task whose model needs a default process group (megatron's) has it
     dist.init_process_group(spec.backend, store=dist.PrefixStore("core", control.store), rank=rank,
                             world_size=spec.core_ranks, timeout=timedelta(seconds=spec.group_timeout_s * 4))
@@ -164,7 +164,7 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "", clock: Clock | None
         raise ValueError(f"unknown fault {fault!r}; faults: {', '.join(f for f in FAULTS if f)}")
     spec.pin(hid)
     torch.set_num_threads(spec.threads)
-    control = Control.connect(spec.host, spec.port)
+    control = Control.connect(spec.host, spec.port, clock=clock)
     offset = control.inbox_offset(hid)  # a replacement process skips what was sent to its predecessor
     index = spec.core_ranks + spec.hybrids.index(hid)
     model, optimizer = spec.build(index)
