@@ -17,7 +17,7 @@ figures are read back from MLflow:
 - time to a held-out reward: the training seconds until the held-out reward (32 prompts, greedy,
   every `eval_every` updates) first reached the best one all three runs of the seed reached;
 - the simulator's prediction for the same three policies on the same workload
-  (`libra.sim.local.predict`): the static run's trajectories, turn by turn, on the cost model of
+  (`libra.rl.simulated.predict`): the static run's trajectories, turn by turn, on the cost model of
   these workers fitted to all three runs' timing samples, moves priced at the measured engine start;
   its ratios beside the live ones, and whether each comparison points the same way.
 
@@ -84,7 +84,7 @@ def simulated(base: Path, seed: int, config: LibraConfig) -> dict[str, Any]:
     from libra.planner.calibrate import fit, samples_from_rows
     from libra.rl.placing import local_cluster
     from libra.rl.planning import local_cost_model
-    from libra.sim.local import batches_from_turns, predict
+    from libra.rl.simulated import batches_from_turns, predict
     from storage.catalog import Catalog
 
     timings: list[dict] = []

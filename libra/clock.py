@@ -51,3 +51,38 @@ class SimClock:
 
     def advance(self, dt_s: float) -> None:
         self.advance_to(self._now + dt_s)
+
+
+# -- waiting and measuring on a clock ---------------------------------------------------------------
+
+
+def sleep(clock: Clock, seconds: float) -> None:
+    """Let `seconds` pass on `clock`: a `SimClock` moves forward at once; any other clock waits that
+    long in real time."""
+    if isinstance(clock, SimClock):
+        clock.advance(seconds)
+    else:
+        time.sleep(seconds)
+
+
+class Deadline:
+    """A time `seconds` after it was made, on `clock`: for waits that poll until then."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        self.clock = clock
+        self.at = clock.now() + seconds
+
+    def left(self) -> float:
+        """Seconds until the deadline (negative once it has passed)."""
+        return self.at - self.clock.now()
+
+
+class Stopwatch:
+    """Seconds since it was made, on `clock` (monotonic wall time by default): for measurements."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or WallClock()
+        self.began = self.clock.now()
+
+    def seconds(self) -> float:
+        return self.clock.now() - self.began

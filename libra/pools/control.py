@@ -13,22 +13,27 @@ The store is hosted by the coordinating process, so it outlives any worker. Thre
 from __future__ import annotations
 
 import json
-import time
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
 
+from libra.clock import Clock, Deadline, WallClock, sleep
+
 DONE = -1  # `step/<s>` value once the run has no step s
 
 
 class Control:
-    def __init__(self, store: dist.Store) -> None:
+    """A client of the pool's store; its waits run on `clock` (monotonic wall time unless another is
+    injected)."""
+
+    def __init__(self, store: dist.Store, clock: Clock | None = None) -> None:
         self.store = store
+        self.clock = clock or WallClock()
 
     @staticmethod
-    def connect(host: str, port: int, timeout_s: float = 300.0) -> Control:
-        return Control(dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s)))
+    def connect(host: str, port: int, timeout_s: float = 300.0, clock: Clock | None = None) -> Control:
+        return Control(dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s)), clock)
 
     # -- plain keys ---------------------------------------------------------------------------
     def put(self, key: str, value: Any) -> None:
@@ -48,11 +53,11 @@ class Control:
     def wait(self, key: str, timeout_s: float, poll_s: float = 0.01) -> bool:
         """Whether `key` appeared within `timeout_s` (polled: the store's own timed wait logs a warning
         on every expiry)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(self.clock, timeout_s)
         while not self.store.check([key]):
-            if time.monotonic() >= deadline:
+            if deadline.left() <= 0:
                 return False
-            time.sleep(poll_s)
+            sleep(self.clock, poll_s)
         return True
 
     # -- channels -------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from libra.clock import Clock, EpochClock, Stopwatch, WallClock, sleep
 from libra.pools import snapshot as snapshots
 from libra.pools.control import DONE, Control
 from libra.pools.leader import Leader
@@ -55,11 +55,13 @@ from libra.pools.spec import WorkerSpec
 __all__ = ["FAULTS", "WorkerSpec", "core_process", "exit_done", "hybrid_main"]
 
 
-def core_main(rank: int, spec: WorkerSpec) -> None:
-    """A core training rank: runs every step of the run."""
+def core_main(rank: int, spec: WorkerSpec, clock: Clock | None = None) -> None:
+    """A core training rank: runs every step of the run. Its steps are timed on `clock` (monotonic
+    wall time unless another is injected), from the pool's start (`spec.t0`, epoch seconds)."""
+    clock = clock or WallClock()
     spec.pin(spec.core_id(rank))
     torch.set_num_threads(spec.threads)
-    control = Control.connect(spec.host, spec.port)
+    control = Control.connect(spec.host, spec.port, clock=clock)
     # the core group first: a task whose model needs a default process group (megatron's) has it
     dist.init_process_group(spec.backend, store=dist.PrefixStore("core", control.store), rank=rank,
                             world_size=spec.core_ranks, timeout=timedelta(seconds=spec.group_timeout_s * 4))
@@ -76,10 +78,10 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
 
     gen, info, group = 0, None, None
     log = []
-    clock0 = time.perf_counter() - (time.time() - spec.t0)  # perf_counter reading at the pool's start
+    clock0 = clock.now() - EpochClock(spec.t0).now()  # `clock`'s reading at the pool's start
     try:
         for step in range(spec.steps):
-            began = time.perf_counter()
+            began = clock.now()
             g, new = leader.boundary(step) if leader is not None else (control.get(f"step/{step}"), None)
             if g != gen:
                 new = new or control.get(f"gen/{g}")
@@ -88,7 +90,7 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
                 gen, info = g, new
             assert info is not None
             failed = ""
-            marks = [time.perf_counter()]
+            marks = [clock.now()]
             if len(info["members"]) == len(core):  # core-only: the core group, exactly as without hybrids
                 payload = core_only(step)
             else:
@@ -110,17 +112,17 @@ def core_main(rank: int, spec: WorkerSpec) -> None:
                     if leader is not None:
                         leader.on_failure(step, failed or "another core rank saw the failure")
             reduced = mean_update(spec.task, payload)
-            marks.append(time.perf_counter())
+            marks.append(clock.now())
             if leader is not None:
                 leader.before_update()
             applied = apply_update(spec.task, model, optimizer, step, reduced.update)
             if leader is not None:
                 leader.record_update(step, reduced.update)
                 spec.task.publish(model, optimizer, step, reduced, len(info["active"]), applied)
-            marks.append(time.perf_counter())
+            marks.append(clock.now())
             if spec.min_step_s > 0:
-                time.sleep(max(0.0, spec.min_step_s - (time.perf_counter() - began)))
-            log.append({"step": step, "start_s": began - clock0, "seconds": time.perf_counter() - began,
+                sleep(clock, max(0.0, spec.min_step_s - (clock.now() - began)))
+            log.append({"step": step, "start_s": began - clock0, "seconds": clock.now() - began,
                         "boundary_s": marks[0] - began, "gradient_s": marks[1] - marks[0], "update_s": marks[2] - marks[1],
                         "replicas": len(info["members"]), "active": len(core) + len(info["active"]), "retried": bool(failed)})
         if leader is not None:
@@ -151,16 +153,18 @@ def core_process(rank: int, spec: WorkerSpec) -> None:
 FAULTS = ("", "die_fetching", "die_entering", "slow_fetch")
 
 
-def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
+def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "", clock: Clock | None = None) -> None:
     """A hybrid worker: serves rollout (here: waits) until told to load a snapshot and enter a
     generation; trains with it until left out, then returns to rollout. `fault` injects a failure
     for tests and drills: SIGKILL itself on receiving the snapshot (`die_fetching`) or the order to
-    enter (`die_entering`), or take 2 s more to fetch (`slow_fetch`)."""
+    enter (`die_entering`), or take 2 s more to fetch (`slow_fetch`). Fetches are timed and
+    delayed on `clock` (monotonic wall time unless another is injected)."""
+    clock = clock or WallClock()
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; faults: {', '.join(f for f in FAULTS if f)}")
     spec.pin(hid)
     torch.set_num_threads(spec.threads)
-    control = Control.connect(spec.host, spec.port)
+    control = Control.connect(spec.host, spec.port, clock=clock)
     offset = control.inbox_offset(hid)  # a replacement process skips what was sent to its predecessor
     index = spec.core_ranks + spec.hybrids.index(hid)
     model, optimizer = spec.build(index)
@@ -180,9 +184,9 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
         elif op == "snapshot":
             if fault == "die_fetching":
                 os.kill(os.getpid(), signal.SIGKILL)
-            began = time.perf_counter()
+            fetch = Stopwatch(clock)
             if fault == "slow_fetch":
-                time.sleep(2.0)
+                sleep(clock, 2.0)
             try:
                 state, extra = snapshots.read(Path(message["path"]))
             except FileNotFoundError:  # replaced by a newer snapshot meanwhile; the leader sends that one
@@ -191,7 +195,7 @@ def hybrid_main(hid: str, spec: WorkerSpec, fault: str = "") -> None:
             optimizer.load_state_dict(state["optimizer"])
             loaded = extra["step"]
             control.post("requests", {"type": "loaded", "what": "snapshot", "hid": hid, "step": loaded,
-                                      "bytes": message["bytes"], "seconds": time.perf_counter() - began})
+                                      "bytes": message["bytes"], "seconds": fetch.seconds()})
         elif op == "replay" and loaded is not None:
             try:
                 state, extra = snapshots.read(Path(message["path"]))

@@ -19,7 +19,6 @@ to rollout. Whether a join enters, replays or times out is the join policy's dec
 from __future__ import annotations
 
 import threading
-import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from libra.clock import Clock, EpochClock
+from libra.clock import Clock, Deadline, EpochClock, sleep
 from libra.pools import snapshot as snapshots
 from libra.pools.control import DONE, Control
 from libra.pools.joins import JoinAction, JoinProgress, decide
@@ -62,7 +61,7 @@ class Leader:
     """Runs on core rank 0. At each step boundary it reads the request channel, moves the hybrids'
     state machines, and publishes the step's generation. Whether a join enters, replays or times
     out is the join policy's decision (`libra.pools.joins.decide`) on the leader's clock (wall
-    seconds since the pool's start unless another is injected)."""
+    seconds since the pool's start unless another is injected), which also times its waits."""
 
     def __init__(self, control: Control, spec: WorkerSpec, model: nn.Module, optimizer: torch.optim.Optimizer,
                  clock: Clock | None = None) -> None:
@@ -297,15 +296,15 @@ class Leader:
         failed from the state it died in; roll back every other hybrid of the generation. The next
         boundary publishes a core-only generation."""
         failed = list(self.members)
-        deadline = time.time() + self.spec.failure_grace_s
-        while time.time() < deadline and any(self.workers[h].state is not State.FAILED for h in failed):
+        deadline = Deadline(self.clock, self.spec.failure_grace_s)
+        while deadline.left() > 0 and any(self.workers[h].state is not State.FAILED for h in failed):
             messages, self.offset = self.control.read("requests", self.offset)
             for message in messages:
                 if message["type"] == "died":
                     self._handle(message)
                 else:
                     self.deferred.append(message)
-            time.sleep(0.01)
+            sleep(self.clock, 0.01)
         for hid in failed:
             worker = self.workers[hid]
             if worker.state in (State.JOINING, State.TRAINING):
@@ -328,10 +327,10 @@ class Leader:
                 self.workers[hid].move(State.ROLLOUT, "cancelled", steps, "training finished")
                 self.control.send(hid, {"op": "cancel"})
         self.control.put(f"step/{steps}", DONE)
-        deadline = time.time() + 5.0
-        while time.time() < deadline and any(w.state is State.LEAVING for w in self.workers.values()):
+        deadline = Deadline(self.clock, 5.0)
+        while deadline.left() > 0 and any(w.state is State.LEAVING for w in self.workers.values()):
             messages, self.offset = self.control.read("requests", self.offset)
             for message in messages:
                 self._handle(message)
-            time.sleep(0.02)
+            sleep(self.clock, 0.02)
         self.control.put("finished", steps)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
+from libra.clock import Clock, Deadline, EpochClock, WallClock, sleep
 from libra.devices import gpu_count
 from libra.errors import LibraError
 from libra.pools import snapshot as snapshots
@@ -78,7 +78,8 @@ class ElasticPool:
                  schedule: Mapping[int, int] | None = None, faults: Mapping[str, str] | None = None,
                  on_event: Callable[[PoolEvent], None] | None = None,
                  affinity: Mapping[str, tuple[int, ...]] | None = None, device: str = "cpu",
-                 core_provider: Provider | None = None, control_host: str = "127.0.0.1") -> None:
+                 core_provider: Provider | None = None, control_host: str = "127.0.0.1",
+                 clock: Clock | None = None) -> None:
         """`schedule`: desired hybrid count from a step on ({0: 0, 10: 2} = none, then two from step
         10); without one, `set_desired` or explicit `request_join`/`request_leave` drive the pool.
         `faults`: fault injection for tests and drills (hybrid id -> one of `elastic.FAULTS`).
@@ -87,7 +88,9 @@ class ElasticPool:
         its own GPU: local processes take GPUs 0, 1, ... in the order core ranks, then hybrids).
         `core_provider`: where the core ranks run (default: local processes; Ray actors on a
         cluster); `control_host`: the address the workers reach this process's control store at
-        (this host's own, when they run on others)."""
+        (this host's own, when they run on others). `clock` times this process's waits (monotonic
+        wall time unless another is injected); the workers time the pool's events from its start
+        in epoch seconds (`EpochClock`), which every machine shares."""
         if steps < 1 or core_ranks < 1 or hybrids < 0:
             raise LibraError(f"need steps >= 1, core_ranks >= 1, hybrids >= 0; got {steps}, {core_ranks}, {hybrids}")
         self.provider = provider or LocalProcesses()
@@ -105,6 +108,7 @@ class ElasticPool:
                              min_step_s=min_step_s, device=device,
                              affinity=tuple((k, tuple(v)) for k, v in (affinity or {}).items()))
         self.poll_s = poll_s
+        self.clock = clock or WallClock()
         self.schedule = dict(sorted((schedule or {}).items()))
         self.desired: int | None = None
         self.faults = dict(faults or {})
@@ -124,19 +128,20 @@ class ElasticPool:
         only once every hybrid process reports ready (or raise after that long)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.control = Control(self.store)
+        self.control = Control(self.store, self.clock)
+        started = EpochClock(0.0).now()  # epoch seconds: the origin of every worker's clock
         self.spec = WorkerSpec(self.control_host, self.store.port, self.task, self.core_ranks, self.hybrid_ids, self.steps,
-                               str(self.out_dir), time.time(), **self.settings)
+                               str(self.out_dir), started, **self.settings)
         for hid in self.hybrid_ids:
             self.provider.launch(hid, self.spec, self.faults.get(hid, ""))
         if wait_for_hybrids_s > 0:
-            deadline = time.time() + wait_for_hybrids_s
+            deadline = Deadline(self.clock, wait_for_hybrids_s)
             while (missing := [h for h in self.hybrid_ids if not self.control.has(f"ready/{h}")]):
-                if time.time() > deadline:
+                if deadline.left() < 0:
                     self.provider.close(1.0)
                     raise LibraError(f"hybrids {', '.join(missing)} not ready after {wait_for_hybrids_s} s "
                                      f"({self.provider.name} provider); raise the wait or check the workers' logs")
-                time.sleep(self.poll_s)
+                sleep(self.clock, self.poll_s)
         for rank in range(self.core_ranks):
             self.core.append(self.core_provider.launch_core(rank, self.spec))
         self._thread = threading.Thread(target=self._run, name="libra-pool-monitor", daemon=True)
@@ -145,13 +150,13 @@ class ElasticPool:
 
     def wait(self, timeout_s: float = 600.0) -> PoolResult:
         """Wait for the core to finish every step; stop the hybrids; return the result."""
-        deadline = time.time() + timeout_s
+        deadline = Deadline(self.clock, timeout_s)
         for proc in self.core:
-            proc.join(max(0.0, deadline - time.time()))
+            proc.join(max(0.0, deadline.left()))
         failed = [p for p in self.core if p.exitcode != 0]
         self._stop.set()
         self._thread.join()
-        self._drain(Control(self.store))
+        self._drain(Control(self.store, self.clock))
         for hid in self.hybrid_ids:
             self.control.send(hid, {"op": "stop"})
         self.provider.close(10.0)
@@ -213,15 +218,15 @@ class ElasticPool:
         return any(p.is_alive() for p in self.core)
 
     def wait_for(self, predicate: Callable[[list[PoolEvent]], bool], timeout_s: float = 60.0) -> list[PoolEvent]:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
+        deadline = Deadline(self.clock, timeout_s)
+        while deadline.left() > 0:
             events = self.events
             if predicate(events):
                 return events
             if all(not p.is_alive() for p in self.core):
                 raise TimeoutError(f"training ended before the pool condition was met; events: "
                                    f"{[(e.worker_id, e.event) for e in self.events]}")
-            time.sleep(self.poll_s)
+            sleep(self.clock, self.poll_s)
         raise TimeoutError(f"pool condition not met within {timeout_s} s; events so far: "
                            f"{[(e.worker_id, e.event) for e in self.events]}")
 
@@ -233,11 +238,11 @@ class ElasticPool:
     def _request(self, op: str, hid: str, control: Control | None = None) -> None:
         (control or self.control).post("requests", {"type": op, "hid": hid})
         with self.lock:
-            self.monitor.in_flight[hid] = (op, time.time())
+            self.monitor.in_flight[hid] = (op, self.clock.now())
 
     # the monitor thread -------------------------------------------------------------------------
     def _run(self) -> None:
-        control = Control.connect("127.0.0.1", self.store.port)  # its own client: stores are not shared across threads
+        control = Control.connect("127.0.0.1", self.store.port, clock=self.clock)  # its own client: stores are not shared across threads
         while not self._stop.is_set():
             self._drain(control)
             for hid in self.hybrid_ids:
@@ -247,12 +252,12 @@ class ElasticPool:
             desired = self._target()
             if desired is not None:
                 with self.lock:
-                    now = time.time()
+                    now = self.clock.now()
                     self.monitor.in_flight = {h: v for h, v in self.monitor.in_flight.items() if now - v[1] < 5.0}
                     actions = reconcile(desired, self.monitor.states, {h: op for h, (op, _) in self.monitor.in_flight.items()})
                 for action in actions:
                     self._act(action, control)
-            time.sleep(self.poll_s)
+            sleep(self.clock, self.poll_s)
 
     def _target(self) -> int | None:
         target = self.desired
@@ -266,7 +271,7 @@ class ElasticPool:
             self.provider.launch(action.worker_id, self.spec)
             with self.lock:
                 self.monitor.dead.discard(action.worker_id)
-                self.monitor.in_flight[action.worker_id] = ("restart", time.time())
+                self.monitor.in_flight[action.worker_id] = ("restart", self.clock.now())
         else:
             self._request(action.op, action.worker_id, control)
 

@@ -166,7 +166,7 @@ def adopt_placement(controller: PlanController, placement: Placement, workload: 
     split), so the first plan it makes is weighed against where the run is, not applied outright;
     with `layout` (the megatron trainer's), costed in that training layout rather than the best one
     for its workers, so a plan that only changes the layout is weighed as a move too. The planning
-    flow and the simulator's replay of it (`libra.sim.local`) both start this way."""
+    flow and the simulator's replay of it (`libra.rl.simulated`) both start this way."""
     variant = 1 if placement.colocated and len(controller.variants) > 1 else 0
     planner = Planner(controller.cost, workload, controller.variants[variant])
     if placement.colocated:

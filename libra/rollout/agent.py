@@ -17,13 +17,13 @@ from __future__ import annotations
 import queue
 import shutil
 import threading
-import time
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libra.clock import Clock, Stopwatch, WallClock
 from libra.rollout.engines import Engine
 from libra.rollout.envs import Env, Task, prompt
 from libra.rollout.protocol import STOPS, observation, parse
@@ -125,7 +125,7 @@ class Limits:
 def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Engine], router: Router, tokenizer, *,
             max_turns: int = 8, max_tokens_per_turn: int = 96, max_context: int = 1536, temperature: float = 1.0,
             min_tokens_per_turn: int = 0, seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
-            score: bool = True) -> RolloutResult:
+            score: bool = True, clock: Clock | None = None) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)
@@ -138,26 +138,29 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     `min_tokens_per_turn`: every turn generates at least this many tokens before its stop (the
     end-of-sequence token and the stop strings are held back until then; a load knob).
     `score`: reward each trajectory at the end; with False the rewards are left to `score_rewards`,
-    which needs the episodes' working directories: pass `workroot` and remove it after scoring."""
+    which needs the episodes' working directories: pass `workroot` and remove it after scoring.
+    `clock` times the batch, its trajectories, the engines' busy time and the tool calls (monotonic
+    wall time unless another is injected)."""
     if not score and not workroot:
         raise ValueError("rollout(score=False) leaves rewards to score_rewards, which needs the working directories: "
                          "pass workroot")
-    began = time.perf_counter()
+    clock = clock or WallClock()
+    batch = Stopwatch(clock)
     root = Path(workroot) if workroot else make_workroot("libra-rollout-")  # removed at the end if made here
     limits = Limits(max_turns, max_tokens_per_turn, max_context, temperature, min(min_tokens_per_turn, max_tokens_per_turn))
     try:
-        runs = start(env, tasks, samples, router, tokenizer, root, len(engines), model_version)
-        busy, steps, prefill = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads)
+        runs = start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock)
+        busy, steps, prefill = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock)
         if score:
             score_rewards(runs.values())
     finally:
         if not workroot:
             shutil.rmtree(root, ignore_errors=True)
-    return finish(runs, router, time.perf_counter() - began, busy, steps, prefill)
+    return finish(runs, router, batch.seconds(), busy, steps, prefill)
 
 
 def start(env: Env, tasks: Sequence[Task], samples: int, router: Router, tokenizer, root: Path, instances: int,
-          model_version: int) -> dict[str, TrajectoryRun]:
+          model_version: int, clock: Clock) -> dict[str, TrajectoryRun]:
     """Every trajectory opened: its working directory, its episode and the router's first placement."""
     runs: dict[str, TrajectoryRun] = {}
     for task in tasks:
@@ -170,7 +173,7 @@ def start(env: Env, tasks: Sequence[Task], samples: int, router: Router, tokeniz
             runs[tid] = TrajectoryRun(tid, task.task_id, str(s), task, len(ids), list(ids),
                                       min(decision.bucket, instances - 1), decision.bucket, workdir,
                                       env.open(task, workdir), [0] * len(ids), [0.0] * len(ids), model_version,
-                                      started=time.perf_counter())
+                                      started=clock.now())
     return runs
 
 
@@ -180,7 +183,7 @@ def request_seed(seed: int, trajectory_id: str, turn: int) -> int:
 
 
 def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], router: Router, tokenizer,
-          limits: Limits, seed: int, tool_threads: int) -> tuple[float, int, int]:
+          limits: Limits, seed: int, tool_threads: int, clock: Clock) -> tuple[float, int, int]:
     """Run every trajectory to its end: (engine busy seconds, engine steps, prefill tokens)."""
     events: queue.Queue = queue.Queue()  # ("gen", tid, Generation) | ("tool", tid, (Generation, future)) | ("error", "", exc)
     inboxes = [queue.Queue() for _ in engines]
@@ -199,9 +202,9 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 except queue.Empty:
                     pass
                 if engine.has_work():
-                    t0 = time.perf_counter()
+                    t0 = clock.now()
                     finished = engine.poll()
-                    busy[i] += time.perf_counter() - t0
+                    busy[i] += clock.now() - t0
                     steps[i] += 1
                     for tid, gen in finished:
                         events.put(("gen", tid, gen))
@@ -228,13 +231,13 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                     raise payload
                 run = runs[tid]
                 if kind == "gen":
-                    future = tools.submit(_act, env, run.episode, payload)
+                    future = tools.submit(_act, env, run.episode, payload, clock)
                     future.add_done_callback(lambda f, tid=tid, gen=payload: events.put(("tool", tid, (gen, f))))
                     continue
                 gen, future = payload
                 prefill += gen.prefill_tokens
                 if _record_turn(run, gen, future.result(), tokenizer, limits):
-                    run.done, run.finished = True, time.perf_counter()
+                    run.done, run.finished = True, clock.now()
                     router.finish(tid, len(run.ids))
                     active -= 1
                     continue
@@ -293,7 +296,7 @@ def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: 
     return RolloutResult(trajectories, wall_s, busy, steps, prefill)
 
 
-def _act(env: Env, episode, gen) -> tuple[str, str, str, str, float]:
+def _act(env: Env, episode, gen, clock: Clock | None = None) -> tuple[str, str, str, str, float]:
     """Parse a generated turn and run its tool (on a pool thread; it changes no trajectory state):
     (kind, tool, observation text or the answer, status, tool seconds)."""
     action = parse(gen.text, env.tools)
@@ -301,11 +304,11 @@ def _act(env: Env, episode, gen) -> tuple[str, str, str, str, float]:
         return "answer", "none", action.argument, "none", 0.0
     if action.kind == "malformed":
         return "malformed", action.name or "malformed", observation(action.error, "error"), "error", 0.0
-    began = time.perf_counter()
+    call = Stopwatch(clock)
     try:
         output, status = episode.call(action.name, action.argument)
     except SandboxUnavailable:  # the machine cannot isolate tools: never carry on without them
         raise
     except Exception as exc:  # a tool bug must not stop the batch
         output, status = f"tool failed: {type(exc).__name__}: {exc}", "error"
-    return "tool", action.name, observation(output, status), status, time.perf_counter() - began
+    return "tool", action.name, observation(output, status), status, call.seconds()

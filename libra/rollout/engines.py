@@ -25,13 +25,13 @@ not reproducible run to run.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from libra.clock import Clock, WallClock
 from libra.devices import torch_device
 
 
@@ -123,11 +123,14 @@ def _state_dict_checkpoint(state: dict, directory: Path) -> Path:
 class HFEngine:
     name = "hf"
 
-    def __init__(self, model_dir: str | Path, size: int = 1, max_context: int = 2048, device: str = "cpu") -> None:
+    def __init__(self, model_dir: str | Path, size: int = 1, max_context: int = 2048, device: str = "cpu",
+                 clock: Clock | None = None) -> None:
+        """`clock` times its batches and decode steps (monotonic wall time unless another is injected)."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
+        self.clock = clock or WallClock()
         self.size = size
         self.max_context = max_context
         self.device = torch_device(device)
@@ -139,7 +142,7 @@ class HFEngine:
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
                temperature: float, seed: int = 0, min_tokens: int = 0) -> None:
-        self.queued.append((request_id, list(prompt), max_tokens, tuple(stop), temperature, seed, time.perf_counter(),
+        self.queued.append((request_id, list(prompt), max_tokens, tuple(stop), temperature, seed, self.clock.now(),
                             min_tokens))
 
     def has_work(self) -> bool:
@@ -155,7 +158,7 @@ class HFEngine:
         self.calls += 1
         gens = self.generate([q[1] for q in batch], first[2], first[3], first[4], seeds=[q[5] for q in batch],
                              min_tokens=first[7])
-        now = time.perf_counter()
+        now = self.clock.now()
         return [(q[0], Generation(g.token_ids, g.text, g.finish, now - q[6], g.prefill_tokens, g.logprobs))
                 for q, g in zip(batch, gens, strict=True)]
 
@@ -169,7 +172,7 @@ class HFEngine:
         torch = self.torch
         if self.device.type == "cpu":
             torch.set_num_threads(self.size)
-        began = time.perf_counter()
+        began = self.clock.now()
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=self.device)
@@ -184,7 +187,7 @@ class HFEngine:
         step_ids, past = ids, None
         with torch.no_grad():
             for _ in range(max(budgets)):
-                stepped = time.perf_counter()
+                stepped = self.clock.now()
                 positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
                 out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=past,
                                  use_cache=True)
@@ -204,7 +207,7 @@ class HFEngine:
                     texts[i] = self.tokenizer.decode(tokens[i])
                     if not early and (token == eos or any(s in texts[i] for s in stop)):
                         finish[i] = "stop"
-                self.timer.record(len(alive), float(mask.shape[1]), time.perf_counter() - stepped)
+                self.timer.record(len(alive), float(mask.shape[1]), self.clock.now() - stepped)
                 alive = [i for i in alive if finish[i] == "length" and len(tokens[i]) < budgets[i]]
                 if not alive:
                     break
@@ -212,7 +215,7 @@ class HFEngine:
                 live = torch.zeros(len(prompts), 1, dtype=mask.dtype, device=self.device)
                 live[alive] = 1
                 mask = torch.cat([mask, live], dim=1)
-        seconds = time.perf_counter() - began
+        seconds = self.clock.now() - began
         return [Generation(tokens[i], texts[i], finish[i], seconds, len(p), tuple(logprobs[i]))  # no prefix cache: all of it
                 for i, p in enumerate(prompts)]
 
@@ -226,20 +229,20 @@ class HFEngine:
     def update_weights(self, checkpoint: str | Path) -> float:
         from safetensors.torch import load_file
 
-        began = time.perf_counter()
+        began = self.clock.now()
         state = {}
         for file in sorted(Path(checkpoint).glob("*.safetensors")):
             state.update(load_file(file))
         self.update_state_dict(state, f"checkpoint {checkpoint}")
-        return time.perf_counter() - began
+        return self.clock.now() - began
 
     def update_state_dict(self, state: dict, source: str = "state dict") -> float:
-        began = time.perf_counter()
+        began = self.clock.now()
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected or [m for m in missing if "lm_head" not in m]:  # the head is tied to the embeddings
             raise ValueError(f"{source} does not fit the model: missing {missing}, unexpected {unexpected}")
         self.model.tie_weights()
-        return time.perf_counter() - began
+        return self.clock.now() - began
 
     def close(self) -> None:
         pass
@@ -250,7 +253,7 @@ class VLLMEngine:
 
     def __init__(self, model_dir: str | Path, size: int = 1, cores: Sequence[int] | None = None,
                  max_context: int = 2048, kv_cache_gib: int = 1, block_size: int = 32, cpu_nice: int = 10,
-                 gpus: Sequence[int] | None = None, gpu_memory_fraction: float = 0.9) -> None:
+                 gpus: Sequence[int] | None = None, gpu_memory_fraction: float = 0.9, clock: Clock | None = None) -> None:
         """`cores`: the CPU cores this instance pins its worker to (on CPU machines); `size` of them.
         `gpus`: on GPU machines, the GPUs this instance runs on (`size` of them, its tensor-parallel
         degree; default: the first `size` the process sees), of whose memory it takes
@@ -264,7 +267,9 @@ class VLLMEngine:
         They share the cores with the agent loop and the sandboxed tools, and while a batch is in
         flight they busy-wait on each other (vLLM's shared-memory queue polls with sched_yield); at
         equal priority that polling takes the time of the tool calls on a trajectory's critical path.
-        A lower priority changes nothing when nothing else wants the cores."""
+        A lower priority changes nothing when nothing else wants the cores.
+        `clock` times its batches and decode steps (monotonic wall time unless another is injected)."""
+        self.clock = clock or WallClock()
         os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(".libra/vllm-cache").resolve()))
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # set it to INFO to see the engine's start-up
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
@@ -328,10 +333,10 @@ class VLLMEngine:
         straight decoding)."""
         from vllm.inputs import TokensPrompt
 
-        began = time.perf_counter()
+        began = self.clock.now()
         params = [self._params(p, max_tokens, stop, temperature, exact) for p in prompts]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-        seconds = time.perf_counter() - began
+        seconds = self.clock.now() - began
         return [self._generation(o, seconds) for o in outputs]
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int, stop: Sequence[str],
@@ -339,7 +344,7 @@ class VLLMEngine:
         """`seed` is not used: vLLM samples from its engine's seed (see the module's docstring)."""
         from vllm.inputs import TokensPrompt
 
-        self.submitted[request_id] = time.perf_counter()
+        self.submitted[request_id] = self.clock.now()
         self.prompt_tokens[request_id] = len(prompt)
         self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)),
                                         self._params(prompt, max_tokens, stop, temperature, exact, min_tokens))
@@ -354,14 +359,14 @@ class VLLMEngine:
         done = []
         batch = len(self.submitted)
         context = sum(self.prompt_tokens.values()) / batch if batch else 0.0
-        stepped = time.perf_counter()
+        stepped = self.clock.now()
         outputs = self.llm.llm_engine.step()
-        self.timer.record(batch, context, time.perf_counter() - stepped)
+        self.timer.record(batch, context, self.clock.now() - stepped)
         for output in outputs:
             if output.finished:
                 self.prompt_tokens.pop(output.request_id, None)
                 began = self.submitted.pop(output.request_id)
-                done.append((output.request_id, self._generation(output, time.perf_counter() - began)))
+                done.append((output.request_id, self._generation(output, self.clock.now() - began)))
         return done
 
     def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
@@ -380,7 +385,7 @@ class VLLMEngine:
         reload reads a copy of the checkpoint that carries the embedding as the head too."""
         import tempfile
 
-        began = time.perf_counter()
+        began = self.clock.now()
         with tempfile.TemporaryDirectory(prefix="libra-reload-") as scratch:
             source = self._with_head(Path(checkpoint), Path(scratch)) or Path(checkpoint)
             for attempt in range(2):  # a reload that fails halfway leaves meta tensors: retry before generating
@@ -392,7 +397,7 @@ class VLLMEngine:
                     if attempt:
                         raise
         self.llm.reset_prefix_cache()
-        return time.perf_counter() - began
+        return self.clock.now() - began
 
     def _with_head(self, checkpoint: Path, scratch: Path) -> Path | None:
         from safetensors.torch import load_file
@@ -411,10 +416,10 @@ class VLLMEngine:
     def update_state_dict(self, state: dict) -> float:
         import tempfile
 
-        began = time.perf_counter()
+        began = self.clock.now()
         with tempfile.TemporaryDirectory(prefix="libra-weights-") as directory:
             self.update_weights(_state_dict_checkpoint(state, Path(directory)))
-        return time.perf_counter() - began
+        return self.clock.now() - began
 
     def close(self) -> None:
         del self.llm

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from libra.clock import Stopwatch
 from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.rollout.envs import ENVS, demonstration, make_env
@@ -143,7 +143,7 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
             log(f"policy in {out}: copied the shipped policy (final loss {record['final_loss']:.3f})")
             return record
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    began = time.perf_counter()
+    build = Stopwatch()
     demos = demonstrations(settings, sandbox)
     tokenizer = train_tokenizer([text for text, _ in demos], settings.vocab_size)
     examples = [encode(tokenizer, text, spans) for text, spans in demos]
@@ -171,12 +171,12 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
         if progress:
             progress(step + 1, settings.steps, losses[-1])
         if step % 100 == 0 or step == settings.steps - 1:
-            log(f"step {step:5d}  loss {sum(losses[-50:]) / len(losses[-50:]):.4f}  ({time.perf_counter() - began:.0f} s)")
+            log(f"step {step:5d}  loss {sum(losses[-50:]) / len(losses[-50:]):.4f}  ({build.seconds():.0f} s)")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     record = {"settings": json.loads(json.dumps(asdict(settings))), "parameters": sum(p.numel() for p in model.parameters()),
-              "demonstrations": len(demos), "longest_tokens": longest, "train_s": time.perf_counter() - began,
+              "demonstrations": len(demos), "longest_tokens": longest, "train_s": build.seconds(),
               "final_loss": sum(losses[-50:]) / len(losses[-50:])}
     (out / "libra_policy.json").write_text(json.dumps(record, indent=2))
     return record

@@ -56,12 +56,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from libra.clock import Clock, Deadline, Stopwatch, WallClock, sleep
 from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.rollout.sandbox_server import INSIDE, ROOTS, SERVE, TOOL_RUNNER, Server, ServerStopped
@@ -204,10 +204,12 @@ def _bwrap_options(bwrap: str, python: str, limits: SandboxLimits, workdir: Path
 
 
 class Sandbox:
-    """Runs tool code under one configuration; safe to call from many threads at once."""
+    """Runs tool code under one configuration; safe to call from many threads at once. Calls are
+    timed on `clock` (monotonic wall time unless another is injected)."""
 
-    def __init__(self, config: SandboxConfig | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, clock: Clock | None = None) -> None:
         self.config = config or SandboxConfig()
+        self.clock = clock or WallClock()
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
         self._host: Server | None = None
@@ -290,18 +292,18 @@ class Sandbox:
         served = launcher.isolation == "bwrap" and self.config.server and workdir.is_relative_to(base) and workdir != base
         # bwrap enters the directory itself (as INSIDE); without isolation the code runs in it
         cwd, env = (Path("/"), {}) if launcher.isolation == "bwrap" else (workdir, {**_ENV, "HOME": str(workdir), "PWD": str(workdir)})
-        began = time.monotonic()
+        call = Stopwatch(self.clock)
         with tempfile.TemporaryFile(prefix="libra-sandbox-") as out, tempfile.TemporaryFile(prefix="libra-sandbox-") as err:
             if served:
                 try:
                     exit_code, timed_out = self._server(launcher).run(code, workdir.relative_to(base), _rlimits(limits),
                                                                       limits.tmp_bytes, limits.timeout_s, out, err)
                 except ServerStopped as exc:  # the tool may or may not have run: report it, do not run it again
-                    return SandboxResult("error", None, "", f"sandbox: {exc}", time.monotonic() - began, False,
+                    return SandboxResult("error", None, "", f"sandbox: {exc}", call.seconds(), False,
                                          launcher.isolation)
             else:
-                exit_code, timed_out = _launch(launcher, limits, workdir, cwd, env, code, out, err)
-            seconds = time.monotonic() - began
+                exit_code, timed_out = _launch(launcher, limits, workdir, cwd, env, code, out, err, self.clock)
+            seconds = call.seconds()
             stdout, cut_out = _read(out, limits.max_output_bytes)
             stderr, cut_err = _read(err, limits.max_output_bytes)
         status = "timeout" if timed_out else "ok" if exit_code == 0 else "error"
@@ -369,7 +371,7 @@ def make_workroot(prefix: str = "libra-work-") -> Path:
 
 
 def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path, env: dict, code: str,
-            out, err) -> tuple[int, bool]:
+            out, err, clock: Clock) -> tuple[int, bool]:
     """(exit code, timed out) of one call started on its own; whatever it started is gone when this
     returns (with bwrap: its init has exited, and the kernel ends a PID namespace's other processes
     before its init's exit completes)."""
@@ -395,7 +397,7 @@ def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path,
             pass
         proc.wait()
         if info_r is not None:
-            _wait_exited(_init_pid(info_r))
+            _wait_exited(_init_pid(info_r), clock)
     return proc.returncode, timed_out
 
 
@@ -408,17 +410,17 @@ def _init_pid(info: int) -> int | None:
         return None
 
 
-def _wait_exited(pid: int | None, limit_s: float = 10.0) -> None:
-    """Wait until process `pid` has exited (gone, or a zombie nobody has reaped yet)."""
-    deadline = time.monotonic() + limit_s
-    while pid is not None and time.monotonic() < deadline:
+def _wait_exited(pid: int | None, clock: Clock, limit_s: float = 10.0) -> None:
+    """Wait until process `pid` has exited (gone, or a zombie nobody has reaped yet), at most `limit_s` on `clock`."""
+    deadline = Deadline(clock, limit_s)
+    while pid is not None and deadline.left() > 0:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             return
         if state in ("Z", "X"):
             return
-        time.sleep(0.001)
+        sleep(clock, 0.001)
 
 
 def _read(handle, cap: int) -> tuple[str, bool]:

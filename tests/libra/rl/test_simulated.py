@@ -11,7 +11,7 @@ from libra.errors import LibraError
 from libra.planner.settings import trigger_settings
 from libra.rl.cluster import LocalCluster
 from libra.rl.planning import local_cost_model
-from libra.sim.local import LocalPlacement, batches_from_turns, predict
+from libra.rl.simulated import LocalPlacement, batches_from_turns, predict
 from libra.sim.workloads import SimTrajectory, SimTurn
 from libra.types import NO_TOOL
 

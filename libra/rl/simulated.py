@@ -19,6 +19,9 @@ prediction for the three policies can be set beside what the live runs measured.
   measured rollout time corrects the plan in force, the pooled recent steps are the workload, a move
   must pay off within the steps left), its plans placed by the same `placement_of`. No offload:
   colocated stages on CPU workers take turns without moving state.
+
+It sits with the training loop it replays: the simulator (`libra.sim`) is below it and knows nothing
+of the live run.
 """
 
 from __future__ import annotations
