@@ -19,12 +19,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from libra.clock import Clock, WallClock
+from libra.clock import Clock, Deadline, WallClock, sleep
 from libra.config import LibraConfig
 from libra.pools.states import PoolEvent
 from libra.rl.cluster import LocalCluster, Placement, cluster_of_hosts, hybrid_workers
@@ -200,12 +199,11 @@ class RaySite:
     def await_departure(self, host: str, timeout_s: float, poll_s: float = 0.5) -> bool:
         """Wait until Ray no longer counts `host` alive (it notices a dead host after missed health
         checks); whether it left within `timeout_s` (a lost actor on a live host: it stays)."""
-        deadline = self.clock.now() + timeout_s
-        pause = threading.Event()
+        deadline = Deadline(self.clock, timeout_s)
         while any(h.address == host for h in self.ray.hosts()):
-            if self.clock.now() > deadline:
+            if deadline.left() < 0:
                 return False
-            pause.wait(poll_s)
+            sleep(self.clock, poll_s)
         return True
 
     def close(self) -> None:
