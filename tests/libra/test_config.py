@@ -5,7 +5,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from libra.config import MAX_CONFIG_BYTES, LibraConfig, StoreConfig, load_config
+from libra.config import LibraConfig, StoreConfig
+from libra.config_loading import MAX_CONFIG_BYTES, load_config
 from libra.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,7 +174,8 @@ def test_a_ray_cluster_is_for_placed_runs_and_gives_the_transformers_engine_acto
 
 
 def test_resolve_config_takes_a_record_a_file_or_the_defaults_then_the_overrides(tmp_path) -> None:
-    from libra.config import LibraConfig, resolve_config
+    from libra.config import LibraConfig
+    from libra.config_loading import resolve_config
 
     path = tmp_path / "c.yaml"
     path.write_text("trainer: {steps: 7}\n")
