@@ -12,8 +12,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from libra.pools.joins import JoinSettings
-
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -123,11 +121,9 @@ class PoolConfig(_Section):
     provider: Literal["local", "ray"] = Field("local", description="where hybrids run: local processes or Ray actors")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: gloo groups; cuda: NCCL, one GPU per worker process")
     group_timeout_s: float = Field(30.0, gt=0.0, le=3_600.0, description="a collective or rendezvous slower than this fails")
-    join_timeout_s: float = Field(JoinSettings.join_timeout_s, gt=0.0, le=86_400.0,
-                                  description="a join not entered by then is cancelled")
+    join_timeout_s: float = Field(180.0, gt=0.0, le=86_400.0, description="a join not entered by then is cancelled")
     max_catchup_steps: int = Field(64, ge=2, le=100_000, description="updates the leader keeps for joins in progress")
-    enter_gap: int = Field(JoinSettings.enter_gap, ge=0, le=1_000,
-                           description="a joiner enters once at most this many updates behind")
+    enter_gap: int = Field(1, ge=0, le=1_000, description="a joiner enters once at most this many updates behind")
     poll_s: float = Field(0.05, gt=0.0, le=10.0, description="coordinator polling interval")
     snapshot_dir: str = Field(".libra/pool", description="where join snapshots and run results are written")
 
