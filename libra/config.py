@@ -12,6 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from libra.planner.cost_model import RolloutDials, TrainingDials
+from libra.planner.planner import SearchDials
+from libra.planner.trigger import TriggerSettings
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -69,30 +73,16 @@ class OrchestrationConfig(_Section):
     task_retries: int = Field(1, ge=0, le=10, description="retries of a failed Prefect task")
 
 
-class PlannerConfig(_Section):
-    """Global resource planner: objective, search space, re-planning trigger and cost-model knobs."""
+class PlannerConfig(RolloutDials, TrainingDials, TriggerSettings, SearchDials, _Section):
+    """Global resource planner: objective, search space, re-planning trigger and cost-model knobs.
 
-    mode: Literal["one_step_off", "sync", "colocated"] = Field(
-        "one_step_off", description="pipelining: one_step_off overlaps rollout k+1 with training k"
-    )
+    The dials are declared once, in the planner's settings records this section composes: the
+    search's (`SearchDials`), the re-planning trigger's (`TriggerSettings`) and the cost model's
+    (`TrainingDials`, `RolloutDials`). The section is itself each of them: the trigger takes it as
+    it is, `PlannerSettings.of` and `CostModel.configured` take their fields from it."""
+
     batch_trajectories: int = Field(512, ge=1, le=1_000_000, description="trajectories per RL step to plan for")
     recent_steps: int = Field(0, ge=0, le=1_000_000, description="steps of history used for lengths (0 = all)")
-    max_hybrid_fraction: float = Field(0.25, ge=0.0, le=1.0, description="largest share of GPUs in the hybrid pool")
-    hybrid_shares: int = Field(4, ge=2, le=64, description="rollout share of hybrids searched on 1/k .. (k-1)/k")
-    hybrid_switch_s: float = Field(10.0, ge=0.0, le=3600.0, description="a hybrid's join + leave per iteration")
-    granularity: int = Field(0, ge=0, le=1024, description="split step in GPUs (0 = 1 up to 64 GPUs, else a node)")
-    period_steps: int = Field(10, ge=1, le=100_000, description="periodic re-plan interval")
-    warmup_steps: int = Field(2, ge=0, le=100_000, description="no planning before this step")
-    pressure_ratio: float = Field(1.25, ge=1.0, le=100.0, description="stage-time imbalance that forces a re-plan")
-    min_relative_gain: float = Field(0.05, ge=0.0, le=1.0, description="relative gain a new plan must bring")
-    switch_base_s: float = Field(15.0, ge=0.0, le=3600.0, description="fixed cost of moving GPUs")
-    engine_start_s: float = Field(20.0, ge=0.0, le=3600.0, description="restarting rollout engines")
-    zero_stage: int = Field(1, ge=1, le=3, description="ZeRO stage of the trainer")
-    recompute: bool = Field(True, description="full activation recomputation in training")
-    logprob_passes: int = Field(1, ge=0, le=4, description="extra forward passes per step (old / reference log-probs)")
-    memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="share of HBM a rollout engine may use")
-    max_batch: int = Field(256, ge=1, le=65_536, description="concurrent sequences per rollout instance")
-    max_context_tokens: int = Field(131_072, ge=1_024, le=10_000_000, description="rollout engine max_model_len")
 
 
 class SchedulerConfig(_Section):
