@@ -104,12 +104,22 @@ class SchedulerConfig(_Section):
 
 
 class PoolConfig(_Section):
-    """Elastic hybrid pool: core training ranks plus hybrids that join and leave training."""
+    """Elastic hybrid pool: core training ranks plus hybrids that join and leave training.
 
-    core_ranks: int = Field(2, ge=1, le=4_096, description="core training replicas (never rebuilt)")
-    hybrids: int = Field(2, ge=0, le=4_096, description="hybrid workers that may join training")
-    provider: Literal["local", "ray"] = Field("local", description="where hybrids run: local processes or Ray actors")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: gloo groups; cuda: NCCL, one GPU per worker process")
+    `core_ranks`, `hybrids`, `provider` and `snapshot_dir` are the standalone `libra pool` command's
+    (a training run's pool is its trainer's core rank and `placement.hybrids`, on the run's workers,
+    under its checkpoints); the rest apply to both."""
+
+    core_ranks: int = Field(2, ge=1, le=4_096, description="core training replicas (never rebuilt), of the standalone "
+                            "`libra pool` command")
+    hybrids: int = Field(2, ge=0, le=4_096, description="hybrid workers that may join training, of the standalone "
+                         "`libra pool` command (a training run's: placement.hybrids)")
+    provider: Literal["local", "ray"] = Field("local", description="where the standalone `libra pool` command's "
+                                              "hybrids run: local processes or Ray actors")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the pool's processes compute (cpu: gloo groups; "
+                                           "cuda: NCCL, one GPU per worker process): the standalone `libra pool` "
+                                           "command's, and a training run's trainer when placement.hybrids > 0 (its "
+                                           "replicas are then the pool's, and trainer.device is not used)")
     group_timeout_s: float = Field(30.0, gt=0.0, le=3_600.0, description="a collective or rendezvous slower than this fails")
     join_timeout_s: float = Field(180.0, gt=0.0, le=86_400.0, description="a join not entered by then is cancelled")
     max_catchup_steps: int = Field(64, ge=2, le=100_000, description="updates the leader keeps for joins in progress")
@@ -134,7 +144,8 @@ class RolloutConfig(_Section):
 
     engine: Literal["vllm", "hf"] = Field("vllm", description="rollout engine: vLLM, or transformers (reproducible sampling)")
     instances: int = Field(1, ge=1, le=256, description="engine instances (the router places trajectories across them)")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: instances share the cores; cuda: the GPUs")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: instances share the cores; cuda: the GPUs (a "
+                                           "placed run's workers are of this kind)")
     router: str = Field("libra", min_length=1, max_length=64, description="router across instances (libra rollout --help lists them)")
     max_turns: int = Field(8, ge=1, le=1_000, description="model turns per trajectory")
     max_tokens_per_turn: int = Field(96, ge=1, le=1_000_000, description="tokens one turn may generate")
@@ -173,9 +184,12 @@ class TrainerConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of KL to the frozen initial policy (0: no reference model)")
     normalize_std: bool = Field(True, description="divide advantages by the group's reward standard deviation")
     micro_batch_tokens: int = Field(8192, ge=64, le=10_000_000, description="padded tokens per forward/backward pass")
-    pipeline: Literal["one_step_off", "sync"] = Field("one_step_off", description="one_step_off: rollout k+1 runs while k trains")
+    pipeline: Literal["one_step_off", "sync"] = Field("one_step_off", description="one_step_off: rollout k+1 runs "
+                                                      "while k trains (this run's; `libra plan` plans for planner.mode)")
     max_staleness: int = Field(1, ge=0, le=1_000, description="a trajectory more updates old than this is never trained on")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="where the trainer runs")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the trainer runs; it may differ from "
+                                           "rollout.device (engines on the GPUs and the trainer on the cores, or the "
+                                           "reverse); with placement.hybrids the pool's replicas train, on pool.device")
     backend: Literal["torch", "megatron"] = Field("torch", description="torch: the HF model in the run's process "
                                                   "(DDP over the pool's ranks); megatron: megatron-core's GPTModel on "
                                                   "tp x pp x dp rank processes")
@@ -227,8 +241,9 @@ class PlacementConfig(_Section):
         "train, never moved; libra: that split, re-planned from the run's statistics")
     cores_per_worker: int = Field(1, ge=1, le=1_024, description="CPU cores per worker (the unit the planner moves)")
     hybrids: int = Field(0, ge=0, le=4_096, description="rollout workers that also train, as hybrids of the elastic pool "
-                         "beside the trainer's core rank (static and libra; pool.* sets the joins); 0: the trainer "
-                         "trains in the run's process")
+                         "beside the trainer's core rank (static and libra; pool.* sets the joins and pool.device their device; "
+                         "the standalone `libra pool` command's are pool.hybrids); 0: the trainer trains in the run's "
+                         "process")
     hybrid_schedule: dict[int, int] = Field(
         default_factory=dict, description="hybrids wanted in training from an iteration on ({0: 1, 6: 0}: one, "
         "then none from iteration 6); empty: the placement's (every hybrid at first; with libra, then the plan's)")
