@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 
 from benchmarks.common import OUT, save
 from libra.planner.cost_model import CostModel
@@ -68,7 +67,7 @@ def routing(name: str, cost: CostModel, steps: int) -> dict:
     spec = workload_spec(name)
     generator = WorkloadGenerator(spec, 0)
     warmup = generator.step(-1)
-    settings = replace(PlannerSettings(), mode="one_step_off", max_hybrid_fraction=0.0)
+    settings = PlannerSettings(mode="one_step_off", max_hybrid_fraction=0.0)
     plan = Planner(cost, workload_of(warmup), settings).plan()
     layout, bounds = plan_layout(plan)
     label = "trace replay (tau-bench)" if name == REPLAY else name

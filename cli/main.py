@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> LibraConfig:
-    from libra.config import load_config
+    from libra.config_loading import load_config
 
     overrides = {"store.root": args.store} if getattr(args, "store", None) else {}
     return load_config(getattr(args, "config", None), overrides)

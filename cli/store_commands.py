@@ -7,7 +7,8 @@ import json
 import sys
 
 from cli.format import render_table, rows_json
-from libra.config import LibraConfig, default_config_yaml
+from libra.config import LibraConfig
+from libra.config_loading import default_config_yaml
 from libra.errors import LibraError
 
 

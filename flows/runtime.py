@@ -66,10 +66,10 @@ def prepare_runtime(config: LibraConfig, tracking: bool = True) -> None:
 
 def flow_config(config: LibraConfig | str | None, overrides: dict | None = None, tracking: bool = True) -> LibraConfig:
     """What a flow does first: its config (a LibraConfig, a YAML file's path, or the embedded
-    defaults, then the overrides; `libra.config.resolve_config`) and the runtime it describes. A
+    defaults, then the overrides; `libra.config_loading.resolve_config`) and the runtime it describes. A
     deployment run gets here with Prefect already configured by its worker; the CLI, having
     prepared both before the flow started, gets the same values again."""
-    from libra.config import resolve_config
+    from libra.config_loading import resolve_config
 
     resolved = resolve_config(config, overrides)
     prepare_runtime(resolved, tracking)

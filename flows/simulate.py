@@ -84,15 +84,14 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
 def check_feasible(request: SimulationRequest, planner: PlannerConfig) -> None:
     """A LibraError when the model cannot train even on all of the cluster's GPUs (then no policy
     can run), before anything starts; what each policy finds within that is its run's to say."""
-    from libra.planner.planner import Planner
-    from libra.planner.settings import planner_settings
+    from libra.planner.planner import Planner, PlannerSettings
     from libra.sim.training import workload_of
     from libra.sim.workloads import WorkloadGenerator
     from tasks.sim_tasks import cannot_run, request_cost
 
     cost = request_cost(request, planner)
     warmup = WorkloadGenerator(request.spec(), request.seed).step(-1)
-    if Planner(cost, workload_of(warmup), planner_settings(planner)).training.best(cost.cluster.gpus) is None:
+    if Planner(cost, workload_of(warmup), PlannerSettings.of(planner)).training.best(cost.cluster.gpus) is None:
         raise cannot_run(request, cost.model.name, f"no training configuration fits {cost.cluster.gpus} GPUs")
 
 

@@ -26,7 +26,8 @@ from prefect import flow
 
 from flows.planning import planning_flow
 from flows.rl_iteration import rl_iteration_flow
-from libra.config import LibraConfig, resolve_config
+from libra.config import LibraConfig
+from libra.config_loading import resolve_config
 from libra.errors import HostLostError, LibraError
 from tasks.planning_tasks import follow_hosts_task, planning_due_task
 from tasks.train_tasks import (

@@ -1,28 +1,20 @@
-"""Validated configuration: one pydantic model per subsystem, loaded from configs/*.yaml.
+"""Validated configuration: one pydantic model per subsystem (a section), and `LibraConfig` of them all.
 
 The defaults written here are the embedded defaults: `LibraConfig()` is what runs when no file is
 given, and `configs/default.yaml` spells the same values out (a test keeps the two equal). Unknown
-keys and out-of-range values are errors that name the key, the value and what is allowed.
-Configs never do I/O beyond `load_config` reading its one file.
-
-`load_config` answers any file at all with a config or a `ConfigError` naming the file: it reads at
-most `MAX_CONFIG_BYTES` (a config is a short file), decodes UTF-8, parses with a safe loader that
-refuses duplicate keys, and refuses documents whose aliases expand to more than `MAX_CONFIG_VALUES`
-values (an alias bomb is refused at once instead of being expanded while the error is written), or
-that hold a NUL character (no path can). Values quoted in errors are cut short.
+keys and out-of-range values are errors that name the key, the value and what is allowed. Nothing
+here does I/O: `libra.config_loading` reads YAML files and overrides into a `LibraConfig`.
 """
 
 from __future__ import annotations
 
-import reprlib
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from libra.errors import ConfigError
-from libra.pools.joins import JoinSettings
+from libra.planner.cost_model import RolloutDials, TrainingDials
+from libra.planner.planner import SearchDials
+from libra.planner.trigger import TriggerSettings
 
 
 class _Section(BaseModel):
@@ -81,30 +73,16 @@ class OrchestrationConfig(_Section):
     task_retries: int = Field(1, ge=0, le=10, description="retries of a failed Prefect task")
 
 
-class PlannerConfig(_Section):
-    """Global resource planner: objective, search space, re-planning trigger and cost-model knobs."""
+class PlannerConfig(RolloutDials, TrainingDials, TriggerSettings, SearchDials, _Section):
+    """Global resource planner: objective, search space, re-planning trigger and cost-model knobs.
 
-    mode: Literal["one_step_off", "sync", "colocated"] = Field(
-        "one_step_off", description="pipelining: one_step_off overlaps rollout k+1 with training k"
-    )
+    The dials are declared once, in the planner's settings records this section composes: the
+    search's (`SearchDials`), the re-planning trigger's (`TriggerSettings`) and the cost model's
+    (`TrainingDials`, `RolloutDials`). The section is itself each of them: the trigger takes it as
+    it is, `PlannerSettings.of` and `CostModel.configured` take their fields from it."""
+
     batch_trajectories: int = Field(512, ge=1, le=1_000_000, description="trajectories per RL step to plan for")
     recent_steps: int = Field(0, ge=0, le=1_000_000, description="steps of history used for lengths (0 = all)")
-    max_hybrid_fraction: float = Field(0.25, ge=0.0, le=1.0, description="largest share of GPUs in the hybrid pool")
-    hybrid_shares: int = Field(4, ge=2, le=64, description="rollout share of hybrids searched on 1/k .. (k-1)/k")
-    hybrid_switch_s: float = Field(10.0, ge=0.0, le=3600.0, description="a hybrid's join + leave per iteration")
-    granularity: int = Field(0, ge=0, le=1024, description="split step in GPUs (0 = 1 up to 64 GPUs, else a node)")
-    period_steps: int = Field(10, ge=1, le=100_000, description="periodic re-plan interval")
-    warmup_steps: int = Field(2, ge=0, le=100_000, description="no planning before this step")
-    pressure_ratio: float = Field(1.25, ge=1.0, le=100.0, description="stage-time imbalance that forces a re-plan")
-    min_relative_gain: float = Field(0.05, ge=0.0, le=1.0, description="relative gain a new plan must bring")
-    switch_base_s: float = Field(15.0, ge=0.0, le=3600.0, description="fixed cost of moving GPUs")
-    engine_start_s: float = Field(20.0, ge=0.0, le=3600.0, description="restarting rollout engines")
-    zero_stage: int = Field(1, ge=1, le=3, description="ZeRO stage of the trainer")
-    recompute: bool = Field(True, description="full activation recomputation in training")
-    logprob_passes: int = Field(1, ge=0, le=4, description="extra forward passes per step (old / reference log-probs)")
-    memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="share of HBM a rollout engine may use")
-    max_batch: int = Field(256, ge=1, le=65_536, description="concurrent sequences per rollout instance")
-    max_context_tokens: int = Field(131_072, ge=1_024, le=10_000_000, description="rollout engine max_model_len")
 
 
 class SchedulerConfig(_Section):
@@ -126,18 +104,26 @@ class SchedulerConfig(_Section):
 
 
 class PoolConfig(_Section):
-    """Elastic hybrid pool: core training ranks plus hybrids that join and leave training."""
+    """Elastic hybrid pool: core training ranks plus hybrids that join and leave training.
 
-    core_ranks: int = Field(2, ge=1, le=4_096, description="core training replicas (never rebuilt)")
-    hybrids: int = Field(2, ge=0, le=4_096, description="hybrid workers that may join training")
-    provider: Literal["local", "ray"] = Field("local", description="where hybrids run: local processes or Ray actors")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: gloo groups; cuda: NCCL, one GPU per worker process")
+    `core_ranks`, `hybrids`, `provider` and `snapshot_dir` are the standalone `libra pool` command's
+    (a training run's pool is its trainer's core rank and `placement.hybrids`, on the run's workers,
+    under its checkpoints); the rest apply to both."""
+
+    core_ranks: int = Field(2, ge=1, le=4_096, description="core training replicas (never rebuilt), of the standalone "
+                            "`libra pool` command")
+    hybrids: int = Field(2, ge=0, le=4_096, description="hybrid workers that may join training, of the standalone "
+                         "`libra pool` command (a training run's: placement.hybrids)")
+    provider: Literal["local", "ray"] = Field("local", description="where the standalone `libra pool` command's "
+                                              "hybrids run: local processes or Ray actors")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the pool's processes compute (cpu: gloo groups; "
+                                           "cuda: NCCL, one GPU per worker process): the standalone `libra pool` "
+                                           "command's, and a training run's trainer when placement.hybrids > 0 (its "
+                                           "replicas are then the pool's, and trainer.device is not used)")
     group_timeout_s: float = Field(30.0, gt=0.0, le=3_600.0, description="a collective or rendezvous slower than this fails")
-    join_timeout_s: float = Field(JoinSettings.join_timeout_s, gt=0.0, le=86_400.0,
-                                  description="a join not entered by then is cancelled")
+    join_timeout_s: float = Field(180.0, gt=0.0, le=86_400.0, description="a join not entered by then is cancelled")
     max_catchup_steps: int = Field(64, ge=2, le=100_000, description="updates the leader keeps for joins in progress")
-    enter_gap: int = Field(JoinSettings.enter_gap, ge=0, le=1_000,
-                           description="a joiner enters once at most this many updates behind")
+    enter_gap: int = Field(1, ge=0, le=1_000, description="a joiner enters once at most this many updates behind")
     poll_s: float = Field(0.05, gt=0.0, le=10.0, description="coordinator polling interval")
     snapshot_dir: str = Field(".libra/pool", description="where join snapshots and run results are written")
 
@@ -158,7 +144,8 @@ class RolloutConfig(_Section):
 
     engine: Literal["vllm", "hf"] = Field("vllm", description="rollout engine: vLLM, or transformers (reproducible sampling)")
     instances: int = Field(1, ge=1, le=256, description="engine instances (the router places trajectories across them)")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: instances share the cores; cuda: the GPUs")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu: instances share the cores; cuda: the GPUs (a "
+                                           "placed run's workers are of this kind)")
     router: str = Field("libra", min_length=1, max_length=64, description="router across instances (libra rollout --help lists them)")
     max_turns: int = Field(8, ge=1, le=1_000, description="model turns per trajectory")
     max_tokens_per_turn: int = Field(96, ge=1, le=1_000_000, description="tokens one turn may generate")
@@ -197,9 +184,12 @@ class TrainerConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of KL to the frozen initial policy (0: no reference model)")
     normalize_std: bool = Field(True, description="divide advantages by the group's reward standard deviation")
     micro_batch_tokens: int = Field(8192, ge=64, le=10_000_000, description="padded tokens per forward/backward pass")
-    pipeline: Literal["one_step_off", "sync"] = Field("one_step_off", description="one_step_off: rollout k+1 runs while k trains")
+    pipeline: Literal["one_step_off", "sync"] = Field("one_step_off", description="one_step_off: rollout k+1 runs "
+                                                      "while k trains (this run's; `libra plan` plans for planner.mode)")
     max_staleness: int = Field(1, ge=0, le=1_000, description="a trajectory more updates old than this is never trained on")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="where the trainer runs")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the trainer runs; it may differ from "
+                                           "rollout.device (engines on the GPUs and the trainer on the cores, or the "
+                                           "reverse); with placement.hybrids the pool's replicas train, on pool.device")
     backend: Literal["torch", "megatron"] = Field("torch", description="torch: the HF model in the run's process "
                                                   "(DDP over the pool's ranks); megatron: megatron-core's GPTModel on "
                                                   "tp x pp x dp rank processes")
@@ -251,8 +241,9 @@ class PlacementConfig(_Section):
         "train, never moved; libra: that split, re-planned from the run's statistics")
     cores_per_worker: int = Field(1, ge=1, le=1_024, description="CPU cores per worker (the unit the planner moves)")
     hybrids: int = Field(0, ge=0, le=4_096, description="rollout workers that also train, as hybrids of the elastic pool "
-                         "beside the trainer's core rank (static and libra; pool.* sets the joins); 0: the trainer "
-                         "trains in the run's process")
+                         "beside the trainer's core rank (static and libra; pool.* sets the joins and pool.device their device; "
+                         "the standalone `libra pool` command's are pool.hybrids); 0: the trainer trains in the run's "
+                         "process")
     hybrid_schedule: dict[int, int] = Field(
         default_factory=dict, description="hybrids wanted in training from an iteration on ({0: 1, 6: 0}: one, "
         "then none from iteration 6); empty: the placement's (every hybrid at first; with libra, then the plan's)")
@@ -319,197 +310,3 @@ class LibraConfig(_Section):
                              "its threads: use rollout.engine vllm, placement.policy none, or a Ray cluster "
                              "(cluster.ray_address), where every engine is an actor of its own")
         return self
-
-
-MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is refused unread
-MAX_CONFIG_VALUES = 100_000  # mappings, lists and scalars a config may hold once aliases are expanded
-
-
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> LibraConfig:
-    """Load a YAML config (or the embedded defaults when `path` is None), then apply overrides.
-
-    `overrides` maps dotted keys to values, e.g. {"store.root": "/data/store"}.
-    """
-    data: dict[str, Any] = {}
-    source = "embedded defaults"
-    if path is not None:
-        source = str(path)
-        data = _read_yaml(Path(path))
-    for dotted, value in (overrides or {}).items():
-        _set_dotted(data, dotted, value)
-    try:
-        return LibraConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_validation_error(exc, LibraConfig)}") from None
-
-
-def resolve_config(config: LibraConfig | str | Path | None = None,
-                   overrides: dict[str, Any] | None = None) -> LibraConfig:
-    """The config a flow runs with: a `LibraConfig` as given, a YAML file's path (a deployment's
-    parameter), or the embedded defaults (None); then `overrides` (dotted keys, values of None left
-    out). One function for the CLI and the flows, so both refuse the same values with the same line."""
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if not isinstance(config, LibraConfig):
-        return load_config(config, overrides)
-    if not overrides:
-        return config
-    data = config.model_dump()
-    for dotted, value in overrides.items():
-        _set_dotted(data, dotted, value)
-    try:
-        return LibraConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, LibraConfig)) from None
-
-
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """yaml.safe_load's loader, refusing a key given twice in one mapping (YAML says keys are unique;
-    PyYAML would keep the last one silently). Keys brought in by a merge (`<<: *base`) may be overridden."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
-                continue
-            key = self.construct_object(key_node)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {_shown(key)}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config ({exc.strerror}); pass an existing YAML file") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes; a config is a short YAML file")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-                          "a config is a YAML file") from None
-    try:
-        loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({_first_line(exc)})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(loaded).__name__}")
-    _check_values(path, loaded)
-    return loaded
-
-
-def _first_line(exc: yaml.YAMLError) -> str:
-    """'<problem> at line L, column C' of a parser error, on one line."""
-    problem = getattr(exc, "problem", None)
-    mark = getattr(exc, "problem_mark", None)
-    if problem and mark is not None:
-        return " ".join(f"{problem} at line {mark.line + 1}, column {mark.column + 1}".split())
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-def _check_values(path: Path, data: dict[str, Any]) -> None:
-    """Walk the document once (iteratively, at most MAX_CONFIG_VALUES values): refuse alias bombs and
-    self-referencing aliases, and strings with a NUL character."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    count = 0
-    while stack:
-        key, value = stack.pop()
-        count += 1
-        if count > MAX_CONFIG_VALUES:
-            raise ConfigError(f"{path}: the document expands to more than {MAX_CONFIG_VALUES:,} values "
-                              "(aliases repeating aliases?); a config is a short YAML file")
-        if isinstance(value, dict):
-            stack.extend((f"{key}.{k}" if key else str(k), v) for k, v in value.items())
-            stack.extend(("(a key)", k) for k in value)
-        elif isinstance(value, list):
-            stack.extend((f"{key}[{i}]", v) for i, v in enumerate(value))
-        elif isinstance(value, str) and "\x00" in value:
-            raise ConfigError(f"{path}: {_shown(key, 80)}: a value holds a NUL character")
-
-
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = data
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted}: {part} is not a section")
-        node = child
-    node[parts[-1]] = value
-
-
-def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
-    """One line per problem: the dotted key, the value given and what is allowed."""
-    lines = []
-    for error in exc.errors():
-        key = ".".join(str(p) for p in error["loc"])
-        if not error["loc"]:  # a rule across keys (a model's validator): its message names them
-            lines.append(error["msg"].removeprefix("Value error, "))
-            continue
-        if error["type"] == "extra_forbidden":
-            parent = _model_at(model, error["loc"][:-1])
-            allowed = ", ".join(parent.model_fields) if parent else "see configs/default.yaml"
-            lines.append(f"unknown key {_shown(key, 80)}; allowed keys here: {allowed}")
-            continue
-        allowed = _allowed(model, error["loc"])
-        value = error.get("input")
-        lines.append(f"{_shown(key, 80, quote=False)} = {_shown(value)}: {error['msg']}" + (f" (allowed: {allowed})" if allowed else ""))
-    return "; ".join(lines)
-
-
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 60
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 2, 4, 4
-
-
-def _shown(value: Any, limit: int = 60, quote: bool = True) -> str:
-    """`value` as an error message quotes it: its repr, cut to about `limit` characters."""
-    if isinstance(value, str) and not quote:
-        return value if len(value) <= limit else value[:limit] + "..."
-    text = _SHORT.repr(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    current: type[BaseModel] | None = model
-    for part in loc:
-        if current is None or part not in current.model_fields:
-            return None
-        annotation = current.model_fields[part].annotation
-        current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    return current
-
-
-def _allowed(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
-    """The range or choices of the field at `loc`, e.g. '1024 <= value <= 67108864'."""
-    parent = _model_at(model, loc[:-1])
-    if parent is None or loc[-1] not in parent.model_fields:
-        return ""
-    info = parent.model_fields[loc[-1]]
-    low = high = None
-    for meta in info.metadata:
-        for name, op in (("ge", "<="), ("gt", "<")):
-            if getattr(meta, name, None) is not None:
-                low = f"{getattr(meta, name)} {op} "
-        for name, op in (("le", "<="), ("lt", "<")):
-            if getattr(meta, name, None) is not None:
-                high = f" {op} {getattr(meta, name)}"
-    if low or high:
-        return f"{low or ''}value{high or ''}"
-    args = getattr(info.annotation, "__args__", None)
-    if args and all(isinstance(a, str) for a in args):
-        return "one of " + ", ".join(args)
-    return ""
-
-
-def default_config_yaml() -> str:
-    """The embedded defaults as YAML (what configs/default.yaml holds)."""
-    return yaml.safe_dump(LibraConfig().model_dump(), sort_keys=False)

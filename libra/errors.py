@@ -6,7 +6,7 @@ A `LibraError` carries one line that says what is wrong and what to do. The CLI 
 
 The readers of user files promise to raise nothing else on any input: `libra.traces.read_trace`
 raises `LibraError` (a `TraceFormatError` naming file, line and reason when the content is at fault)
-and `libra.config.load_config` raises `ConfigError`. A fuzz test holds them to it.
+and `libra.config_loading.load_config` raises `ConfigError`. A fuzz test holds them to it.
 """
 
 

@@ -55,19 +55,19 @@ def timings_task(run: str, config: LibraConfig) -> list:
 @task(name="plan", cache_policy=NO_CACHE)
 def plan_task(request, lengths: Lengths, samples: list | None, config: LibraConfig) -> dict[str, Any]:
     """The plan for the request's cluster and model (calibrated on `samples` when given)."""
-    from libra.planner.planner import Planner
+    from libra.planner.cost_model import CostModel
+    from libra.planner.planner import Planner, PlannerSettings
     from libra.planner.profiles import model_profile, parse_cluster
-    from libra.planner.settings import cost_model, planner_settings
     from libra.planner.workload import build_workload
 
     cluster, model = parse_cluster(request.cluster), model_profile(request.model)
-    settings = planner_settings(config.planner)
+    settings = PlannerSettings.of(config.planner)
     if request.mode:
-        settings = replace(settings, mode=request.mode)
+        settings = settings.model_copy(update={"mode": request.mode})
     workload = build_workload(lengths.lengths, request.batch or config.planner.batch_trajectories)
     if workload.tokens <= 0:
         raise LibraError(f"{lengths.source}: every trajectory has 0 tokens; there is nothing to plan for")
-    cost = cost_model(cluster, model, config.planner)
+    cost = CostModel.configured(cluster, model, config.planner)
     calibration = None
     if samples:
         from libra.planner.calibrate import fit

@@ -109,10 +109,10 @@ def _controller(s):
     this machine's workers, the trigger's engine start the measured one."""
     if s.controller is None:
         from libra.planner.controller import PlanController
-        from libra.planner.settings import trigger_settings
+        from libra.planner.trigger import TriggerSettings
         from libra.rl.planning import live_variants
 
-        trigger = replace(trigger_settings(s.config.planner), engine_start_s=s.engine_start_s)
+        trigger = TriggerSettings.of(s.config.planner).model_copy(update={"engine_start_s": s.engine_start_s})
         s.controller = PlanController(_cost(s), trigger=trigger, variants=live_variants(s.cluster, s.config.planner,
                                                                                        s.config.placement.hybrids))
     return s.controller

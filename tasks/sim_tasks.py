@@ -29,10 +29,10 @@ class SimWorkload:
 
 def request_cost(request, planner: PlannerConfig):
     """The cost model of a simulation request's cluster and model."""
+    from libra.planner.cost_model import CostModel
     from libra.planner.profiles import model_profile, parse_cluster
-    from libra.planner.settings import cost_model
 
-    return cost_model(parse_cluster(request.cluster), model_profile(request.model), planner)
+    return CostModel.configured(parse_cluster(request.cluster), model_profile(request.model), planner)
 
 
 @task(name="workload", cache_policy=NO_CACHE)
@@ -47,7 +47,7 @@ def workload_task(request, planner: PlannerConfig) -> SimWorkload:
 @task(name="simulate-policy", cache_policy=NO_CACHE)
 def simulate_policy_task(request, policy: str, drawn: SimWorkload, planner: PlannerConfig):
     """One policy's run (`libra.sim.runner.PolicyRun`) over the drawn steps."""
-    from libra.planner.settings import planner_settings, trigger_settings
+    from libra.planner.planner import PlannerSettings
     from libra.sim.runner import simulate_policy, simulation_cost
 
     def step_done(name: str, step: int) -> None:
@@ -56,7 +56,7 @@ def simulate_policy_task(request, policy: str, drawn: SimWorkload, planner: Plan
 
     try:
         return simulate_policy(policy, simulation_cost(request.spec(), drawn.cost), drawn.batches, drawn.warmup,
-                               planner_settings(planner), trigger_settings(planner), progress=step_done)
+                               PlannerSettings.of(planner), planner, progress=step_done)
     except InfeasibleError as exc:
         raise cannot_run(request, drawn.cost.model.name, str(exc)) from None
 

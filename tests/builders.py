@@ -117,7 +117,7 @@ def write_simulated_run(root: Path, run: str, steps: int = 12, policies: str = "
     """A simulation's store rows (steps, plans, pool events of each policy), from the simulator itself."""
     from flows.simulate import simulation_request
     from libra.config import PlannerConfig, StoreConfig
-    from libra.planner.settings import planner_settings, trigger_settings
+    from libra.planner.planner import PlannerSettings
     from libra.sim.runner import simulate_policy, simulation_cost, workload_batches
     from tasks.sim_records import record_store
     from tasks.sim_tasks import request_cost
@@ -126,6 +126,6 @@ def write_simulated_run(root: Path, run: str, steps: int = 12, policies: str = "
     request = simulation_request("search-r1", cluster, steps=steps, policies=policies, run=run)
     cost = request_cost(request, planner)
     batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
-    runs = {p: simulate_policy(p, simulation_cost(request.spec(), cost), batches, warmup, planner_settings(planner),
-                               trigger_settings(planner)) for p in request.policies}
+    runs = {p: simulate_policy(p, simulation_cost(request.spec(), cost), batches, warmup, PlannerSettings.of(planner),
+                               planner) for p in request.policies}
     record_store(runs, run, StoreConfig(root=str(root), fsync=False))

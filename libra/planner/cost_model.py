@@ -31,7 +31,10 @@ import math
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 
+from pydantic import BaseModel, Field
+
 from libra.planner.profiles import BF16_BYTES, GB, Cluster, HardwareProfile, ModelProfile
+from libra.planner.settings import Settings
 from libra.planner.workload import LengthBucket, Workload
 
 
@@ -58,13 +61,18 @@ class Coefficients:
         return tuple(f.name for f in fields(cls))
 
 
-@dataclass(frozen=True)
-class TrainingSettings:
-    """Training knobs that are not searched."""
+class TrainingDials(Settings):
+    """Training knobs that are not searched, of those a config sets: `planner.zero_stage` .. `planner.logprob_passes`."""
 
-    zero_stage: int = 1  # 1: optimizer sharded over DP; 2: + gradients; 3: + weights
-    recompute: bool = True  # full activation recomputation
-    logprob_passes: int = 1  # extra forward passes per step (old-policy log-probs; 2 with a reference model)
+    zero_stage: int = Field(1, ge=1, le=3, description="ZeRO stage of the trainer (1: optimizer sharded over DP; "
+                            "2: + gradients; 3: + weights)")
+    recompute: bool = Field(True, description="full activation recomputation in training")
+    logprob_passes: int = Field(1, ge=0, le=4, description="extra forward passes per step (old / reference log-probs)")
+
+
+class TrainingSettings(TrainingDials):
+    """Training knobs that are not searched: the dials, and the ones set in code."""
+
     dp_overlap: float = 0.4  # fraction of the DP gradient sync hidden behind backward
     memory_headroom: float = 0.08  # fraction of HBM kept free
     memory_margin_bytes: float = 2.5 * GB  # workspace + fragmentation margin
@@ -72,14 +80,20 @@ class TrainingSettings:
     min_sequence_tokens: int = 0  # memory is planned for sequences of at least this length (the generation cap)
 
 
-@dataclass(frozen=True)
-class RolloutSettings:
-    """Rollout-engine knobs that are not searched."""
+class RolloutDials(Settings):
+    """Rollout-engine knobs that are not searched, of those a config sets: `planner.memory_utilization` ..
+    `planner.max_context_tokens`."""
 
-    memory_utilization: float = 0.90  # share of HBM the engine may use (vLLM gpu_memory_utilization)
+    memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="share of HBM a rollout engine may use "
+                                      "(vLLM gpu_memory_utilization)")
+    max_batch: int = Field(256, ge=1, le=65_536, description="concurrent sequences per rollout instance")
+    max_context_tokens: int = Field(131_072, ge=1_024, le=10_000_000, description="rollout engine max_model_len")
+
+
+class RolloutSettings(RolloutDials):
+    """Rollout-engine knobs that are not searched: the dials, and the ones set in code."""
+
     activation_reserve_bytes: float = 1.0 * GB  # per GPU, kept for activations and CUDA graphs
-    max_batch: int = 256  # concurrent sequences per instance
-    max_context_tokens: int = 131_072  # engine max_model_len
     shared_host: bool = False  # one process drives every instance (a local run's engines), so the host's
     # per-sequence work (`Coefficients.decode_seq_s`) of all instances takes turns: a step of one instance
     # also waits for the sequences of the others (servers of their own on a cluster: False)
@@ -114,6 +128,12 @@ class CostModel:
     coefficients: Coefficients = field(default_factory=Coefficients)
     training: TrainingSettings = field(default_factory=TrainingSettings)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
+
+    @classmethod
+    def configured(cls, cluster: Cluster, model: ModelProfile, dials: BaseModel) -> CostModel:
+        """The cost model of `cluster` and `model` with the training and rollout dials `dials` holds
+        (a config's `planner` section), the default coefficients and the other knobs' defaults."""
+        return cls(cluster, model, training=TrainingSettings.of(dials), rollout=RolloutSettings.of(dials))
 
     @property
     def hw(self) -> HardwareProfile:

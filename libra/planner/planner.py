@@ -21,25 +21,37 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import Field
+
 from libra.clock import Clock
 from libra.errors import LibraError
 from libra.planner.cost_model import CostModel, TrainEstimate
 from libra.planner.rollout_search import INFEASIBLE, RolloutLayout, RolloutSearch
+from libra.planner.settings import Settings
 from libra.planner.training_search import TrainingTable
 from libra.planner.workload import Workload
 
 Mode = Literal["one_step_off", "sync", "colocated"]
 
 
-@dataclass(frozen=True)
-class PlannerSettings:
-    mode: Mode = "one_step_off"
-    max_hybrid_fraction: float = 0.25  # at most this share of GPUs is hybrid
-    hybrid_shares: int = 4  # rollout share x of a hybrid GPU is searched on 1/k, ..., (k-1)/k
-    hybrid_switch_s: float = 10.0  # a hybrid's join + leave per iteration
-    granularity: int | None = None  # split step in GPUs; None: 1 up to 64 GPUs, else GPUs per node
-    offload_s: float = 20.0  # colocated mode: offload/onload between stages per iteration
-    rollout_tps: tuple[int, ...] = (1, 2, 4, 8)  # instance sizes the rollout layout may use
+class SearchDials(Settings):
+    """The search's dials a config sets: `planner.mode` .. `planner.granularity`."""
+
+    mode: Mode = Field("one_step_off", description="pipelining the plan assumes: one_step_off overlaps rollout k+1 "
+                       "with training k (a config's planner.mode is the one `libra plan` plans for; a training run's is "
+                       "trainer.pipeline, or placement.policy colocated)")
+    max_hybrid_fraction: float = Field(0.25, ge=0.0, le=1.0, description="largest share of GPUs in the hybrid pool")
+    hybrid_shares: int = Field(4, ge=2, le=64, description="rollout share of hybrids searched on 1/k .. (k-1)/k")
+    hybrid_switch_s: float = Field(10.0, ge=0.0, le=3600.0, description="a hybrid's join + leave per iteration")
+    granularity: int = Field(0, ge=0, le=1024, description="split step in GPUs (0 = 1 up to 64 GPUs, else a node)")
+
+
+class PlannerSettings(SearchDials):
+    """The search's settings: its dials, and what callers set in code (`PlannerSettings.of(config.planner)`
+    takes the dials from a config)."""
+
+    offload_s: float = Field(20.0, ge=0.0, description="colocated mode: offload/onload between stages per iteration")
+    rollout_tps: tuple[int, ...] = Field((1, 2, 4, 8), description="instance sizes the rollout layout may use")
 
 
 @dataclass(frozen=True)
@@ -135,7 +147,7 @@ class Planner:
         return max(t_rollout, t_train) + sync + switch, t_train, t_rollout
 
     def granularity(self) -> int:
-        if self.settings.granularity is not None:
+        if self.settings.granularity:
             return self.settings.granularity
         return 1 if self.cost.cluster.gpus <= 64 else self.cost.cluster.gpus_per_node
 

@@ -1,41 +1,22 @@
-"""From the validated `PlannerConfig` to the planner's own settings records (one place)."""
+"""The planner's settings records: validated, frozen pydantic models, each declared once here in the planner.
+
+A record's fields carry their defaults and ranges. The config's `planner` section composes the
+records whose fields a config sets (`libra.config.PlannerConfig` inherits them), so that section is
+passed as it is where such a record is wanted; `of` takes a record's own fields out of it where a
+record with further fields is wanted (set in code, never in a config: e.g. `PlannerSettings`).
+"""
 
 from __future__ import annotations
 
-from libra.config import PlannerConfig
-from libra.planner.cost_model import CostModel, RolloutSettings, TrainingSettings
-from libra.planner.planner import PlannerSettings
-from libra.planner.profiles import Cluster, ModelProfile
-from libra.planner.trigger import TriggerSettings
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict
 
 
-def planner_settings(config: PlannerConfig) -> PlannerSettings:
-    return PlannerSettings(
-        mode=config.mode,
-        max_hybrid_fraction=config.max_hybrid_fraction,
-        hybrid_shares=config.hybrid_shares,
-        hybrid_switch_s=config.hybrid_switch_s,
-        granularity=config.granularity or None,
-    )
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-
-def trigger_settings(config: PlannerConfig) -> TriggerSettings:
-    return TriggerSettings(
-        period_steps=config.period_steps,
-        warmup_steps=config.warmup_steps,
-        pressure_ratio=config.pressure_ratio,
-        min_relative_gain=config.min_relative_gain,
-        switch_base_s=config.switch_base_s,
-        engine_start_s=config.engine_start_s,
-    )
-
-
-def cost_model(cluster: Cluster, model: ModelProfile, config: PlannerConfig) -> CostModel:
-    return CostModel(
-        cluster,
-        model,
-        training=TrainingSettings(zero_stage=config.zero_stage, recompute=config.recompute,
-                                  logprob_passes=config.logprob_passes),
-        rollout=RolloutSettings(memory_utilization=config.memory_utilization, max_batch=config.max_batch,
-                                max_context_tokens=config.max_context_tokens),
-    )
+    @classmethod
+    def of(cls, section: BaseModel) -> Self:
+        """This record with the values `section` holds for its fields, and its defaults for the rest."""
+        return cls.model_validate(section.model_dump(include=set(cls.model_fields)))

@@ -12,19 +12,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pydantic import Field
+
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Plan
+from libra.planner.settings import Settings
+
+CHECKPOINT_BANDWIDTH = 2e9  # bytes/s per GPU for re-sharding training state
 
 
-@dataclass(frozen=True)
-class TriggerSettings:
-    period_steps: int = 10  # periodic re-plan interval
-    warmup_steps: int = 2  # no planning before this step (statistics still settling)
-    pressure_ratio: float = 1.25  # max(T_rollout, T_train) / min(...) that forces a re-plan
-    min_relative_gain: float = 0.05  # gain / current T_iter needed to move
-    switch_base_s: float = 15.0  # fixed cost of any move (drain, re-route, bookkeeping)
-    engine_start_s: float = 20.0  # (re)starting rollout engines when the instance layout changes
-    checkpoint_bandwidth: float = 2e9  # bytes/s per GPU for re-sharding training state
+class TriggerSettings(Settings):
+    """The trigger's dials: `planner.period_steps` .. `planner.engine_start_s` of a config."""
+
+    period_steps: int = Field(10, ge=1, le=100_000, description="periodic re-plan interval")
+    warmup_steps: int = Field(2, ge=0, le=100_000, description="no planning before this step (statistics still settling)")
+    pressure_ratio: float = Field(1.25, ge=1.0, le=100.0, description="stage-time imbalance that forces a re-plan: "
+                                  "max(T_rollout, T_train) / min(...), against the plan's own")
+    min_relative_gain: float = Field(0.05, ge=0.0, le=1.0, description="relative gain a new plan must bring "
+                                     "(gain / current T_iter)")
+    switch_base_s: float = Field(15.0, ge=0.0, le=3600.0, description="fixed cost of moving GPUs (drain, re-route, "
+                                 "bookkeeping)")
+    engine_start_s: float = Field(20.0, ge=0.0, le=3600.0, description="restarting rollout engines (when the "
+                                  "instance layout changes)")
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ def switch_cost_s(cost: CostModel, old: Plan, new: Plan, settings: TriggerSettin
         seconds += settings.engine_start_s
     if (old.train.config if old.train else None) != (new.train.config if new.train else None):
         state_bytes = 16 * cost.model.total_params  # bf16 weights + fp32 master and Adam moments
-        seconds += state_bytes / (max(new.train_gpus, 1) * settings.checkpoint_bandwidth)
+        seconds += state_bytes / (max(new.train_gpus, 1) * CHECKPOINT_BANDWIDTH)
     return seconds
 
 

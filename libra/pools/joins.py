@@ -18,13 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from libra.config import PoolConfig
+
 
 @dataclass(frozen=True)
 class JoinSettings:
-    """The join policy's dials (the defaults of `pool.enter_gap` and `pool.join_timeout_s`)."""
+    """The join policy's dials: `pool.enter_gap` and `pool.join_timeout_s`, with the config's defaults."""
 
-    enter_gap: int = 1  # a hybrid enters once at most this many updates behind (the rest sent at entry)
-    join_timeout_s: float = 180.0  # a join not entered this long after its request is abandoned
+    enter_gap: int = PoolConfig.model_fields["enter_gap"].default  # a hybrid enters once at most this many updates behind
+    join_timeout_s: float = PoolConfig.model_fields["join_timeout_s"].default  # a join not entered this long after its request is abandoned
 
     def __post_init__(self) -> None:
         if self.enter_gap < 0 or not self.join_timeout_s > 0:

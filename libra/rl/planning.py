@@ -24,7 +24,6 @@ from libra.planner.controller import PlanController, PlanEvent
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate
 from libra.planner.profiles import ModelProfile
-from libra.planner.settings import cost_model
 from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import StepTimes
 from libra.planner.workload import TrajectoryLength, Workload, build_workload
@@ -85,8 +84,8 @@ def local_cost_model(cluster: LocalCluster, model: str, hf_config: dict, config:
     one process drives every engine (its agent loop polls them in turn), so the engines share its
     host time per sequence (`RolloutSettings.shared_host`): on two cores, two one-core engines roll
     out no faster than one."""
-    cost = cost_model(cluster.planner_cluster(), model_profile_of(model, hf_config), config)
-    return replace(cost, rollout=replace(cost.rollout, shared_host=True))
+    cost = CostModel.configured(cluster.planner_cluster(), model_profile_of(model, hf_config), config)
+    return replace(cost, rollout=cost.rollout.model_copy(update={"shared_host": True}))
 
 
 def policy_cost_model(cluster: LocalCluster, policy: str | Path, config: PlannerConfig) -> CostModel:

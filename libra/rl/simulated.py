@@ -34,7 +34,6 @@ from libra.errors import LibraError
 from libra.planner.calibrate import calibration_wait
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel
-from libra.planner.settings import trigger_settings
 from libra.planner.trigger import TriggerSettings
 from libra.planner.workload import Workload
 from libra.rl.cluster import POLICIES, LocalCluster, Placement, initial_placement, placement_of
@@ -139,7 +138,7 @@ def predict(batches: Sequence[list[SimTrajectory]], cost: CostModel, cluster: Lo
     warm-up batch the initial placement is sized on), on `cost`'s physics."""
     if not batches:
         raise LibraError("no steps to simulate: the run recorded no turns")
-    trigger = replace(trigger_settings(config), engine_start_s=engine_start_s)
+    trigger = TriggerSettings.of(config).model_copy(update={"engine_start_s": engine_start_s})
     settings = live_variants(cluster, config)[0]
     return {name: run_policy(LocalPlacement(name, cluster, cost, config, trigger, len(batches)), cost,
                              list(batches), batches[0], settings)

@@ -104,11 +104,11 @@ def planner_variants(cost: CostModel, settings: PlannerSettings, *, uniform: boo
     heterogeneous instances with those as fallbacks (when buckets do not pay off), each also without
     hybrids when hybrids are allowed (when leaving the rollout tail costs more than it gives)."""
     tps = [tp for tp in (1, 2, 4, 8) if tp <= cost.cluster.gpus_per_node]
-    variants = [replace(settings, rollout_tps=(tp,)) for tp in tps]
+    variants = [settings.model_copy(update={"rollout_tps": (tp,)}) for tp in tps]
     if not uniform:
         variants = [settings] + variants
     if hybrids:
-        variants += [replace(v, max_hybrid_fraction=0.0) for v in variants]
+        variants += [v.model_copy(update={"max_hybrid_fraction": 0.0}) for v in variants]
     return variants
 
 
@@ -211,8 +211,8 @@ class Planned(SystemPolicy):
 
     def __init__(self, cost, planner, trigger, *, name: str, uniform: bool, router: str, hybrids: bool,
                  frozen: bool = False) -> None:
-        settings = planner if hybrids else replace(planner, max_hybrid_fraction=0.0)
-        super().__init__(cost, replace(settings, mode="one_step_off"), trigger)
+        settings = planner if hybrids else planner.model_copy(update={"max_hybrid_fraction": 0.0})
+        super().__init__(cost, settings.model_copy(update={"mode": "one_step_off"}), trigger)
         self.name = name
         self.uniform = uniform
         self.router_kind = router
@@ -308,7 +308,7 @@ class OraclePolicy(SystemPolicy):
     candidates = 3
 
     def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings) -> None:
-        super().__init__(cost, replace(planner, mode="one_step_off"), trigger)
+        super().__init__(cost, planner.model_copy(update={"mode": "one_step_off"}), trigger)
         self.variants = planner_variants(cost, self.planner_settings, uniform=False, hybrids=True)
         self.schedule: list[StepConfig] = []
         self.planned: list[RolloutResult] = []  # the scheduled plan's rollout per step, as plan_ahead ran it

@@ -97,8 +97,8 @@ def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, policies: list[str
 def simulation_cost(spec: WorkloadSpec, cost: CostModel) -> CostModel:
     """The cost model a simulation of `spec` plans with: training must hold the longest sequence
     the generation cap allows, not just the ones seen so far."""
-    return replace(cost, training=replace(cost.training, min_sequence_tokens=min(spec.max_tokens,
-                                                                                 cost.rollout.max_context_tokens)))
+    floor = min(spec.max_tokens, cost.rollout.max_context_tokens)
+    return replace(cost, training=cost.training.model_copy(update={"min_sequence_tokens": floor}))
 
 
 def workload_batches(spec: WorkloadSpec, steps: int, seed: int) -> tuple[list[list[SimTrajectory]], list[SimTrajectory]]:

@@ -30,7 +30,7 @@ def train_seconds(cost: CostModel, config: TrainConfig, gpus: int, batch: list[S
     one on the same GPUs (the trainer re-shards), falling back to ZeRO-3 sharding when nothing else fits."""
     workload = workload_of(batch)
     if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
-        for fallback in (cost, replace(cost, training=replace(cost.training, zero_stage=3))):
+        for fallback in (cost, replace(cost, training=cost.training.model_copy(update={"zero_stage": 3}))):
             best = Planner(fallback, workload, settings).training.best(gpus)
             if best is not None:
                 return fallback.train_time(best.config, workload).seconds, best.config

@@ -4,7 +4,7 @@ import mlflow
 import pytest
 
 from flows.trace_analysis import bundled_traces, run_name_for, trace_analysis_flow
-from libra.config import load_config
+from libra.config_loading import load_config
 from storage.catalog import Catalog
 from tests.builders import small_trace
 

@@ -5,7 +5,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from libra.config import MAX_CONFIG_BYTES, LibraConfig, StoreConfig, load_config
+from libra.config import LibraConfig, StoreConfig
+from libra.config_loading import MAX_CONFIG_BYTES, load_config
 from libra.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -173,7 +174,8 @@ def test_a_ray_cluster_is_for_placed_runs_and_gives_the_transformers_engine_acto
 
 
 def test_resolve_config_takes_a_record_a_file_or_the_defaults_then_the_overrides(tmp_path) -> None:
-    from libra.config import LibraConfig, resolve_config
+    from libra.config import LibraConfig
+    from libra.config_loading import resolve_config
 
     path = tmp_path / "c.yaml"
     path.write_text("trainer: {steps: 7}\n")
@@ -208,3 +210,40 @@ def test_a_planned_layout_is_megatrons_and_needs_a_placement_and_no_fixed_degree
     config = load_config(overrides={"trainer.backend": "megatron", "trainer.layout": "planned",
                                     "placement.policy": "colocated", "rollout.engine": "vllm"})
     assert (config.trainer.layout, config.trainer.tp, config.trainer.dp) == ("planned", 1, 1)
+
+
+def test_the_planner_section_is_the_planners_settings() -> None:
+    """The planner's dials are declared once, in its settings records: the section is each of them
+    (the trigger takes it as it is) and the records taken out of it are the planner's defaults."""
+    from libra.config import PlannerConfig
+    from libra.planner.cost_model import CostModel, RolloutSettings, TrainingSettings
+    from libra.planner.planner import PlannerSettings, SearchDials
+    from libra.planner.profiles import MODELS, parse_cluster
+    from libra.planner.trigger import TriggerSettings
+
+    section = PlannerConfig()
+    assert isinstance(section, TriggerSettings) and isinstance(section, SearchDials)
+    assert PlannerSettings.of(section) == PlannerSettings() and TriggerSettings.of(section) == TriggerSettings()
+    cost = CostModel.configured(parse_cluster("1x8:a800"), MODELS["qwen3-8b"], section)
+    assert (cost.training, cost.rollout) == (TrainingSettings(), RolloutSettings())
+    tuned = load_config(overrides={"planner.period_steps": 3, "planner.zero_stage": 3, "planner.granularity": 8}).planner
+    assert tuned.period_steps == 3 and PlannerSettings.of(tuned).granularity == 8
+    assert CostModel.configured(parse_cluster("1x8:a800"), MODELS["qwen3-8b"], tuned).training.zero_stage == 3
+
+
+def test_a_planner_dial_out_of_range_names_its_key_and_range() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides={"planner.period_steps": 0})
+    assert str(info.value) == ("embedded defaults: planner.period_steps = 0: Input should be greater than or equal to 1 "
+                               "(allowed: 1 <= value <= 100000)")
+
+
+def test_the_config_imports_nothing_above_it() -> None:
+    """libra.config sits below the subsystems it configures: importing it loads no pool, trainer or
+    rollout module (the planner's settings records, which it composes, are pure)."""
+    import subprocess
+    import sys
+
+    code = "import sys, libra.config; print(sorted(m for m in sys.modules if m.startswith('libra')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert not any(f"'libra.{layer}" in loaded for layer in ("pools", "trainer", "rollout", "rl", "sim")), loaded

@@ -18,7 +18,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libra.config import LibraConfig, load_config
+from libra.config import LibraConfig
+from libra.config_loading import load_config
 from libra.errors import ConfigError, LibraError
 from libra.traces import MAX_COUNT, OPTIONAL_COLUMNS, REQUIRED_COLUMNS, TraceFile, read_trace
 

@@ -126,7 +126,7 @@ def test_instances_driven_by_one_process_share_its_host_time_per_sequence() -> N
     batch = [SimTrajectory(f"p{i}/0", f"p{i}", 100, (SimTurn(200, "none", 0, "none", 0.0),)) for i in range(64)]
     buckets = workload_of(batch).buckets
     for shared, two in ((False, 2.56), (True, 5.12)):
-        cost = replace(base, coefficients=host_only, rollout=replace(base.rollout, shared_host=shared))
+        cost = replace(base, coefficients=host_only, rollout=base.rollout.model_copy(update={"shared_host": shared}))
         assert cost.group_time(1, 1, buckets) == pytest.approx(5.12)
         assert cost.group_time(1, 2, buckets) == pytest.approx(two)
         for count, expected in ((1, 5.12), (2, two)):

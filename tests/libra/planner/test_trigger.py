@@ -91,12 +91,11 @@ def test_doubling_lengths_move_gpus_toward_rollout() -> None:
 def test_probe_replaces_the_cost_model_and_learns_per_variant() -> None:
     """Two variants (uniform TP2, uniform TP4 instances); the probe says TP4 plans run 3x slower
     than costed and TP2 plans as costed: the probed TP2 plan wins, and TP4's correction learns 3x."""
-    from dataclasses import replace
 
     from libra.planner.planner import PlannerSettings
 
     cost = a800_14b()
-    variants = [replace(PlannerSettings(max_hybrid_fraction=0.0), rollout_tps=(tp,)) for tp in (4, 2)]
+    variants = [PlannerSettings(max_hybrid_fraction=0.0, rollout_tps=(tp,)) for tp in (4, 2)]
     probed = []
 
     def probe(plan):

@@ -8,7 +8,6 @@ import pytest
 
 from libra.config import PlannerConfig
 from libra.errors import LibraError
-from libra.planner.settings import trigger_settings
 from libra.rl.cluster import LocalCluster
 from libra.rl.planning import local_cost_model
 from libra.rl.simulated import LocalPlacement, batches_from_turns, predict
@@ -77,7 +76,7 @@ def test_colocated_takes_turns_on_both_workers_and_static_never_moves():
 def test_a_libra_move_pays_the_measured_engine_start_and_is_planned_as_live():
     batches = [batch(k, 20 * 3 ** k) for k in range(6)]  # the rollout's share grows fast
     config = PlannerConfig(period_steps=1, min_relative_gain=0.0)
-    policy = LocalPlacement("libra", CLUSTER, cost(), config, trigger_settings(config), len(batches))
+    policy = LocalPlacement("libra", CLUSTER, cost(), config, config, len(batches))
     assert policy.placement.describe() == "split: rollout 1 (1x1) | train 1"
     result = runs(batches, engine_start_s=42.0, period_steps=1, min_relative_gain=0.0)["libra"]
     moves = [s for s in result.steps if s.switch_cost_s > 0]

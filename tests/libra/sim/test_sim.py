@@ -109,7 +109,7 @@ def test_oracle_schedule_is_the_best_sequence_of_its_candidates() -> None:
 
     spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
     cost = CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"])
-    cost = replace(cost, training=replace(cost.training, min_sequence_tokens=min(spec.max_tokens, cost.rollout.max_context_tokens)))
+    cost = replace(cost, training=cost.training.model_copy(update={"min_sequence_tokens": min(spec.max_tokens, cost.rollout.max_context_tokens)}))
     generator = WorkloadGenerator(spec, 5)
     batches = [generator.step(k) for k in range(3)]
     oracle = OraclePolicy(cost, PlannerSettings(), TriggerSettings())
