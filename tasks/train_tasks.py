@@ -250,7 +250,7 @@ def finish_tracking_task(run: str, mlflow_run_id: str) -> dict[str, Any]:
     """Plots of reward and throughput by step as artifacts, the checkpoint as a tag; the run ends."""
     import mlflow
 
-    from dashboards.plots import lines_png
+    from storage.plots import lines_png
 
     client = mlflow.MlflowClient()
     s = session(run)
