@@ -82,14 +82,9 @@ class StageClock:
 
 def train_run(config: LibraConfig) -> dict[str, Any]:
     from flows.train import train_flow
-    from tasks.train_tasks import LISTENERS
 
     seconds: list[float] = []
-    LISTENERS.append(lambda record: seconds.append(record.seconds["iteration"]))
-    try:
-        result = train_flow(config)
-    finally:
-        LISTENERS.clear()
+    result = train_flow(config, listeners=(lambda record: seconds.append(record.seconds["iteration"]),))
     heldout = {int(v): r for v, r in result["state"]["heldout"].items()}
     return {"reward_start": heldout[0], "reward_end": heldout[max(heldout)], "heldout": heldout,
             "iteration_s": seconds, "generated_tokens": result["state"]["generated_tokens"]}
@@ -98,20 +93,22 @@ def train_run(config: LibraConfig) -> dict[str, Any]:
 def prefect_overhead(config: LibraConfig) -> dict[str, Any]:
     """Iterations of the synchronous pipeline (no stage overlaps another): wall minus stage time."""
     from flows.rl_iteration import rl_iteration_flow
+    from tasks.run_context import RunContext
     from tasks.train_tasks import close_session_task, open_session_task, start_tracking_task
 
-    info = open_session_task(config)
+    context = RunContext()
+    open_session_task(context, config)
     shares = []
     try:
-        run_id = start_tracking_task(info.run)
+        run_id = start_tracking_task(context)
         for step in range(config.trainer.steps):
             with StageClock() as clock:
                 began = time.perf_counter()
-                rl_iteration_flow(info.run, step, config.trainer.steps, "math", "sync", 10**6, False, run_id)
+                rl_iteration_flow(context, step, config.trainer.steps, "math", "sync", 10**6, False, run_id)
                 wall = time.perf_counter() - began
             shares.append({"wall_s": wall, "stages_s": clock.inside, "overhead_s": wall - clock.inside})
     finally:
-        close_session_task(info.run)
+        close_session_task(context)
     overhead = sum(s["overhead_s"] for s in shares) / sum(s["wall_s"] for s in shares)
     return {"iterations": shares, "overhead_share": overhead}
 

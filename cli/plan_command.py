@@ -32,12 +32,12 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def read_trace_with_progress(path: str, quiet: bool):
-    """`libra.traces.read_trace` with a progress bar on a terminal (in MiB read)."""
+    """`flows.trace_analysis.check_trace` with a progress bar on a terminal (in MiB read)."""
     from cli.progress import progress
-    from libra.traces import read_trace
+    from flows.trace_analysis import check_trace
 
     with progress(f"reading {path}", quiet=quiet) as bar:
-        return read_trace(path, progress=lambda done, total: bar.update(done / 2**20, total / 2**20, "MiB"))
+        return check_trace(path, progress=lambda done, total: bar.update(done / 2**20, total / 2**20, "MiB"))
 
 
 def cmd_plan(args: argparse.Namespace, config: LibraConfig) -> int:

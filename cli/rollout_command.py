@@ -53,23 +53,14 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
-    from dataclasses import replace
-
     from cli.progress import progress
-    from libra.checks import in_range
-    from libra.rollout.policy import PolicySettings, init_policy
+    from flows.policy import build_policy, policy_settings
+    from libra.checks import as_flag
 
-    settings = PolicySettings()
-    in_range("--steps", args.steps, 1, 1_000_000)
-    in_range("--demos", args.demos, settings.batch, 1_000_000)
-    if args.steps is not None:
-        settings = replace(settings, steps=args.steps)
-    if args.demos is not None:
-        settings = replace(settings, demos_per_env=args.demos)
+    settings = policy_settings(args.steps, args.demos, names=as_flag)
     with progress("training the policy") as bar:
-        record = init_policy(args.out, settings, log=bar.echo,
-                             progress=lambda done, steps, loss: bar.update(done, steps, f"loss {loss:.3f}"),
-                             sandbox=config.sandbox, rebuild=args.rebuild)
+        record = build_policy(args.out, settings, config.sandbox, args.rebuild, log=bar.echo,
+                              progress=lambda done, steps, loss: bar.update(done, steps, f"loss {loss:.3f}"))
     print(f"policy in {args.out}: {record['parameters']:,} parameters, {record['demonstrations']} demonstrations, "
           f"final loss {record['final_loss']:.3f}, built in {record['train_s']:.0f} s")
     return 0

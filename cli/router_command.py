@@ -35,7 +35,6 @@ def cmd_eval_router(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
     from flows.routing import eval_router_flow, router_request
     from libra.checks import as_flag
-    from tasks.routing_tasks import PROGRESS
 
     with json_stdout(args.json) as out:
         read_trace_with_progress(args.trace, quiet=args.json)
@@ -46,12 +45,9 @@ def cmd_eval_router(args: argparse.Namespace, config: LibraConfig) -> int:
             def step_done(name: str, done: int, steps: int) -> None:
                 bar.update(names.index(name) * steps + done, len(names) * steps, f"{name} step {done}/{steps}")
 
-            PROGRESS.append(step_done)
-            try:
-                report = run_flow(eval_router_flow, config, tracking=False, trace=request.trace, buckets=args.buckets,
-                                  order=request.order, policies=names, prompts_per_step=request.prompts_per_step)
-            finally:
-                PROGRESS.remove(step_done)
+            report = run_flow(eval_router_flow, config, tracking=False, trace=request.trace, buckets=args.buckets,
+                              order=request.order, policies=names, prompts_per_step=request.prompts_per_step,
+                              progress=step_done)
         if args.json:
             print(json.dumps(report), file=out)
             return 0

@@ -33,13 +33,11 @@ def cmd_run(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.flow_call import run_flow
     from cli.plan_command import read_trace_with_progress
     from cli.streams import json_stdout
-    from flows.trace_analysis import experiment_name, trace_analysis_flow
+    from flows.trace_analysis import bundled_traces, experiment_name, trace_analysis_flow
 
     with json_stdout(args.json) as out:
         traces = args.traces
         if not traces:
-            from libra.traces import bundled_traces
-
             traces = [str(p) for p in bundled_traces()]
         if not traces:
             raise LibraError("no trace files: pass --traces FILE.csv ... (the bundled data/traces/*.csv are missing)")

@@ -55,7 +55,6 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
     from flows.simulate import check_feasible, simulate_flow, simulation_request
     from libra.checks import as_flag
-    from tasks.sim_tasks import PROGRESS
 
     request = simulation_request(args.workload, args.cluster, args.model, args.steps, args.policies, args.group_size,
                                  args.prompts_per_step, args.seed, args.run, names=as_flag)
@@ -67,14 +66,10 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
                 bar.update(policies.index(policy) * steps + step + 1, len(policies) * steps,
                            f"{policy} step {step + 1}/{steps}")
 
-            PROGRESS.append(step_done)
-            try:
-                summary = run_flow(simulate_flow, config, tracking=not args.no_track, workload=request.workload,
-                                   cluster=request.cluster, model=request.model, steps=steps, policies=policies,
-                                   group_size=request.group_size, prompts_per_step=request.prompts_per_step,
-                                   seed=request.seed, run=request.run, track=not args.no_track)
-            finally:
-                PROGRESS.remove(step_done)
+            summary = run_flow(simulate_flow, config, tracking=not args.no_track, workload=request.workload,
+                               cluster=request.cluster, model=request.model, steps=steps, policies=policies,
+                               group_size=request.group_size, prompts_per_step=request.prompts_per_step,
+                               seed=request.seed, run=request.run, track=not args.no_track, progress=step_done)
         print(json.dumps(summary) if args.json else render(summary) +
               f"\nsimulated in {summary['simulation_wall_s']:.1f} s; store run {summary['store_run']!r}", file=out)
     return 0

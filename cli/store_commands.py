@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def cmd_traces_import(args: argparse.Namespace, config: LibraConfig) -> int:
-    from storage.ingest import import_trace
+    from flows.store import import_trace
 
     prompts_per_step = args.prompts_per_step if args.prompts_per_step is not None else config.traces.prompts_per_step
     if prompts_per_step < 1:
@@ -105,32 +105,27 @@ def _parse_params(pairs: list[str]) -> dict[str, int]:
 
 
 def cmd_query(args: argparse.Namespace, config: LibraConfig) -> int:
-    from storage.catalog import Catalog
-    from storage.queries import NAMED_QUERIES, run_named
+    from flows.store import named_queries, open_catalog, query
 
     if args.list:
-        for query in NAMED_QUERIES.values():
-            params = ", ".join(f"{k}={v}" for k, v in query.defaults.items()) or "no parameters"
-            print(f"{query.name} ({params})\n    {query.doc}")
+        for named in named_queries():
+            params = ", ".join(f"{k}={v}" for k, v in named.defaults.items()) or "no parameters"
+            print(f"{named.name} ({params})\n    {named.doc}")
         return 0
     if (args.sql is None) == (args.named is None):
         raise LibraError("give either SQL or --named NAME (see `libra query --help`)")
     if args.param and args.named is None:
         raise LibraError("--param only applies to --named queries")
-    with Catalog(config.store.root, args.run, threads=config.store.duckdb_threads) as catalog:
-        if args.named is not None:
-            table = run_named(catalog, args.named, **_parse_params(args.param))
-        else:
-            table = catalog.query(args.sql)
+    with open_catalog(config.store, args.run) as catalog:
+        table = query(catalog, args.sql, args.named, _parse_params(args.param) if args.named is not None else None)
     print(rows_json(table) if args.json else render_table(table, max_rows=args.max_rows))
     return 0
 
 
 def cmd_runs(args: argparse.Namespace, config: LibraConfig) -> int:
-    from storage.catalog import list_runs, uncommitted_runs
+    from flows.store import runs as store_runs
 
-    runs = list_runs(config.store.root)
-    hidden = uncommitted_runs(config.store.root)
+    runs, hidden = store_runs(config.store)
     if hidden:
         print(f"libra: note: not listed, no committed import: {', '.join(hidden)} (an import still running or killed, "
               "or written before run manifests; import again to use)", file=sys.stderr)
@@ -144,11 +139,12 @@ def cmd_runs(args: argparse.Namespace, config: LibraConfig) -> int:
 
 
 def cmd_schema(args: argparse.Namespace, config: LibraConfig) -> int:
-    from storage.schemas import TABLES
+    from flows.store import tables
 
-    if args.table is not None and args.table not in TABLES:
-        raise LibraError(f"no table {args.table!r}; tables: {', '.join(TABLES)}")
-    for schema in TABLES.values():
+    known = tables()
+    if args.table is not None and args.table not in known:
+        raise LibraError(f"no table {args.table!r}; tables: {', '.join(known)}")
+    for schema in known.values():
         if args.table not in (None, schema.name):
             continue
         print(f"{schema.name} (v{schema.version}): {schema.doc}")

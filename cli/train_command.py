@@ -64,27 +64,18 @@ def train(config: LibraConfig, restart: bool, quiet: bool) -> dict[str, Any]:
     from cli.flow_call import run_flow
     from cli.progress import progress
     from flows.train import train_flow
-    from tasks.train_tasks import LISTENERS, POLICY_PROGRESS
 
-    listener = None if quiet else _progress_line(config.trainer.steps)
+    listeners = () if quiet else (_progress_line(config.trainer.steps),)
     with progress("building the local policy", quiet=quiet) as bar:
         def built(done: int, steps: int, loss: float) -> None:
             bar.update(done, steps, f"loss {loss:.3f}")
             if done >= steps:
                 bar.close()  # its own line, before the iterations' lines
 
-        POLICY_PROGRESS.append(built)
-        if listener:
-            LISTENERS.append(listener)
-        try:
-            from transformers.utils import logging as transformers_logging
+        from transformers.utils import logging as transformers_logging
 
-            transformers_logging.disable_progress_bar()  # loading and saving weights every iteration: no bars
-            result = run_flow(train_flow, config, restart=restart)
-        finally:
-            POLICY_PROGRESS.remove(built)
-            if listener:
-                LISTENERS.remove(listener)
+        transformers_logging.disable_progress_bar()  # loading and saving weights every iteration: no bars
+        result = run_flow(train_flow, config, restart=restart, listeners=listeners, policy_progress=built)
     return summarize(result, config)
 
 

@@ -1,1 +1,1 @@
-"""Read-only views over the store and MLflow: plots and reports. Nothing here writes to the store."""
+"""Read-only views over the store and MLflow: the web dashboard and reports. Nothing here writes to the store."""

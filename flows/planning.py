@@ -19,17 +19,19 @@ from typing import Any
 from prefect import flow
 
 from tasks.planning_tasks import apply_task, plan_task, read_stats_task, rebuild_tree_task, record_plan_task
+from tasks.run_context import RunContext
 
 
 @flow(name="libra-planning", log_prints=False)
-def planning_flow(run: str, step: int, mlflow_run_id: str) -> dict[str, Any]:
+def planning_flow(context: RunContext, step: int, mlflow_run_id: str) -> dict[str, Any]:
+    """Re-plan the run of `context` before iteration `step`: what was planned, and moved."""
     began = time.perf_counter()
-    stats = read_stats_task(run)
-    outcome = plan_task(run, step, stats)
+    stats = read_stats_task(context)
+    outcome = plan_task(context, step, stats)
     if outcome is None:
         return {"step": step, "planned": False}
-    moves = apply_task(run, outcome) if outcome.applied else []
-    tree = rebuild_tree_task(run, stats)
-    record_plan_task(run, outcome, moves, tree, time.perf_counter() - began, mlflow_run_id)
+    moves = apply_task(context, outcome) if outcome.applied else []
+    tree = rebuild_tree_task(context, stats)
+    record_plan_task(context, outcome, moves, tree, time.perf_counter() - began, mlflow_run_id)
     return {"step": step, "planned": True, "applied": outcome.applied, "reason": outcome.row["reason"],
             "moved": sum(1 for m in moves if m["event"] == "moved")}

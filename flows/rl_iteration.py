@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow
 
 from libra.rl.schedule import evaluate_after, rolled_ahead
+from tasks.run_context import RunContext
 from tasks.train_tasks import (
     checkpoint_task,
     evaluate_task,
@@ -28,33 +29,33 @@ from tasks.train_tasks import (
 
 
 @flow(name="rl-iteration", log_prints=False)
-def rl_iteration_flow(run: str, step: int, steps: int, env: str, pipeline: str, eval_every: int, rolled_out: bool,
+def rl_iteration_flow(context: RunContext, step: int, steps: int, env: str, pipeline: str, eval_every: int, rolled_out: bool,
                       mlflow_run_id: str) -> dict[str, Any]:
     began = time.perf_counter()
     reward = reward_tasks[env]
     seconds = {"rollout": 0.0, "reward": 0.0}
     if not rolled_out:
-        seconds["rollout"] = rollout_task(run, step)
+        seconds["rollout"] = rollout_task(context, step)
         t0 = time.perf_counter()
-        reward(run, step)
+        reward(context, step)
         seconds["reward"] = time.perf_counter() - t0
     ahead = rolled_ahead(pipeline, step, steps)
     if ahead is not None:
-        rolling = rollout_task.submit(run, ahead)
-        scored = reward.submit(run, ahead, wait_for=[rolling])
-    update = update_task(run, step)
+        rolling = rollout_task.submit(context, ahead)
+        scored = reward.submit(context, ahead, wait_for=[rolling])
+    update = update_task(context, step)
     seconds["train"] = update.stats.seconds
     if ahead is not None:
         seconds["ahead_rollout"] = rolling.result()
         scored.result()
     seconds["overlap_wait"] = time.perf_counter() - began - seconds["rollout"] - seconds["reward"] - seconds["train"]
-    seconds["sync"] = sync_task(run)
+    seconds["sync"] = sync_task(context)
     heldout = None
     if evaluate_after(step + 1, steps, eval_every):
         t0 = time.perf_counter()
-        heldout = evaluate_task(run)
+        heldout = evaluate_task(context)
         seconds["evaluate"] = time.perf_counter() - t0
     seconds["iteration"] = time.perf_counter() - began
-    checkpoint = checkpoint_task(run, step, update, seconds, heldout, mlflow_run_id)
-    record_task(run, mlflow_run_id)
+    checkpoint = checkpoint_task(context, step, update, seconds, heldout, mlflow_run_id)
+    record_task(context, mlflow_run_id)
     return {"step": step, "checkpoint": checkpoint, "heldout": heldout}

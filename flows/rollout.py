@@ -109,12 +109,12 @@ def rollout_flow(env: str, prompts: int = 32, samples: int = 8, batches: int = 1
     request = rollout_request(env, prompts, samples, batches, engine, instances, device, router, buckets, policy,
                               temperature, max_turns, seed, run, settings.rollout)
     quiet_engines()
-    bounds = start_engines_task(request, settings)
+    live = start_engines_task(request, settings)
     try:
-        results = [rollout_batch_task(request.run, batch) for batch in range(request.batches)]
+        results = [rollout_batch_task(live, batch) for batch in range(request.batches)]
     finally:
-        close_engines_task(request.run)
-    summary = summarize(request, results) | {"buckets": list(bounds)}
+        close_engines_task(live)
+    summary = summarize(request, results) | {"buckets": list(live.bounds)}
     if track:
         summary["mlflow_run_id"] = track_rollout_task(summary, request, settings)
     return summary

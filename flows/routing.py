@@ -21,6 +21,7 @@ from prefect import flow
 from libra.checks import Names, as_parameter, in_range, token_bounds
 from libra.config import LibraConfig
 from libra.errors import LibraError
+from tasks.routing_tasks import ReplayProgress
 
 MAX_DECISIONS = 20_000_000  # routing decisions one router's replay may record (about 100 bytes each)
 
@@ -68,15 +69,17 @@ def router_request(trace: str, config: LibraConfig, buckets: str = "auto", order
 
 @flow(name="libra-eval-router", log_prints=False)
 def eval_router_flow(trace: str, buckets: str = "auto", order: str = "group", policies: str | list[str] | None = None,
-                     prompts_per_step: int | None = None, config: LibraConfig | str | None = None) -> dict[str, Any]:
+                     prompts_per_step: int | None = None, config: LibraConfig | str | None = None,
+                     progress: ReplayProgress | None = None) -> dict[str, Any]:
     """Per router: accuracy, balanced accuracy, rank correlation of its remaining-length estimate,
-    migrated-token ratio, decisions and decision latency; and the clairvoyant bound."""
+    migrated-token ratio, decisions and decision latency; and the clairvoyant bound. `progress`
+    hears of each step replayed (the CLI's progress bar)."""
     from flows.runtime import flow_config
     from tasks.routing_tasks import replay_task
 
     settings = flow_config(config, tracking=False)
     request = router_request(trace, settings, buckets, order, policies, prompts_per_step)
-    return replay_task(request, settings)
+    return replay_task(request, settings, progress)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from prefect import flow
 from libra.checks import Names, as_parameter, in_range
 from libra.config import LibraConfig, PlannerConfig
 from libra.errors import LibraError
+from tasks.sim_tasks import SimProgress
 
 MAX_TRAJECTORIES = 5_000_000  # simulated trajectories of a whole run (all held in memory)
 
@@ -83,25 +84,21 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
 
 def check_feasible(request: SimulationRequest, planner: PlannerConfig) -> None:
     """A LibraError when the model cannot train even on all of the cluster's GPUs (then no policy
-    can run), before anything starts; what each policy finds within that is its run's to say."""
-    from libra.planner.planner import Planner, PlannerSettings
-    from libra.sim.training import workload_of
-    from libra.sim.workloads import WorkloadGenerator
-    from tasks.sim_tasks import cannot_run, request_cost
+    can run), before anything starts (`tasks.sim_tasks.check_feasible`)."""
+    from tasks.sim_tasks import check_feasible as feasible
 
-    cost = request_cost(request, planner)
-    warmup = WorkloadGenerator(request.spec(), request.seed).step(-1)
-    if Planner(cost, workload_of(warmup), PlannerSettings.of(planner)).training.best(cost.cluster.gpus) is None:
-        raise cannot_run(request, cost.model.name, f"no training configuration fits {cost.cluster.gpus} GPUs")
+    feasible(request, planner)
 
 
 @flow(name="libra-simulate", log_prints=False)
 def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-14b", steps: int = 200,
                   policies: str | list[str] = "all", group_size: int | None = None, prompts_per_step: int | None = None,
                   seed: int = 0, run: str | None = None, track: bool = True,
-                  config: LibraConfig | str | None = None, store: str | None = None) -> dict[str, Any]:
+                  config: LibraConfig | str | None = None, store: str | None = None,
+                  progress: SimProgress | None = None) -> dict[str, Any]:
     """Each policy's figures and its ratios to libra, the oracle and the proven bound (see
-    `tasks.sim_tasks.summarize`); `config` is a LibraConfig, a YAML file or None (the defaults)."""
+    `tasks.sim_tasks.summarize`); `config` is a LibraConfig, a YAML file or None (the defaults);
+    `progress` hears of each simulated step of each policy (the CLI's progress bar)."""
     import time
 
     from flows.runtime import flow_config
@@ -119,7 +116,8 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     check_feasible(request, settings.planner)
     began = time.perf_counter()
     drawn = workload_task(request, settings.planner)
-    runs = {name: simulate_policy_task.with_options(name=f"simulate-{name}")(request, name, drawn, settings.planner)
+    runs = {name: simulate_policy_task.with_options(name=f"simulate-{name}")(request, name, drawn, settings.planner,
+                                                                             progress)
             for name in request.policies}
     bound_s = bound_task(drawn)
     summary = summarize(runs, drawn.gpus, request.workload, bound_s)

@@ -15,11 +15,17 @@ from prefect import flow
 from libra.config import LibraConfig
 from libra.errors import LibraError
 from libra.traces import BUNDLED as TRACE_DIR
-from libra.traces import bundled_traces
+from libra.traces import ReadProgress, TraceFile, bundled_traces, read_trace
 from tasks.store_tasks import import_trace_task, summarize_run_task
 from tasks.tracking_tasks import log_trace_run_task
 
-__all__ = ["TRACE_DIR", "bundled_traces", "experiment_name", "run_name_for", "trace_analysis_flow"]
+__all__ = ["TRACE_DIR", "bundled_traces", "check_trace", "experiment_name", "run_name_for", "trace_analysis_flow"]
+
+
+def check_trace(path: str, progress: ReadProgress | None = None) -> TraceFile:
+    """The trace file read whole (`libra.traces.read_trace`), so that a bad one is the caller's error
+    before a flow starts; `progress` hears of the bytes read so far and in all."""
+    return read_trace(path, progress=progress)
 
 
 def experiment_name(config: LibraConfig) -> str:

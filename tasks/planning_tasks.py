@@ -1,6 +1,6 @@
-"""Prefect tasks of the planning flow (`flows/planning.py`). Like the training tasks, each names the
-run; the live objects (the session's engines, trainer, router, the plan controller) stay in this
-process's registry (`tasks.train_tasks.SESSIONS`). Results are small records.
+"""Prefect tasks of the planning flow (`flows/planning.py`). Like the training tasks, each takes the
+run's context (`tasks.run_context.RunContext`); the live objects (the session's engines, trainer,
+router, the plan controller) stay in its session. Results are small records.
 """
 
 from __future__ import annotations
@@ -9,12 +9,17 @@ import json
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from libra.rl.cluster import Placement
-from tasks.train_tasks import session
+from tasks.run_context import RunContext
+
+if TYPE_CHECKING:
+    from libra.planner.controller import PlanController
+    from libra.rl.session import TrainingSession
 
 
 @dataclass(frozen=True)
@@ -46,15 +51,20 @@ class TreeRebuild:
 
 
 @task(name="planning-due", cache_policy=NO_CACHE)
-def planning_due_task(run: str, step: int) -> str | None:
+def planning_due_task(context: RunContext, step: int) -> str | None:
     """Why the planning flow should run before iteration `step` (the trigger's reason), or None;
-    the measured rollout time of the last iteration first corrects the plan in force's prediction."""
-    s = session(run)
+    the measured rollout time of the last iteration first corrects the plan in force's prediction.
+    The run's plan controller is made here on first use (`new_controller`)."""
+    s = context.session
     if s.config.placement.policy != "libra" or s.last_record is None:
         return None
     from libra.rl.planning import step_times
 
-    controller = _controller(s)
+    if s.controller is None:
+        # the one place the controller is set: it is kept on the session, whose checkpoint saves it
+        # (`planning_state`) and whose reopening restores it
+        s.controller = new_controller(s)
+    controller = s.controller
     record = s.last_record
     times = step_times({"step": record.step, "rollout_s": record.batch.stats.wall_s, "train_s": record.seconds["train"]})
     if controller.current is not None:
@@ -63,7 +73,7 @@ def planning_due_task(run: str, step: int) -> str | None:
 
 
 @task(name="follow-hosts", cache_policy=NO_CACHE, retries=0)
-def follow_hosts_task(run: str, step: int, mlflow_run_id: str) -> str:
+def follow_hosts_task(context: RunContext, step: int, mlflow_run_id: str) -> str:
     """On a Ray cluster, before iteration `step`: when hosts left or came back since the run was
     placed, place it anew on the hosts there are and record that as the step's plan (the `plans`
     row, the hosts' `pool_events` rows with the iteration's); why, or '' when nothing changed."""
@@ -73,7 +83,8 @@ def follow_hosts_task(run: str, step: int, mlflow_run_id: str) -> str:
     from storage.ingest import writer_for
     from tasks.tracking_tasks import log_step_once
 
-    s = session(run)
+    s = context.session
+    run = s.run
     reason = s.follow_hosts(step) or s.replaced
     if not reason:
         return ""
@@ -89,12 +100,13 @@ def follow_hosts_task(run: str, step: int, mlflow_run_id: str) -> str:
 
 
 @task(name="read-run-stats", cache_policy=NO_CACHE)
-def read_stats_task(run: str) -> RunStats:
+def read_stats_task(context: RunContext) -> RunStats:
     """The run's recent trajectories, timing samples, tool returns and last step, from the store."""
     from storage.catalog import Catalog
     from storage.queries import run_named
 
-    s = session(run)
+    s = context.session
+    run = s.run
     recent = s.config.planner.recent_steps
     with Catalog(s.config.store.root, run, threads=s.config.store.duckdb_threads) as catalog:
         lengths = run_named(catalog, "trajectory_lengths", last_steps=recent).to_pylist()
@@ -104,18 +116,16 @@ def read_stats_task(run: str) -> RunStats:
     return RunStats(tuple(lengths), tuple(timings), tuple(returns), last[0] if last else None)
 
 
-def _controller(s):
-    """The session's plan controller, made on first use: the live variants (split, colocated) over
-    this machine's workers, the trigger's engine start the measured one."""
-    if s.controller is None:
-        from libra.planner.controller import PlanController
-        from libra.planner.trigger import TriggerSettings
-        from libra.rl.planning import live_variants
+def new_controller(s: TrainingSession) -> PlanController:
+    """A plan controller for the session's run: the live variants (split, colocated) over this
+    machine's workers, the trigger's engine start the measured one."""
+    from libra.planner.controller import PlanController  # noqa: F811 - at run time
+    from libra.planner.trigger import TriggerSettings
+    from libra.rl.planning import live_variants
 
-        trigger = TriggerSettings.of(s.config.planner).model_copy(update={"engine_start_s": s.engine_start_s})
-        s.controller = PlanController(_cost(s), trigger=trigger, variants=live_variants(s.cluster, s.config.planner,
-                                                                                       s.config.placement.hybrids))
-    return s.controller
+    trigger = TriggerSettings.of(s.config.planner).model_copy(update={"engine_start_s": s.engine_start_s})
+    return PlanController(_cost(s), trigger=trigger, variants=live_variants(s.cluster, s.config.planner,
+                                                                          s.config.placement.hybrids))
 
 
 def _cost(s):
@@ -125,19 +135,22 @@ def _cost(s):
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
+def plan_task(context: RunContext, step: int, stats: RunStats) -> PlanOutcome | None:
     """Fit the cost model to the run's timing samples, then let the controller decide for the
-    recent workload: the plan, whether it pays to move, and where that puts the workers."""
+    recent workload: the plan, whether it pays to move, and where that puts the workers. The
+    controller is the one `planning-due` made or the checkpoint restored."""
     from libra.planner.calibrate import fit, samples_from_rows
     from libra.planner.workload import build_workload, lengths_from_rows
     from libra.rl.cluster import placement_of
     from libra.rl.planning import adopt_placement, move_held, plan_row, step_times
     from libra.rl.trainers import fixed_layout, planned_running
 
-    s = session(run)
+    s = context.session
     if not stats.lengths:
         return None
-    controller = _controller(s)
+    controller = s.controller
+    if controller is None:
+        raise RuntimeError("the run has no plan controller: the planning flow runs after planning-due")
     fitted = fit(_cost(s), samples_from_rows(stats.timings))
     controller.cost = replace(controller.cost, coefficients=fitted.coefficients)
     t = s.config.trainer
@@ -162,13 +175,13 @@ def plan_task(run: str, step: int, stats: RunStats) -> PlanOutcome | None:
 
 
 @task(name="move-workers", cache_policy=NO_CACHE)
-def apply_task(run: str, outcome: PlanOutcome) -> list[dict]:
+def apply_task(context: RunContext, outcome: PlanOutcome) -> list[dict]:
     """Move the workers to the outcome's placement (engines restart only when theirs change); the
     `pool_events` rows of every worker moved, and of the engines' restart."""
     from libra.rl.planning import move_rows
     from libra.rl.trainers import reshard_row
 
-    s = session(run)
+    s = context.session
     old = s.placement
     assert outcome.placement is not None and old is not None
     restarted = s.apply(outcome.placement)
@@ -186,14 +199,14 @@ def apply_task(run: str, outcome: PlanOutcome) -> list[dict]:
 
 
 @task(name="rebuild-tree", cache_policy=NO_CACHE)
-def rebuild_tree_task(run: str, stats: RunStats) -> TreeRebuild | None:
+def rebuild_tree_task(context: RunContext, stats: RunStats) -> TreeRebuild | None:
     """Rebuild the router's causal trees from the recent steps in the store and swap them in (None
     when the run's router keeps no tree)."""
     import time
 
     from libra.scheduler.causal_tree import paths_from_rows
 
-    s = session(run)
+    s = context.session
     rebuild = getattr(s.router, "rebuild_trees", None)
     if rebuild is None:
         return None
@@ -204,7 +217,7 @@ def rebuild_tree_task(run: str, stats: RunStats) -> TreeRebuild | None:
 
 
 @task(name="record-plan", cache_policy=NO_CACHE, retries=1)
-def record_plan_task(run: str, outcome: PlanOutcome, moves: list[dict], tree: TreeRebuild | None, seconds: float,
+def record_plan_task(context: RunContext, outcome: PlanOutcome, moves: list[dict], tree: TreeRebuild | None, seconds: float,
                      mlflow_run_id: str) -> None:
     """The plan, the moves and the tree rebuild into the store (`plans`, `pool_events`; replacing
     the step's rows, so a retried or resumed planning writes them once) and MLflow (metrics at the
@@ -215,7 +228,8 @@ def record_plan_task(run: str, outcome: PlanOutcome, moves: list[dict], tree: Tr
     from storage.ingest import writer_for
     from tasks.tracking_tasks import log_step_once
 
-    s = session(run)
+    s = context.session
+    run = s.run
     time_s = float(s.state.summary.get("elapsed_s", 0.0))
     events = list(moves)
     if tree is not None:

@@ -1,11 +1,10 @@
 """Prefect tasks of the rollout flow (`flows/rollout.py`). The engines, the router, the environment
-and the tokenizer live in this process's registry (`ROLLOUTS`, by store run), never in task
-arguments or results; a batch's task returns its `RolloutResult` (the figures the summary needs),
-after writing its trajectories and turns to the store in one commit."""
+and the tokenizer live in a `LiveRollout` that `start-engines` returns and the flow passes to the
+batches' tasks and to `close-engines`; a batch's task returns its `RolloutResult` (the figures the
+summary needs), after writing its trajectories and turns to the store in one commit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import task
@@ -14,22 +13,26 @@ from prefect.cache_policies import NO_CACHE
 from libra.config import LibraConfig
 
 
-@dataclass
 class LiveRollout:
-    request: Any  # the flow's RolloutRequest
-    config: LibraConfig
-    engines: list
-    tokenizer: Any
-    env: Any
-    router: Any
+    """A rollout flow run's live engines, tokenizer, environment and router in this process. A plain
+    class, not a dataclass: Prefect passes it to tasks as it is (it does not look inside or copy it)."""
 
+    __slots__ = ("request", "config", "engines", "tokenizer", "env", "router", "bounds")
 
-ROLLOUTS: dict[str, LiveRollout] = {}  # store run -> its live engines in this process
+    def __init__(self, request: Any, config: LibraConfig, engines: list, tokenizer: Any, env: Any, router: Any,
+                 bounds: tuple[int, ...]) -> None:
+        self.request = request  # the flow's RolloutRequest
+        self.config = config
+        self.engines = engines
+        self.tokenizer = tokenizer
+        self.env = env
+        self.router = router
+        self.bounds = bounds  # the router's bucket bounds (tokens)
 
 
 @task(name="start-engines", cache_policy=NO_CACHE)
-def start_engines_task(request, config: LibraConfig) -> tuple[int, ...]:
-    """Start the request's engines and its router; the router's bucket bounds (tokens)."""
+def start_engines_task(request, config: LibraConfig) -> LiveRollout:
+    """Start the request's engines and its router."""
     from transformers import AutoTokenizer
 
     from libra.rollout.engines import make_engines
@@ -41,28 +44,26 @@ def start_engines_task(request, config: LibraConfig) -> tuple[int, ...]:
     env = make_env(request.env, config.sandbox)
     buckets = Buckets(request.buckets) if request.buckets else Buckets(expert_bounds(env, request.instances, tokenizer))
     engines = make_engines(request.engine, request.policy, request.instances, request.device, config.rollout.max_context)
-    ROLLOUTS[request.run] = LiveRollout(request, config, engines, tokenizer, env,
-                                        make_router(request.router, buckets, {}, config.scheduler))
-    return tuple(buckets.bounds)
+    return LiveRollout(request, config, engines, tokenizer, env, make_router(request.router, buckets, {}, config.scheduler),
+                       tuple(buckets.bounds))
 
 
 @task(name="close-engines", cache_policy=NO_CACHE)
-def close_engines_task(run: str) -> None:
-    live = ROLLOUTS.pop(run, None)
-    for engine in live.engines if live else ():
+def close_engines_task(live: LiveRollout) -> None:
+    for engine in live.engines:
         engine.close()
 
 
 @task(name="rollout-batch", cache_policy=NO_CACHE)
-def rollout_batch_task(run: str, batch: int):
+def rollout_batch_task(live: LiveRollout, batch: int):
     """Batch `batch` of the run (tasks drawn with seed + batch), its trajectories and turns written
     to the store as step `batch` (together, replacing that step)."""
     from libra.rollout.agent import rollout
     from storage.ingest import writer_for
     from storage.records import trajectories_table, turns_table
 
-    live = ROLLOUTS[run]
     request, config, env = live.request, live.config, live.env
+    run = request.run
     result = rollout(env, env.tasks(request.prompts, seed=request.seed + batch), request.samples, live.engines,
                      live.router, live.tokenizer, max_turns=request.max_turns,
                      max_tokens_per_turn=config.rollout.max_tokens_per_turn, max_context=config.rollout.max_context,

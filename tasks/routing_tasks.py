@@ -15,8 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from libra.config import LibraConfig
 from libra.errors import LibraError
 
-# listeners told (router, steps replayed, steps) as a replay goes on (the CLI's progress bar)
-PROGRESS: list[Callable[[str, int, int], None]] = []
+ReplayProgress = Callable[[str, int, int], None]  # told (router, steps replayed, steps) as a replay goes on
 
 
 def _clean(value: Any) -> Any:
@@ -24,17 +23,18 @@ def _clean(value: Any) -> Any:
 
 
 @task(name="replay-routers", cache_policy=NO_CACHE)
-def replay_task(request, config: LibraConfig) -> dict[str, Any]:
+def replay_task(request, config: LibraConfig, progress: ReplayProgress | None = None) -> dict[str, Any]:
     """Every router of `request` (`flows.routing.RouterRequest`) over its trace in RL order, and
-    the clairvoyant bound: the report `libra eval-router` prints."""
+    the clairvoyant bound: the report `libra eval-router` prints. `progress` hears of each step
+    replayed (the CLI's progress bar)."""
     from libra.scheduler.replay import replay
     from libra.traces import read_trace
 
     trace = read_trace(request.trace)
 
     def step_done(name: str, done: int, steps: int) -> None:
-        for listener in PROGRESS:
-            listener(name, done, steps)
+        if progress is not None:
+            progress(name, done, steps)
 
     result = replay(trace.trajectories, prompts_per_step=request.prompts_per_step, order=request.order,
                     bounds=None if request.buckets is None else list(request.buckets), policies=list(request.policies),

@@ -70,7 +70,7 @@ def hybrid_lifecycle(policy: str, step, start_s: float) -> list:
 
 
 def plot_runs(runs: dict, out_dir: Path) -> list[Path]:
-    from dashboards.plots import lines_png
+    from storage.plots import lines_png
 
     throughput = {name: ([s.step for s in r.steps], [s.trained_tokens / s.step_s if s.step_s else 0 for s in r.steps])
                   for name, r in runs.items()}

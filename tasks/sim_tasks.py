@@ -1,6 +1,7 @@
 """Prefect tasks of the simulation flow (`flows/simulate.py`): draw the workload once, run each
-policy over it, compute the proven bound, record the runs. `PROGRESS` hears of every simulated step
-(the CLI's progress bar); a deployment run has no listener."""
+policy over it, compute the proven bound, record the runs. The flow's `progress` listener hears of
+every simulated step (the CLI's progress bar); a deployment run has none. `check_feasible` refuses a
+request no policy can run, before anything starts."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from libra.config import LibraConfig, PlannerConfig, StoreConfig
 from libra.errors import InfeasibleError, LibraError
 
-PROGRESS: list[Callable[[str, int], None]] = []  # told (policy, step) after each simulated step
+SimProgress = Callable[[str, int], None]  # told (policy, step) after each simulated step
 
 
 @dataclass(frozen=True)
@@ -45,20 +46,35 @@ def workload_task(request, planner: PlannerConfig) -> SimWorkload:
 
 
 @task(name="simulate-policy", cache_policy=NO_CACHE)
-def simulate_policy_task(request, policy: str, drawn: SimWorkload, planner: PlannerConfig):
-    """One policy's run (`libra.sim.runner.PolicyRun`) over the drawn steps."""
+def simulate_policy_task(request, policy: str, drawn: SimWorkload, planner: PlannerConfig,
+                         progress: SimProgress | None = None):
+    """One policy's run (`libra.sim.runner.PolicyRun`) over the drawn steps; `progress` hears of
+    each step."""
     from libra.planner.planner import PlannerSettings
     from libra.sim.runner import simulate_policy, simulation_cost
 
     def step_done(name: str, step: int) -> None:
-        for listener in PROGRESS:
-            listener(name, step)
+        if progress is not None:
+            progress(name, step)
 
     try:
         return simulate_policy(policy, simulation_cost(request.spec(), drawn.cost), drawn.batches, drawn.warmup,
                                PlannerSettings.of(planner), planner, progress=step_done)
     except InfeasibleError as exc:
         raise cannot_run(request, drawn.cost.model.name, str(exc)) from None
+
+
+def check_feasible(request, planner: PlannerConfig) -> None:
+    """A LibraError when the model cannot train even on all of the cluster's GPUs (then no policy
+    can run), before anything starts; what each policy finds within that is its run's to say."""
+    from libra.planner.planner import Planner, PlannerSettings
+    from libra.sim.training import workload_of
+    from libra.sim.workloads import WorkloadGenerator
+
+    cost = request_cost(request, planner)
+    warmup = WorkloadGenerator(request.spec(), request.seed).step(-1)
+    if Planner(cost, workload_of(warmup), PlannerSettings.of(planner)).training.best(cost.cluster.gpus) is None:
+        raise cannot_run(request, cost.model.name, f"no training configuration fits {cost.cluster.gpus} GPUs")
 
 
 def cannot_run(request, model: str, reason: str) -> LibraError:

@@ -14,10 +14,10 @@ import pyarrow.csv as pacsv
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from dashboards.plots import length_histogram_png, per_step_drift_png
 from libra.config import LibraConfig
 from storage.catalog import Catalog
 from storage.ingest import ImportSummary
+from storage.plots import length_histogram_png, per_step_drift_png
 from storage.queries import run_named
 
 

@@ -1,13 +1,13 @@
-"""Prefect tasks of a training run. Each names the run; the run's engines, trainer and batches live
-in this process's registry (`SESSIONS`), never in task arguments or results. Results are small
-records. Only the recording tasks retry: their writes are idempotent by step.
+"""Prefect tasks of a training run. Each takes the run's context (`tasks.run_context.RunContext`,
+made by the training flow): the run's engines, trainer and batches live in its session there, never
+in task results. Results are small records. Only the recording tasks retry: their writes are
+idempotent by step.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,13 +16,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from libra.config import LibraConfig, TrainerConfig
-from libra.rl.records import IterationRecord, RolloutStats, Update
+from libra.errors import LibraError
+from libra.rl.records import RolloutStats, Update
 from libra.rl.runs import open_session
 from libra.rl.session import TrainingSession
+from tasks.run_context import RunContext
 
-SESSIONS: dict[str, TrainingSession] = {}  # run name -> its live session in this process
-LISTENERS: list[Callable[[IterationRecord], None]] = []  # told of each recorded iteration (progress lines)
-POLICY_PROGRESS: list[Callable[[int, int, float], None]] = []  # told (step, steps, loss) while a policy is built
 DEFAULT_POLICY = TrainerConfig.model_fields["policy"].default  # built (or copied) when it is missing
 
 
@@ -36,27 +35,77 @@ def policy_missing(config: LibraConfig) -> str | None:
             "trainer.policy at an HF-format checkpoint")
 
 
+def check_training(config: LibraConfig) -> None:
+    """A LibraError for a run that cannot start as configured (run name, backend and layout, router,
+    devices, policy), before anything is written or started; `flows.train.training_config` calls it."""
+    from libra.scheduler.replay import POLICIES
+    from storage.writer import check_run_name
+
+    check_run_name(config.trainer.run_name())
+    from libra.rl.ray_cluster import address_of
+
+    t = config.trainer
+    if t.backend == "megatron" and address_of(config):
+        raise LibraError("trainer.backend megatron trains on rank processes of this machine; a Ray cluster's workers "
+                         "train with trainer.backend: torch")
+    if t.backend == "megatron" and config.placement.hybrids and (t.layout == "planned" or (t.tp, t.pp, t.dp) != (1, 1, 1)):
+        raise LibraError(f"placement.hybrids {config.placement.hybrids} with trainer.backend megatron: hybrids join the "
+                         "elastic pool as data-parallel replicas of one process each, beside a core of one, so the "
+                         "layout is TP = PP = DP = 1 (trainer.layout fixed, trainer.tp/pp/dp 1)")
+    if t.backend == "megatron" and config.placement.hybrids and config.pool.device == "cuda":
+        raise LibraError("placement.hybrids with trainer.backend megatron train on the CPU (the pool's megatron task "
+                         "builds megatron's model with its CPU shims); set pool.device: cpu or trainer.backend: torch")
+    check_megatron_layout(config)
+    router = config.rollout.router
+    if router not in POLICIES or router == "oracle":
+        raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
+    for device, where in ((config.rollout.device, "rollout.device"), (config.trainer.device, "trainer.device")):
+        if device == "cuda":
+            from libra.devices import gpu_count
+
+            if gpu_count() == 0:
+                raise LibraError(f"{where} is cuda, but torch sees no GPU here; set it to cpu")
+    missing = policy_missing(config)
+    if missing:
+        raise LibraError(missing)
+
+
+def check_megatron_layout(config: LibraConfig) -> None:
+    """A megatron layout this machine cannot run is refused before the run starts: a fixed layout
+    with more ranks than the placement's training workers, or, unplaced, than this process's cores."""
+    import os
+
+    from libra.rl.ray_cluster import address_of
+    from libra.rl.trainers import check_layout_fits, fixed_layout
+
+    t = config.trainer
+    if t.backend != "megatron" or address_of(config):
+        return
+    if config.placement.policy != "none":
+        from libra.rl.cluster import initial_placement
+        from libra.rl.placing import local_cluster
+
+        cluster = local_cluster(config)
+        check_layout_fits(config, initial_placement(config.placement.policy, cluster, config.placement.hybrids))
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    layout = fixed_layout(config)  # unplaced, the layout is fixed (planned needs a placement: the config says so)
+    if layout is not None and t.device == "cpu" and layout.world > cores:
+        raise LibraError(f"trainer.tp x pp x dp = {layout.world} rank processes ({layout}), but this process may use "
+                         f"{cores} core(s): a rank needs one of its own; lower the layout")
+
+
 @task(name="prepare-policy", cache_policy=NO_CACHE)
-def prepare_policy_task(config: LibraConfig) -> None:
+def prepare_policy_task(context: RunContext, config: LibraConfig) -> None:
     """Put the local policy in place when the config names the default directory and it holds none:
-    the shipped policy is copied, or built when it does not fit the settings (minutes)."""
+    the shipped policy is copied, or built when it does not fit the settings (minutes); the
+    context's policy-progress listener hears of each step of building it."""
     policy = Path(config.trainer.policy)
     if (policy / "config.json").is_file():
         return
     from libra.rollout.policy import PolicySettings, init_policy
 
-    def progress(done: int, steps: int, loss: float) -> None:
-        for listener in POLICY_PROGRESS:
-            listener(done, steps, loss)
-
-    init_policy(policy, PolicySettings(), log=lambda _: None, progress=progress, sandbox=config.sandbox)
-
-
-def session(run: str) -> TrainingSession:
-    try:
-        return SESSIONS[run]
-    except KeyError:
-        raise RuntimeError(f"no open session for run {run!r} in this process") from None
+    init_policy(policy, PolicySettings(), log=lambda _: None, progress=context.policy_built, sandbox=config.sandbox)
 
 
 @dataclass(frozen=True)
@@ -82,55 +131,51 @@ class IterationSetup:
 
 
 @task(name="iteration-setup", cache_policy=NO_CACHE)
-def iteration_setup_task(run: str, step: int) -> IterationSetup:
+def iteration_setup_task(context: RunContext, step: int) -> IterationSetup:
     """How iteration `step` runs: the placement's pipeline (the stages overlap only on workers of
     their own), or the trainer's when the run is not placed."""
-    s = session(run)
+    s = context.session
     pipeline = s.placement.pipeline if s.placement is not None else s.config.trainer.pipeline
     return IterationSetup(pipeline, step in s.pending)
 
 
 @task(name="open-session", cache_policy=NO_CACHE)
-def open_session_task(config: LibraConfig, restart: bool = False) -> SessionInfo:
-    """Load the policy (or the run's newest checkpoint), start the engines and the trainer.
-    `restart`: the run's checkpoints are removed first (it trains again from the policy)."""
-    run = config.trainer.run_name()
-    if run in SESSIONS:
-        SESSIONS.pop(run).close()
-    SESSIONS[run] = open_session(config, restart)
-    return _info(SESSIONS[run])
+def open_session_task(context: RunContext, config: LibraConfig, restart: bool = False) -> SessionInfo:
+    """Load the policy (or the run's newest checkpoint), start the engines and the trainer, and hold
+    the session in the run's context. `restart`: the run's checkpoints are removed first (it trains
+    again from the policy)."""
+    context.hold(open_session(config, restart))
+    return _info(context.session)
 
 
 @task(name="recover-hosts", cache_policy=NO_CACHE)
-def recover_task(config: LibraConfig, host: str) -> SessionInfo:
+def recover_task(context: RunContext, config: LibraConfig, host: str) -> SessionInfo:
     """After `host` was lost mid-iteration: wait for Ray to count it gone (up to
     cluster.start_timeout_s), close the run's session and open it again from its newest checkpoint on
     the hosts there are (`open_session` places it anew when they changed); the iteration in
     flight was not checkpointed, so it runs again, and nothing of it was recorded."""
-    run = config.trainer.run_name()
-    lost = SESSIONS.pop(run)
+    lost = context.release()
     try:
         lost.await_departure(host, config.cluster.start_timeout_s)
     finally:
         lost.close()
-    SESSIONS[run] = open_session(config)
-    return _info(SESSIONS[run])
+    context.hold(open_session(config))
+    return _info(context.session)
 
 
 @task(name="close-session", cache_policy=NO_CACHE)
-def close_session_task(run: str) -> None:
-    if run in SESSIONS:
-        SESSIONS.pop(run).close()
+def close_session_task(context: RunContext) -> None:
+    context.close()
 
 
 @task(name="rollout", cache_policy=NO_CACHE)
-def rollout_task(run: str, step: int) -> float:
+def rollout_task(context: RunContext, step: int) -> float:
     """Roll out iteration `step` on the engines; returns seconds."""
-    return session(run).rollout(step)
+    return context.session.rollout(step)
 
 
-def _reward(run: str, step: int) -> RolloutStats:
-    return session(run).score(step).stats
+def _reward(context: RunContext, step: int) -> RolloutStats:
+    return context.session.score(step).stats
 
 
 # one reward task per environment: each names what it judges
@@ -138,34 +183,34 @@ reward_tasks = {env: task(_reward, name=f"reward-{env}", cache_policy=NO_CACHE) 
 
 
 @task(name="update", cache_policy=NO_CACHE)
-def update_task(run: str, step: int) -> Update:
+def update_task(context: RunContext, step: int) -> Update:
     """One GRPO update on batch `step` (trajectories beyond the staleness bound are dropped)."""
-    return session(run).update(step)
+    return context.session.update(step)
 
 
 @task(name="sync-weights", cache_policy=NO_CACHE)
-def sync_task(run: str) -> float:
-    return session(run).sync()
+def sync_task(context: RunContext) -> float:
+    return context.session.sync()
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate_task(run: str) -> float:
+def evaluate_task(context: RunContext) -> float:
     """Held-out reward with the engines' current weights; remembered in the run's state."""
-    s = session(run)
+    s = context.session
     reward = s.evaluate()
     s.note_evaluation(s.engine_version, reward)
     return reward
 
 
 @task(name="checkpoint", cache_policy=NO_CACHE)
-def checkpoint_task(run: str, step: int, update: Update, seconds: dict[str, float], heldout: float | None,
+def checkpoint_task(context: RunContext, step: int, update: Update, seconds: dict[str, float], heldout: float | None,
                     mlflow_run_id: str) -> str:
-    s = session(run)
+    s = context.session
     return str(s.checkpoint(s.finish_iteration(step, update, seconds, heldout), mlflow_run_id))
 
 
 @task(name="start-tracking", cache_policy=NO_CACHE)
-def start_tracking_task(run: str) -> str:
+def start_tracking_task(context: RunContext) -> str:
     """The run's MLflow run in the experiment of its environment, with the whole configuration as
     parameters: the one its checkpoint names, or (a run starting from the policy) a new one, the
     earlier runs of that name being marked superseded."""
@@ -173,7 +218,8 @@ def start_tracking_task(run: str) -> str:
 
     from tasks.tracking_tasks import create_run, ensure_experiment, supersede_runs
 
-    s = session(run)
+    s = context.session
+    run = s.run
     config = s.config
     experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-train-{config.trainer.env}",
                                    config.tracking.artifact_root)
@@ -205,18 +251,19 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 @task(name="record", cache_policy=NO_CACHE, retries=1)
-def record_task(run: str, mlflow_run_id: str, announce: bool = True) -> int:
+def record_task(context: RunContext, mlflow_run_id: str, announce: bool = True) -> int:
     """Write the last checkpointed iteration to the store (its trajectories, turns and step row in
     one commit that replaces the step; step 0 replaces the whole run, so a run trained again from
     the start keeps none of its earlier rows) and to MLflow (once per step); returns its step.
-    `announce`: tell the listeners (not when a resumed run records its last iteration again)."""
+    `announce`: tell the context's listeners (not when a resumed run records its last iteration again)."""
     import pyarrow as pa
 
     from storage.ingest import writer_for
     from storage.records import trajectories_table, turns_table
     from tasks.tracking_tasks import log_step_once
 
-    s = session(run)
+    s = context.session
+    run = s.run
     record = s.last_record
     writer = writer_for(s.config.store)
     with writer.transaction(run, mode="replace" if record.step == 0 else "update", origin="train") as tx:
@@ -234,8 +281,8 @@ def record_task(run: str, mlflow_run_id: str, announce: bool = True) -> int:
     log_step_once(mlflow_run_id, record.metrics(), record.step, sentinel="reward")
     if record.heldout_reward is not None:  # by weights version: 0 is the policy before training
         log_step_once(mlflow_run_id, {"heldout_reward": record.heldout_reward}, record.version, sentinel="heldout_reward")
-    for listener in LISTENERS if announce else ():
-        listener(record)
+    if announce:
+        context.announce(record)
     return record.step
 
 
@@ -247,14 +294,14 @@ def log_evaluation_task(mlflow_run_id: str, version: int, reward: float) -> None
 
 
 @task(name="finish-tracking", cache_policy=NO_CACHE, retries=1)
-def finish_tracking_task(run: str, mlflow_run_id: str) -> dict[str, Any]:
+def finish_tracking_task(context: RunContext, mlflow_run_id: str) -> dict[str, Any]:
     """Plots of reward and throughput by step as artifacts, the checkpoint as a tag; the run ends."""
     import mlflow
 
-    from dashboards.plots import lines_png
+    from storage.plots import lines_png
 
     client = mlflow.MlflowClient()
-    s = session(run)
+    s = context.session
     history = {key: sorted((m.step, m.value) for m in client.get_metric_history(mlflow_run_id, key))
                for key in ("reward", "tokens_per_s", "heldout_reward")}
     directory = Path(tempfile.mkdtemp(prefix="libra-plots-"))

@@ -49,14 +49,13 @@ def config_for(base: Path, policy: Path) -> LibraConfig:
     })
 
 
-def kill_during_an_update(pool_dir: Path, killed: dict, stop: threading.Event) -> None:
+def kill_during_an_update(pool_dir: Path, killed: dict, held: dict, stop: threading.Event) -> None:
     """Once the hybrid trains, wait for the next update's samples to be published (the update has
     begun: every replica is computing its shard), freeze the hybrid at once with SIGSTOP (the update
-    cannot finish without its shard, however fast the machine), then SIGKILL it."""
-    from tasks.train_tasks import SESSIONS
-
+    cannot finish without its shard, however fast the machine), then SIGKILL it. `held`: the run's
+    session once its context holds it."""
     while not stop.is_set():
-        session = SESSIONS.get("hybrid")
+        session = held.get("session")
         pool = session.trainer.pool if session is not None else None
         if pool is not None and pool.state("hybrid-0") is State.TRAINING:
             step = pool.progress + 1  # the core is at step `progress` (maybe computing it): wait for the next
@@ -77,12 +76,21 @@ def kill_during_an_update(pool_dir: Path, killed: dict, stop: threading.Event) -
 def test_a_hybrid_killed_during_an_update_of_a_live_run_costs_no_gradient(policy_dir, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     from flows.train import train_flow
+    from tasks.run_context import RunContext
 
     config = config_for(tmp_path, policy_dir)
     root = tmp_path / "checkpoints" / "hybrid"
     killed: dict = {}
+    held: dict = {}
+    hold = RunContext.hold
+
+    def hold_and_show(context, session) -> None:
+        hold(context, session)
+        held["session"] = session
+
+    monkeypatch.setattr(RunContext, "hold", hold_and_show)
     stop = threading.Event()
-    killer = threading.Thread(target=kill_during_an_update, args=(root / "pool", killed, stop), daemon=True)
+    killer = threading.Thread(target=kill_during_an_update, args=(root / "pool", killed, held, stop), daemon=True)
     killer.start()
     try:
         summary = train_flow(config)

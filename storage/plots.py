@@ -1,4 +1,5 @@
-"""PNG plots of a run, drawn from the store's named queries (read-only)."""
+"""PNG plots of a run (matplotlib): drawn from the store's named queries, or from given series. The
+recording tasks save them as MLflow artifacts."""
 
 from __future__ import annotations
 

@@ -1,0 +1,37 @@
+"""Building the local policy outside a flow run: `libra policy init` calls `policy_settings` to check
+its flags and `build_policy` to train (or reuse) the policy. A plain function, not a Prefect flow:
+the build reports its own progress and starts no Prefect server; the training flow builds the
+default policy itself when it is missing (`tasks.train_tasks.prepare_policy_task`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from libra.checks import Names, as_parameter, in_range
+from libra.config import SandboxConfig
+from libra.rollout.policy import PolicySettings
+
+
+def policy_settings(steps: int | None = None, demos: int | None = None, names: Names = as_parameter) -> PolicySettings:
+    """The default settings with the given supervised training steps and demonstrations per
+    environment, or a LibraError naming the value out of range."""
+    settings = PolicySettings()
+    in_range(names("steps"), steps, 1, 1_000_000)
+    in_range(names("demos"), demos, settings.batch, 1_000_000)
+    if steps is not None:
+        settings = replace(settings, steps=steps)
+    if demos is not None:
+        settings = replace(settings, demos_per_env=demos)
+    return settings
+
+
+def build_policy(out: str | Path, settings: PolicySettings, sandbox: SandboxConfig, rebuild: bool,
+                 log: Callable[[str], None], progress: Callable[[int, int, float], None]) -> dict:
+    """Train the policy in `out` (or keep the one there, or copy the shipped one, when built with
+    `settings`, unless `rebuild`); its record (`libra.rollout.policy.init_policy`)."""
+    from libra.rollout.policy import init_policy
+
+    return init_policy(out, settings, log=log, progress=progress, sandbox=sandbox, rebuild=rebuild)
