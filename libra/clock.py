@@ -51,3 +51,20 @@ class SimClock:
 
     def advance(self, dt_s: float) -> None:
         self.advance_to(self._now + dt_s)
+
+
+class Stopwatch:
+    """Seconds since it was started, on `clock` (default: wall time): how long a step, a start or a
+    wait has taken."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or WallClock()
+        self.began = self.clock.now()
+
+    def seconds(self) -> float:
+        return self.clock.now() - self.began
+
+
+def sleep(seconds: float) -> None:
+    """Wait `seconds` of wall time (a poll's interval)."""
+    time.sleep(seconds)
