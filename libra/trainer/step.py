@@ -84,7 +84,7 @@ def tallies(terms: TokenLosses, batch: MicroBatch, mask: torch.Tensor) -> torch.
 
 class GRPOStep:
     """A GRPO step's running sums over the micro-batches it has seen: `sums`, the `TALLIES` over
-    their policy tokens (float64, on the CPU), and `padded`, the tokens their forward passes
+    their policy tokens (float64, on the CPU), and `padded`, the tokens the forward passes of `run`
     computed (padding included).
 
     `reference`: the KL term's frozen HF model (None: no KL term). `tokens`: the token count the
