@@ -1,7 +1,9 @@
 """Clocks: the only way code in `libra/` reads time.
 
 Policies take a `Clock` so that the simulator (SimClock, advanced by the event loop) and real runs
-(WallClock) drive the same objects. Nothing in `libra/` calls `time.time()` directly.
+(WallClock) drive the same objects. Nothing else in `libra/` calls `time.time()`, `time.monotonic()`,
+`time.perf_counter()` or `time.sleep()` (tests/libra/test_clock.py checks): measurements take a
+`Stopwatch`, polled waits a `Deadline` and `sleep` on a clock.
 """
 
 from __future__ import annotations

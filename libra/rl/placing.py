@@ -29,11 +29,11 @@ from libra.pools.states import PoolEvent
 from libra.rl.cluster import LocalCluster, Placement, cluster_of_hosts, hybrid_workers
 from libra.rl.planning import EngineStart
 from libra.rl.trainers import Reshard, place_trainer
+from libra.trainer.protocol import ElasticTrainer, Trainer
 
 if TYPE_CHECKING:
     from libra.rl.ray_cluster import RayCluster
     from libra.rollout.engines import Engine
-    from libra.trainer.protocol import Trainer
 
 
 class Event:
@@ -137,6 +137,7 @@ class LocalSite:
         reshard = place_trainer(trainer, self.config, placement, cluster)
         hybrids = self.config.placement.hybrids
         if hybrids:  # it trains when the plan says
+            assert isinstance(trainer, ElasticTrainer)  # a run with hybrids trains in the elastic pool
             trainer.arrange(cluster.units(placement.train),
                             [cluster.units((w,)) for w in hybrid_workers(placement.train[0], hybrids)])
         return TrainerPlaced(reshard)
@@ -188,6 +189,7 @@ class RaySite:
                 core, hybrid = ray.pool_providers(core_hosts, hybrid_hosts)
                 return PoolSite(len(core_hosts), core, hybrid, ray.here())
 
+            assert isinstance(trainer, ElasticTrainer)  # a Ray cluster's trainer is the elastic pool
             trainer.relocate(site)
             trainer.arrange_ranks([cluster.units((w,)) for w in placement.train], [cluster.units((w,)) for w in hybrids])
         return TrainerPlaced(hybrids=hybrids)

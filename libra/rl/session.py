@@ -42,6 +42,7 @@ from libra.rl.routes import router_for
 from libra.rl.schedule import admit, hybrids_wanted, rollout_spec
 from libra.rl.trainers import Reshard, layout_of
 from libra.trainer.checkpoint import CheckpointState, rng_state, save_checkpoint
+from libra.trainer.protocol import ElasticTrainer, Trainer
 from libra.trainer.samples import to_samples
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from libra.rollout.engines import Engine
     from libra.rollout.envs.base import Env
     from libra.scheduler.policies import Router
-    from libra.trainer.protocol import Trainer
 
 
 @dataclass
@@ -200,7 +200,7 @@ class TrainingSession:
             raise LibraError(f"iteration {step}: all {len(batch.samples)} trajectories are more than "
                              f"{self.config.trainer.max_staleness} updates old; nothing to train on")
         if self.config.placement.hybrids:
-            assert self.placement is not None  # a run with hybrids is placed (the configuration says so)
+            assert self.placement is not None and isinstance(self.trainer, ElasticTrainer)  # placed, in the pool
             self.trainer.set_desired(hybrids_wanted(self.config.placement.hybrid_schedule, len(self.placement.hybrids),
                                                     step))
         try:

@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from libra.config import LibraConfig
 from libra.errors import LibraError
 from libra.pools.states import PoolEvent
 from libra.rl.cluster import LocalCluster, Placement
 from libra.trainer.layout import Layout
+from libra.trainer.protocol import ShardedTrainer, Trainer
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def _units(config: LibraConfig, placement: Placement, cluster: LocalCluster, lay
 
 
 def open_trainer(config: LibraConfig, weights: Path, policy: Path, root: Path, placement: Placement | None,
-                 cluster: LocalCluster | None, on_event: Callable[[PoolEvent], None], pooled: bool) -> Any:
+                 cluster: LocalCluster | None, on_event: Callable[[PoolEvent], None], pooled: bool) -> Trainer:
     """The run's trainer, started from `weights` (`policy`: the KL term's reference): the elastic
     pool's (`pooled`), megatron's (in the placement's layout when planned, on the trainer's workers
     when placed), or the torch trainer."""
@@ -117,13 +117,11 @@ def open_trainer(config: LibraConfig, weights: Path, policy: Path, root: Path, p
     return PolicyTrainer(weights, t, r, device=t.device, reference_dir=policy)
 
 
-def place_trainer(trainer: Any, config: LibraConfig, placement: Placement, cluster: LocalCluster) -> Reshard | None:
+def place_trainer(trainer: Trainer, config: LibraConfig, placement: Placement, cluster: LocalCluster) -> Reshard | None:
     """Put a megatron trainer where `placement` says: resharded into the placement's layout when a
     planned layout changes, else its ranks pinned anew to the trainer's workers. The torch trainer's
     threads and cores are the session's (they are its own process's). What a reshard cost, or None."""
-    from libra.trainer.megatron_trainer import MegatronTrainer
-
-    if not isinstance(trainer, MegatronTrainer):
+    if not isinstance(trainer, ShardedTrainer):
         return None
     check_layout_fits(config, placement)
     target = planned_running(config, placement) or trainer.layout
@@ -136,13 +134,11 @@ def place_trainer(trainer: Any, config: LibraConfig, placement: Placement, clust
     return None
 
 
-def layout_of(trainer: Any, placement: Placement | None, hybrids: int = 0) -> Layout:
+def layout_of(trainer: Trainer, placement: Placement | None, hybrids: int = 0) -> Layout:
     """The layout an update ran in, in the cost model's terms: megatron's ranks; the torch trainer
     (or the pool) as data parallel over its workers (and the hybrids that trained with it); without
     a placement, over its threads."""
-    from libra.trainer.megatron_trainer import MegatronTrainer
-
-    if isinstance(trainer, MegatronTrainer):
+    if isinstance(trainer, ShardedTrainer):
         return trainer.layout
     return Layout(dp=len(placement.train) + hybrids if placement else trainer.threads())
 

@@ -31,15 +31,8 @@ from libra.errors import LibraError
 from libra.trainer.layout import Layout
 from libra.trainer.megatron_convert import Architecture, Sharding, to_hf, to_megatron
 from libra.trainer.samples import MicroBatch, TrainingSample, collate, micro_batches
-from libra.trainer.trainer import (
-    TALLIES,
-    AppliedUpdate,
-    hf_logits,
-    load_reference,
-    losses_from_logits,
-    take_update,
-    tallies,
-)
+from libra.trainer.step import GRPOStep
+from libra.trainer.trainer import AppliedUpdate, load_reference, take_update
 
 
 def read_architecture(policy_dir: str | Path) -> Architecture:
@@ -180,16 +173,10 @@ def positions_and_mask(ids: torch.Tensor, device: torch.device) -> tuple[torch.T
     return positions, causal_mask(ids.shape[1], device)
 
 
-def grpo_terms(output: torch.Tensor, reference: torch.nn.Module | None, batch: MicroBatch, arch: Architecture,
-               config: TrainerConfig, temperature: float, device: torch.device):
-    """GRPO's per-token terms (`losses_from_logits`) from megatron's last-stage output: the logits
-    at each target position, the vocabulary's padding rows dropped, scaled by the temperature."""
-    logits = output[:, :-1, :arch.vocab] / temperature
-    reference_logits = None
-    if reference is not None:
-        with torch.no_grad():
-            reference_logits = hf_logits(reference, batch, temperature, device)
-    return losses_from_logits(logits, reference_logits, batch, config, device)
+def megatron_logits(output: torch.Tensor, arch: Architecture, temperature: float) -> torch.Tensor:
+    """The logits at each target position from megatron's last-stage output, the vocabulary's
+    padding rows dropped, scaled by the temperature."""
+    return output[:, :-1, :arch.vocab] / temperature
 
 
 def causal_mask(length: int, device: torch.device) -> torch.Tensor:
@@ -208,7 +195,7 @@ class MegatronRank:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
-        from libra.trainer.optim import make_optimizer
+        from libra.optim import make_optimizer
 
         if device.type == "cpu":
             from libra.trainer.megatron_cpu import use_cpu
@@ -286,16 +273,18 @@ class MegatronRank:
         mine = list(samples[self.dp_rank::self.layout.dp])
         groups = micro_batches(mine, self.config.micro_batch_tokens)
         batches = [collate(g, self.pad) for g in groups] or [self._blank()]
-        sums = torch.zeros(len(TALLIES), dtype=torch.float64)
+        # every TP rank of the last stage has the same loss: its tallies counted once
+        step = GRPOStep(self.config, self.temperature, self.device, self.reference, tallied=self.tp_rank == 0)
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad(set_to_none=True)
         get_forward_backward_func()(
-            forward_step_func=partial(self._forward, sums), data_iterator=iter(batches), model=[self.ddp],
+            forward_step_func=partial(self._forward, step), data_iterator=iter(batches), model=[self.ddp],
             num_microbatches=len(batches), seq_length=max(b.input_ids.shape[1] for b in batches),
             micro_batch_size=max(b.input_ids.shape[0] for b in batches), forward_only=False)
         for param in self.params:
             param.grad = param.main_grad
         applied = take_update(self.model, self.optimizer, self.config, index, clip=self._clip)
+        sums = step.sums
         dist.all_reduce(sums)
         padded = sum(b.input_ids.numel() for b in batches) if groups else 0
         return tuple(float(v) for v in sums), padded, applied
@@ -306,18 +295,18 @@ class MegatronRank:
         return collate([TrainingSample("blank", "blank", (self.pad, self.pad), (0, 0), (0.0, 0.0), 0.0, 0.0, 0)],
                        self.pad)
 
-    def _forward(self, sums: torch.Tensor, data_iterator, model):
+    def _forward(self, step: GRPOStep, data_iterator, model):
+        """Megatron's forward step: a micro-batch's output, and the loss function of it (last stage)."""
         batch = next(data_iterator)
         ids = batch.input_ids.to(self.device)
         positions, mask = positions_and_mask(ids, self.device)
-        return model(ids, positions, attention_mask=mask), partial(self._loss, sums, batch)
+        return model(ids, positions, attention_mask=mask), partial(self._loss, step, batch)
 
-    def _loss(self, sums: torch.Tensor, batch: MicroBatch, output: torch.Tensor):
-        terms = grpo_terms(output, self.reference, batch, self.arch, self.config, self.temperature, self.device)
-        mask = batch.mask.to(self.device)
-        if self.tp_rank == 0:  # every TP rank of the last stage has the same loss: counted once
-            sums += tallies(terms, batch, mask)
-        return (terms.per_token * mask).sum(), mask.sum().to(torch.int), {}
+    def _loss(self, step: GRPOStep, batch: MicroBatch, output: torch.Tensor):
+        """The micro-batch's summed loss and its policy-token count; megatron back-propagates it."""
+        logits = megatron_logits(output, self.arch, self.temperature)
+        loss, mask = step.loss(batch, logits, step.reference_logits(batch))
+        return loss, mask.sum().to(torch.int), {}
 
     def _clip(self, max_norm: float) -> float:
         """Clip to `max_norm` by the norm of the whole gradient: each element once over the TP shards

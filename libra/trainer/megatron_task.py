@@ -24,14 +24,14 @@ import torch
 from torch import nn
 
 from libra.errors import LibraError
-from libra.pools.task import Shard
+from libra.optim import make_optimizer
 from libra.trainer.layout import Layout
 from libra.trainer.megatron_convert import Sharding, to_hf
 from libra.trainer.megatron_rank import (
     gpt_model,
-    grpo_terms,
     hf_parameter_names,
     load_shard,
+    megatron_logits,
     moments_from_hf,
     moments_to_hf,
     positions_and_mask,
@@ -39,10 +39,9 @@ from libra.trainer.megatron_rank import (
     read_hf_weights,
     save_hf,
 )
-from libra.trainer.optim import make_optimizer
-from libra.trainer.pool_task import GRPOTask, _reference
-from libra.trainer.samples import collate, micro_batches
-from libra.trainer.trainer import TALLIES, tallies
+from libra.trainer.pool_task import GRPOTask
+from libra.trainer.samples import MicroBatch
+from libra.trainer.step import Forward
 
 ONE = Sharding(1, 1)
 
@@ -94,24 +93,19 @@ class MegatronGRPOTask(GRPOTask):
             optimizer.load_state_dict(moments_from_hf(state, arch, ONE, 0, 0, names, _hf_order(self.policy_dir), device))
         return model, optimizer
 
-    def accumulate(self, model: nn.Module, step: int, rows: range) -> Shard:
-        mine = self.samples(step)[rows.start:rows.stop]
-        device = next(model.parameters()).device
+    def pad(self, model: nn.Module) -> int:
+        return _architecture(self.policy_dir).pad_token
+
+    def forward(self, model: nn.Module, device: torch.device) -> Forward:
+        """The replica's forward pass: megatron's `GPTModel` with its positions and causal mask."""
         arch = _architecture(self.policy_dir)
-        reference = _reference(self.reference_dir or self.policy_dir, str(device)) if self.trainer.kl_coef > 0 else None
-        sums = torch.zeros(len(TALLIES), dtype=torch.float64)
-        padded = 0
-        for group in micro_batches(mine, self.trainer.micro_batch_tokens):
-            batch = collate(group, arch.pad_token)
+
+        def logits(batch: MicroBatch) -> torch.Tensor:
             ids = batch.input_ids.to(device)
             positions, causal = positions_and_mask(ids, device)
-            terms = grpo_terms(model(ids, positions, attention_mask=causal), reference, batch, arch, self.trainer,
-                               self.temperature, device)
-            mask = batch.mask.to(device)
-            (terms.per_token * mask).sum().backward()
-            sums += tallies(terms, batch, mask)
-            padded += batch.input_ids.numel()
-        return Shard(float(sum(s.policy_tokens for s in mine)), (*(float(v) for v in sums), float(padded)))
+            return megatron_logits(model(ids, positions, attention_mask=causal), arch, self.temperature)
+
+        return logits
 
     def save_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         """The weights converted to HF form and AdamW's state to the torch trainer's layout: a

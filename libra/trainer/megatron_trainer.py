@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import RolloutConfig, TrainerConfig
 from libra.errors import LibraError, RankLostError
 from libra.trainer.layout import Layout, rank_units
@@ -107,12 +107,14 @@ def _serve(rank: int, layout: Layout, port: int, conn, policy_dir: str, config: 
 class MegatronTrainer:
     def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig | None = None,
                  layout: Layout | None = None, device: str = "cpu", reference_dir: str | Path | None = None,
-                 threads: int | None = None, poll_s: float = 0.05, units: Sequence[int] = ()) -> None:
+                 threads: int | None = None, poll_s: float = 0.05, units: Sequence[int] = (),
+                 clock: Clock | None = None) -> None:
         """`policy_dir`: the HF weights to start from; `reference_dir`: the KL term's frozen reference
         (default `policy_dir`); `threads`: intra-op threads of each rank (default: this process's
         share, divided among the ranks); `units`: the trainer's workers' CPU cores or, on `cuda`, GPU
         indices, shared among the ranks (`rank_units`): a rank pinned to its run of cores with a
-        thread each, or on the first GPU of its run (empty: ranks unpinned, rank r on GPU r)."""
+        thread each, or on the first GPU of its run (empty: ranks unpinned, rank r on GPU r); `clock`:
+        what an update's and a move's seconds are read on (default: wall time)."""
         from libra.devices import torch_device
 
         self.config = trainer
@@ -122,6 +124,7 @@ class MegatronTrainer:
         self.device = torch_device(device)
         self.temperature = (rollout or RolloutConfig()).temperature
         self.poll_s = poll_s
+        self.clock = clock or WallClock()
         self.arch = read_architecture(policy_dir)  # a clear error before any process starts
         self.updates = 0
         self.units = tuple(units)
@@ -176,7 +179,7 @@ class MegatronTrainer:
         import tempfile
 
         self._check(layout, units)
-        began = time.perf_counter()
+        watch = Stopwatch(self.clock)
         with tempfile.TemporaryDirectory(prefix="libra-relayout-") as directory:
             self.save_weights(directory)
             state = self.optimizer_state()
@@ -191,17 +194,17 @@ class MegatronTrainer:
                 self.load_optimizer_state(state)
                 raise
         self.load_optimizer_state(state)
-        return time.perf_counter() - began
+        return watch.seconds()
 
     def place(self, units: Sequence[int]) -> float:
         """Run the ranks on `units` in the same layout: CPU ranks are pinned anew (`rank_units`, a
         thread per core); GPU ranks are restarted on the new GPUs (`relayout`). Seconds taken."""
         if self.device.type == "cuda":
             return self.relayout(self.layout, units)
-        began = time.perf_counter()
+        watch = Stopwatch(self.clock)
         self._call("pin", per_rank=self._check(self.layout, units))
         self.units = tuple(units)
-        return time.perf_counter() - began
+        return watch.seconds()
 
     # -- talking to the ranks --------------------------------------------------------------------
 
@@ -226,7 +229,7 @@ class MegatronTrainer:
     def _answers(self, timeout_s: float) -> Any:
         """Every rank's answer (rank 0's returned); a failed or dead rank stops them all."""
         answers: dict[int, Any] = {}
-        deadline = time.monotonic() + timeout_s
+        waited = Stopwatch()
         while len(answers) < len(self._conns):
             for rank, conn in enumerate(self._conns):
                 if rank in answers or not conn.poll(self.poll_s / len(self._conns)):
@@ -245,7 +248,7 @@ class MegatronTrainer:
             dead = [r for r, p in enumerate(self._ranks) if r not in answers and not p.is_alive()]
             if dead and not any(self._conns[r].poll() for r in dead):  # gone without a last word
                 raise self._lost(dead[0])
-            if time.monotonic() > deadline:
+            if waited.seconds() > timeout_s:
                 self.close()
                 raise LibraError(f"megatron trainer ranks {sorted(set(range(len(self._conns))) - answers.keys())} "
                                  f"did not answer within {timeout_s:.0f} s")
@@ -255,11 +258,11 @@ class MegatronTrainer:
 
     def train_step(self, samples: Sequence[TrainingSample]) -> UpdateStats:
         """One update on the step's samples, by every rank."""
-        began = time.perf_counter()
+        watch = Stopwatch(self.clock)
         sums, padded, applied = self._call("step", (list(samples), self.updates))
         self.updates += 1
         tokens = float(sum(s.policy_tokens for s in samples))
-        return update_stats(sums, tokens, len(samples), padded, applied, time.perf_counter() - began)
+        return update_stats(sums, tokens, len(samples), padded, applied, watch.seconds())
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's weights in HF names (gathered from the shards)."""
@@ -292,9 +295,9 @@ class MegatronTrainer:
                 conn.send(("stop", None))
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + 10.0
+        waited = Stopwatch()
         for process in self._ranks:
-            process.join(max(0.0, deadline - time.monotonic()))
+            process.join(max(0.0, 10.0 - waited.seconds()))
             if process.is_alive():
                 process.kill()
                 process.join(5.0)

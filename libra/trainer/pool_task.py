@@ -1,12 +1,12 @@
 """The GRPO update as the elastic pool's training task: hybrids train the policy beside the core
-ranks as extra data-parallel replicas, with the trainer's own loss (`trainer.token_losses`) and
-update (`trainer.take_update`).
+ranks as extra data-parallel replicas, with the trainer's own step (`step.GRPOStep`) and update
+(`trainer.take_update`).
 
 A step's samples reach every replica as one file, written by whoever scores the step's rollout
 (`write_step`): a JSON list of `TrainingSample` records under a temporary name, then renamed, so a
 replica never reads half a step. A replica that needs a step not written yet waits for it (up to
 `wait_s`). Each replica sums the per-token GRPO loss of its shard and reports its policy-token count
-with the loss's token sums (`trainer.TALLIES`); the pool divides the summed gradient by the step's
+with the loss's token sums (`step.TALLIES`); the pool divides the summed gradient by the step's
 total, which is the token mean the trainer takes over the whole step in one process.
 
 With a `publish_dir`, core rank 0 publishes the state after each update (`publish`): the weights in
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,20 +27,13 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from libra.clock import Stopwatch, WallClock, sleep
 from libra.config import TrainerConfig
+from libra.optim import make_optimizer
 from libra.pools.task import Reduced, Shard
-from libra.trainer.optim import make_optimizer
-from libra.trainer.samples import TrainingSample, collate, micro_batches
-from libra.trainer.trainer import (
-    TALLIES,
-    AppliedUpdate,
-    load_policy,
-    load_reference,
-    take_update,
-    tallies,
-    token_losses,
-    update_stats,
-)
+from libra.trainer.samples import MicroBatch, TrainingSample, micro_batches
+from libra.trainer.step import TALLIES, Forward, GRPOStep, hf_logits
+from libra.trainer.trainer import AppliedUpdate, load_policy, load_reference, take_update, update_stats
 
 PUBLISHED_KEPT = 2  # published updates kept: the newest, and the one a reader may still be copying
 
@@ -69,12 +61,12 @@ def _read(path: str) -> tuple[TrainingSample, ...]:
 def read_step(steps_dir: str | Path, step: int, wait_s: float = 0.0, poll_s: float = 0.05) -> tuple[TrainingSample, ...]:
     """Step `step`'s samples, waiting up to `wait_s` for them to be published."""
     path = step_path(steps_dir, step)
-    deadline = time.monotonic() + wait_s
+    waited = Stopwatch()
     while not path.exists():
-        if time.monotonic() >= deadline:
+        if waited.seconds() >= wait_s:
             raise FileNotFoundError(f"step {step}'s samples are not published ({path.name} in {steps_dir}) after "
                                     f"{wait_s:.0f} s; the rollout that produces them must call write_step")
-        time.sleep(poll_s)
+        sleep(WallClock(), poll_s)
     return _read(str(path))
 
 
@@ -125,17 +117,21 @@ class GRPOTask:
         mine = self.samples(step)[rows.start:rows.stop]
         device = next(model.parameters()).device
         reference = _reference(self.reference_dir or self.policy_dir, str(device)) if self.trainer.kl_coef > 0 else None
-        pad = int(getattr(model.config, "pad_token_id", None) or 0)
-        sums = torch.zeros(len(TALLIES), dtype=torch.float64)
-        padded = 0
-        for group in micro_batches(mine, self.trainer.micro_batch_tokens):
-            batch = collate(group, pad)
-            mask = batch.mask.to(device)
-            terms = token_losses(model, reference, batch, self.trainer, self.temperature, device)
-            (terms.per_token * mask).sum().backward()
-            sums += tallies(terms, batch, mask)
-            padded += batch.input_ids.numel()
-        return Shard(float(sum(s.policy_tokens for s in mine)), (*(float(v) for v in sums), float(padded)))
+        grpo = GRPOStep(self.trainer, self.temperature, device, reference)
+        grpo.run(micro_batches(mine, self.trainer.micro_batch_tokens), self.pad(model), self.forward(model, device))
+        return Shard(float(sum(s.policy_tokens for s in mine)), (*(float(v) for v in grpo.sums), float(grpo.padded)))
+
+    def pad(self, model: nn.Module) -> int:
+        """The token a micro-batch's shorter sequences are padded with."""
+        return int(getattr(model.config, "pad_token_id", None) or 0)
+
+    def forward(self, model: nn.Module, device: torch.device) -> Forward:
+        """The replica's forward pass: the HF model's temperature-scaled logits."""
+
+        def logits(batch: MicroBatch) -> torch.Tensor:
+            return hf_logits(model, batch, self.temperature, device)
+
+        return logits
 
     def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> AppliedUpdate:
         return take_update(model, optimizer, self.trainer, self.first_update + step)

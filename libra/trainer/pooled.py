@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from libra.clock import Clock, Stopwatch, WallClock, sleep
 from libra.config import PoolConfig, RolloutConfig, TrainerConfig
 from libra.errors import LibraError, RankLostError
 from libra.pools.pool import ElasticPool
@@ -61,11 +61,12 @@ class PooledTrainer:
     def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig, pool: PoolConfig,
                  work_dir: str | Path, *, hybrids: int, reference_dir: str | Path | None = None,
                  on_event: Callable[[PoolEvent], None] | None = None, poll_s: float = 0.02,
-                 site: Callable[[], PoolSite] | None = None) -> None:
+                 site: Callable[[], PoolSite] | None = None, clock: Clock | None = None) -> None:
         """`policy_dir`: the weights to start from; `work_dir`: the pool's files (emptied now);
         `hybrids`: hybrid workers launched (each may join training); `on_event`: told of every
         hybrid's transition (from the pool's monitor thread); `site`: where a pool's workers run,
-        asked at each pool's start (None: one core rank and the hybrids, local processes)."""
+        asked at each pool's start (None: one core rank and the hybrids, local processes); `clock`:
+        what an update's seconds and the pool's start are read on (default: wall time)."""
         if hybrids < 0:
             raise LibraError(f"a pooled trainer's hybrids must be >= 0, got {hybrids}")
         self.policy_dir = Path(policy_dir)
@@ -77,6 +78,7 @@ class PooledTrainer:
         self.hybrids = hybrids
         self.on_event = on_event
         self.poll_s = poll_s
+        self.clock = clock or WallClock()
         self.updates = 0  # updates applied: the version of the weights held
         self.first = 0  # the update the pool started from
         self.pool: ElasticPool | None = None
@@ -162,7 +164,7 @@ class PooledTrainer:
         pool.start(wait_for_hybrids_s=s.join_timeout_s)
         pool.set_desired(self._desired)
         while pool.progress < 0 and pool.running:  # the core rank's start (loading the policy) is not an update's
-            time.sleep(self.poll_s)
+            sleep(WallClock(), self.poll_s)
         return pool
 
     # -- the trainer's interface -----------------------------------------------------------------
@@ -170,19 +172,19 @@ class PooledTrainer:
     def train_step(self, samples: Sequence[TrainingSample]) -> UpdateStats:
         """One update on the step's samples, by the core rank and the hybrids active for it."""
         if self.pool is None:  # its processes' start is not the update's time (`start_s` keeps it)
-            began = time.perf_counter()
+            starting = Stopwatch(self.clock)
             self.pool = self._start()
-            self.start_s = time.perf_counter() - began
-        began = time.perf_counter()
+            self.start_s = starting.seconds()
+        watch = Stopwatch(self.clock)
         write_step(self._steps, self.updates - self.first, list(samples))
         published = published_path(self.work_dir / "published", self.updates + 1)
         while not published.is_dir():
             if not all(rank.is_alive() for rank in self.pool.core) and not published.is_dir():
                 self._rank_stopped()  # one rank gone (before it published): the others wait in vain
-            time.sleep(self.poll_s)
+            sleep(WallClock(), self.poll_s)
         record = json.loads((published / "update.json").read_text())
         self.updates += 1
-        return UpdateStats(**(record["stats"] | {"seconds": time.perf_counter() - began}))
+        return UpdateStats(**(record["stats"] | {"seconds": watch.seconds()}))
 
     def _rank_stopped(self) -> None:
         """A core rank stopped mid-update: RankLostError if a rank was killed (its process, or its
@@ -191,12 +193,12 @@ class PooledTrainer:
         only after missed health checks: so the ranks get the core's collective timeout to settle
         (every rank stopped, or one killed) before a failure is taken for an error of its own."""
         core = self.pool.core
-        deadline = time.monotonic() + 4 * self.settings.group_timeout_s
+        waited = Stopwatch()
         while True:
             killed = [r for r, rank in enumerate(core) if not rank.is_alive() and (rank.exitcode or 0) < 0]
-            if killed or not any(rank.is_alive() for rank in core) or time.monotonic() > deadline:
+            if killed or not any(rank.is_alive() for rank in core) or waited.seconds() > 4 * self.settings.group_timeout_s:
                 break
-            time.sleep(self.poll_s)
+            sleep(WallClock(), self.poll_s)
         errors = self.pool.monitor.errors + [e for rank in core if (e := getattr(rank, "error", ""))]
         detail = errors[-1].strip().splitlines()[-1] if errors else "no error reported"
         message = f"the training pool's core rank stopped before update {self.updates + 1}: {detail}"

@@ -9,19 +9,20 @@ Within a rank, micro-batches of at most `micro_batch_tokens` padded tokens accum
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import RolloutConfig, TrainerConfig
-from libra.trainer.grpo import clipped_surrogate, kl_k3, token_entropy, token_logprobs, token_mean
-from libra.trainer.optim import learning_rate, make_optimizer, set_learning_rate
-from libra.trainer.samples import MicroBatch, TrainingSample, collate, micro_batches
+from libra.optim import learning_rate, make_optimizer, set_learning_rate
+from libra.trainer.grpo import token_logprobs
+from libra.trainer.samples import MicroBatch, TrainingSample, micro_batches
+from libra.trainer.step import GRPOStep, hf_logits
 
 
 @dataclass(frozen=True)
@@ -67,62 +68,6 @@ def load_reference(policy_dir: str | Path, device: torch.device) -> torch.nn.Mod
 
 
 @dataclass(frozen=True)
-class TokenLosses:
-    """One micro-batch's GRPO terms at each target position ([B, T-1])."""
-
-    per_token: torch.Tensor  # clipped surrogate + kl_coef * k3 KL: the loss before the token mean
-    kl: torch.Tensor  # zeros without a reference
-    logits: torch.Tensor  # temperature-scaled
-    logprobs: torch.Tensor  # the trainer's log p of each target
-    clipped: torch.Tensor  # 1 where the clipped term was taken
-
-
-def hf_logits(module: torch.nn.Module, batch: MicroBatch, temperature: float, device: torch.device) -> torch.Tensor:
-    logits = module(input_ids=batch.input_ids.to(device), attention_mask=batch.attention.to(device)).logits
-    return logits[:, :-1] / temperature
-
-
-def token_losses(module: torch.nn.Module, reference: torch.nn.Module | None, batch: MicroBatch,
-                 config: TrainerConfig, temperature: float, device: torch.device) -> TokenLosses:
-    """The loss terms of one micro-batch from an HF-style model (and reference): used by the trainer
-    and by the elastic pool's training task."""
-    reference_logits = None
-    if reference is not None:
-        with torch.no_grad():
-            reference_logits = hf_logits(reference, batch, temperature, device)
-    return losses_from_logits(hf_logits(module, batch, temperature, device), reference_logits, batch, config, device)
-
-
-def losses_from_logits(logits: torch.Tensor, reference_logits: torch.Tensor | None, batch: MicroBatch,
-                       config: TrainerConfig, device: torch.device) -> TokenLosses:
-    """The one definition of GRPO's loss, from a micro-batch's temperature-scaled logits at each
-    target position ([B, T-1, V]) and the reference's (None: no KL term). Every backend (torch,
-    megatron, the pool's task) computes its loss here."""
-    targets = batch.targets.to(device)
-    logprobs = token_logprobs(logits, targets)
-    surrogate = clipped_surrogate(logprobs, batch.behaviour.to(device), batch.advantages.to(device),
-                                  config.clip_low, config.clip_high)
-    per_token, kl = surrogate.loss, torch.zeros_like(surrogate.loss)
-    if reference_logits is not None:
-        kl = kl_k3(logprobs, token_logprobs(reference_logits, targets))
-        per_token = per_token + config.kl_coef * kl
-    return TokenLosses(per_token, kl, logits, logprobs, surrogate.clipped)
-
-
-TALLIES = ("loss", "kl", "entropy", "clipped", "logprob_gap")  # token sums an update reports (`tallies`)
-
-
-@torch.no_grad()
-def tallies(terms: TokenLosses, batch: MicroBatch, mask: torch.Tensor) -> torch.Tensor:
-    """A micro-batch's sums over its policy tokens (`TALLIES`, float64 on the CPU): the loss, the KL,
-    the entropy, the tokens whose clipped term was taken, |trainer log p - engine log p|."""
-    m = mask.double()
-    return torch.stack([(terms.per_token.double() * m).sum(), (terms.kl.double() * m).sum(),
-                        (token_entropy(terms.logits.detach()).double() * m).sum(), (terms.clipped.double() * m).sum(),
-                        ((terms.logprobs.detach() - batch.behaviour.to(mask.device)).abs().double() * m).sum()]).cpu()
-
-
-@dataclass(frozen=True)
 class AppliedUpdate:
     lr: float
     grad_norm: float  # before clipping
@@ -157,14 +102,16 @@ def update_stats(sums: tuple[float, ...], tokens: float, sequences: int, padded:
 
 class PolicyTrainer:
     def __init__(self, policy_dir: str | Path, trainer: TrainerConfig, rollout: RolloutConfig | None = None,
-                 device: str = "cpu", reference_dir: str | Path | None = None) -> None:
+                 device: str = "cpu", reference_dir: str | Path | None = None, clock: Clock | None = None) -> None:
         """`policy_dir`: the weights to start from (the initial policy, or a checkpoint's);
-        `reference_dir`: the frozen reference of the KL term (default `policy_dir`)."""
+        `reference_dir`: the frozen reference of the KL term (default `policy_dir`); `clock`: what
+        an update's seconds are read on (default: wall time)."""
         from libra.devices import torch_device
 
         self.config = trainer
         self.temperature = (rollout or RolloutConfig()).temperature
         self.device = torch_device(device)
+        self.clock = clock or WallClock()
         torch.manual_seed(trainer.seed)
         self.model = load_policy(policy_dir, self.device)
         self.reference = load_reference(reference_dir or policy_dir, self.device) if trainer.kl_coef > 0 else None
@@ -180,36 +127,36 @@ class PolicyTrainer:
 
     def train_step(self, samples: Sequence[TrainingSample]) -> UpdateStats:
         """One update on the step's samples (every rank passes the same list)."""
-        began = time.perf_counter()
+        watch = Stopwatch(self.clock)
         cfg = self.config
         mine = list(samples[self.rank::self.world])
         totals = torch.tensor([float(sum(s.policy_tokens for s in samples))], dtype=torch.float64)
         step_tokens = float(totals.item())
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(len(TALLIES), dtype=torch.float64)
-        padded = 0
+        # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
+        step = GRPOStep(cfg, self.temperature, self.device, self.reference, tokens=step_tokens, replicas=self.world)
         groups = micro_batches(mine, cfg.micro_batch_tokens)
-        for i, group in enumerate(groups):
-            batch = collate(group, self.pad)
-            mask = batch.mask.to(self.device)
-            padded += batch.input_ids.numel()
-            sync = self.world == 1 or i == len(groups) - 1
-            context = self.module.no_sync() if not sync and hasattr(self.module, "no_sync") else nullcontext()
-            with context:
-                terms = token_losses(self.module, self.reference, batch, cfg, self.temperature, self.device)
-                # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
-                loss = token_mean(terms.per_token, mask, step_tokens) * self.world
-                loss.backward()
-            sums += tallies(terms, batch, mask)
+        step.run(groups, self.pad, self._logits, self._sync)
         if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
             blank = torch.full((1, 2), self.pad, dtype=torch.int64, device=self.device)
             (self.module(input_ids=blank).logits.sum() * 0.0).backward()
+        sums = step.sums
         if self.world > 1:
             dist.all_reduce(sums)
         applied = take_update(self.model, self.optimizer, cfg, self.updates)
         self.updates += 1
-        return update_stats(tuple(float(v) for v in sums), step_tokens, len(samples), padded, applied,
-                            time.perf_counter() - began)
+        return update_stats(tuple(float(v) for v in sums), step_tokens, len(samples), step.padded, applied,
+                            watch.seconds())
+
+    def _logits(self, batch: MicroBatch) -> torch.Tensor:
+        """The policy's forward pass (through DDP when data parallel)."""
+        return hf_logits(self.module, batch, self.temperature, self.device)
+
+    def _sync(self, last: bool) -> AbstractContextManager[object]:
+        """DDP reduces the gradients once, after the step's last micro-batch."""
+        if self.world == 1 or last or not hasattr(self.module, "no_sync"):
+            return nullcontext()
+        return self.module.no_sync()
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: Sequence[int], temperature: float = 1.0) -> list[float]:

@@ -10,8 +10,6 @@ from libra.clock import Deadline, SimClock, Stopwatch, sleep
 
 LIBRA = Path(__file__).resolve().parents[2] / "libra"
 READS = {"time", "monotonic", "perf_counter", "sleep"}
-# libra/trainer is being moved onto the clock separately; it joins this check once it is
-NOT_YET = ("trainer",)
 
 
 def _time_reads(path: Path) -> list[str]:
@@ -27,8 +25,7 @@ def _time_reads(path: Path) -> list[str]:
 
 
 def test_nothing_in_libra_but_the_clocks_reads_time():
-    files = [p for p in LIBRA.rglob("*.py")
-             if p != LIBRA / "clock.py" and p.relative_to(LIBRA).parts[0] not in NOT_YET]
+    files = [p for p in LIBRA.rglob("*.py") if p != LIBRA / "clock.py"]
     assert len(files) > 50
     reads = {str(p.relative_to(LIBRA.parent)): r for p in files if (r := _time_reads(p))}
     assert not reads, f"read time through a `libra.clock` clock instead: {reads}"
