@@ -19,6 +19,9 @@ not from checks inside the interpreter. What a call's code gets:
   namespace's init exits when the code's interpreter does, and the kernel kills the rest); it cannot
   see or signal any process outside;
 - its own network namespace (only a loopback of its own), IPC and UTS namespaces;
+- a system-call filter (`libra.rollout.seccomp`, compiled by libseccomp) that refuses what container
+  runtimes' default profiles refuse (keyrings, io_uring, bpf, userfaultfd, ptrace, mounts, modules,
+  ...), and a fresh session keyring of its own: no key of the host's or of another call's is reached;
 - limits that bind, set before the code runs and not raisable by it: CPU seconds, address space per
   process, process count (per call: its user namespace counts them), file size (which also caps
   what it writes to its output), no core dumps; wall time (the call's namespaces are torn down);
@@ -65,12 +68,13 @@ from libra.clock import Clock, Deadline, Stopwatch, WallClock, sleep
 from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.rollout.sandbox_server import INSIDE, ROOTS, SERVE, TOOL_RUNNER, Server, ServerStopped
+from libra.rollout.seccomp import filter_program
 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         "HOME": INSIDE, "PWD": INSIDE, "TMPDIR": "/tmp"}
 
 # A bwrap per call runs this: the tool's code comes on stdin.
-_PRELUDE = TOOL_RUNNER + "sys.exit(run_tool(0, %(limits)r))\n"
+_PRELUDE = TOOL_RUNNER + "sys.exit(run_tool(0, %(limits)r, bytes.fromhex(%(program)r)))\n"
 
 
 
@@ -130,12 +134,14 @@ class Launcher:
                    "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--bind", str(root), ROOTS,
                    "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
         script = f"ROOTS, INSIDE = {ROOTS!r}, {INSIDE!r}\n" + SERVE
-        return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV)]
+        return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV),
+                                 filter_program().hex()]
 
     def argv(self, limits: SandboxLimits, workdir: Path, info_fd: int | None = None) -> list[str]:
         """The command that runs the prelude (which reads the tool's code from stdin); bwrap writes
         its init's pid to `info_fd`."""
-        python = [self.python, "-I", "-S", "-B", "-c", _PRELUDE % {"limits": _rlimits(limits)}]
+        python = [self.python, "-I", "-S", "-B", "-c",
+                  _PRELUDE % {"limits": _rlimits(limits), "program": filter_program().hex()}]
         if self.isolation == "none":
             return python
         assert self.bwrap is not None

@@ -33,8 +33,21 @@ ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hi
 # unprivileged process cannot raise them again), runs the code in a namespace of its own and
 # returns its exit status; a traceback starts at the tool's own code.
 TOOL_RUNNER = r'''
-import os, sys, resource, traceback
-def run_tool(source_fd, limits):
+import ctypes, os, sys, resource, traceback
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+def confine(program):
+    """A session keyring of its own, then no_new_privs and the system-call filter (for good)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(250, 1, None, 0, 0, 0) < 0 and ctypes.get_errno() not in (38, 95):  # keyctl JOIN_SESSION_KEYRING
+        raise OSError(ctypes.get_errno(), "a fresh session keyring: " + os.strerror(ctypes.get_errno()))
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "no_new_privs: " + os.strerror(ctypes.get_errno()))
+    code = ctypes.create_string_buffer(program, len(program))
+    if libc.prctl(22, 2, ctypes.byref(_Fprog(len(program) // 8, ctypes.cast(code, ctypes.c_void_p))), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "the system-call filter: " + os.strerror(ctypes.get_errno()))
+def run_tool(source_fd, limits, program):
     with open(source_fd, "rb") as source:
         text = source.read()
     null = os.open("/dev/null", os.O_RDONLY)
@@ -43,6 +56,7 @@ def run_tool(source_fd, limits):
         os.close(null)
     for name, value in limits:
         resource.setrlimit(getattr(resource, name), value)
+    confine(program)
     try:
         exec(compile(text, "<tool>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
     except SystemExit as exc:
@@ -73,6 +87,7 @@ INIT = []  # in a call's first child: its init, once forked
 with open("/proc/sys/kernel/cap_last_cap") as f:
     LAST_CAP = int(f.read())
 ENV = json.loads(sys.argv[2])
+PROGRAM = bytes.fromhex(sys.argv[3])  # the system-call filter every call's code runs under
 
 class CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
@@ -189,7 +204,7 @@ def run_code(request):  # W: the tool's code, without capabilities, under the li
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        code = run_tool(3, request["limits"])  # the code comes from the caller, never through the server
+        code = run_tool(3, request["limits"], PROGRAM)  # the code comes from the caller, never through the server
     except BaseException:
         traceback.print_exc()
     finally:

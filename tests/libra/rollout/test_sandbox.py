@@ -184,7 +184,7 @@ def test_processes_outside_cannot_be_seen_signalled_or_traced(episode, host):
         output, status = episode.call("python", code)
         assert sleeper.poll() is None  # alive, and so is this test
         assert f"none {sleeper.pid}" in output or f"killed {sleeper.pid}" not in output
-        assert "ptrace -1 3" in output  # ESRCH: no such process in its namespace
+        assert "ptrace -1 1" in output  # EPERM: the system-call filter refuses ptrace (the PID namespace hides the process too)
         assert int(output.splitlines()[0]) <= 3  # its own processes only (bwrap's init, itself)
         assert episode.call("python", "print(6 * 7)") == ("42", "ok")
     finally:
@@ -231,6 +231,47 @@ def test_no_mounts_namespaces_or_kernel_interfaces(episode, host):
     mount, userns, mountns, setuid, chroot = output.splitlines()
     assert mount.startswith("-1 ") and userns.startswith("-1 ") and mountns.startswith("-1 ")
     assert setuid.startswith("-1 ") and chroot.startswith("-1 ")
+
+
+KEYRING = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+           "def show(r):\n    print(r, ctypes.get_errno() if r < 0 else 0)\n"
+           # keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0): the session keyring's id
+           "show(libc.syscall(250, 0, -3, 0, 0, 0))\n"
+           # add_key("user", "planted", "secret", 6, KEY_SPEC_SESSION_KEYRING)
+           "show(libc.syscall(248, b'user', b'planted', b'secret', 6, -3))\n"
+           # request_key("user", "planted", NULL, 0)
+           "show(libc.syscall(249, b'user', b'planted', None, 0))\n")
+
+
+def test_the_kernel_keyring_can_be_neither_read_nor_planted_and_no_key_reaches_the_next_call(episode, host):
+    first, status = attack(episode, host, KEYRING)
+    assert status == "ok" and first.splitlines() == ["-1 1", "-1 1", "-1 1"]  # EPERM, all three
+    again, _ = attack(episode, host, KEYRING)
+    assert again == first
+    # and the host's own session keyring holds no key of a tool's
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    assert libc.syscall(249, b"user", b"planted", None, 0) < 0
+
+
+def test_io_uring_bpf_userfaultfd_and_ptrace_are_refused(episode, host):
+    code = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+            "params = ctypes.create_string_buffer(120)\n"
+            "for args in ((425, 8, params), (321, 0, None, 0), (323, 0), (101, 16, 1, 0, 0)):\n"
+            "    print(libc.syscall(*args), ctypes.get_errno())\n")
+    output, status = attack(episode, host, code)
+    assert output.splitlines() == ["-1 1"] * 4  # io_uring_setup, bpf, userfaultfd, ptrace(ATTACH): EPERM
+
+
+def test_the_filter_is_libseccomps_and_checks_the_architecture_first():
+    from libra.rollout.seccomp import DENIED, filter_program
+
+    program = filter_program()
+    assert len(program) % 8 == 0 and len(program) // 8 > len(DENIED) // 2
+    # the first instruction loads seccomp_data.arch (offset 4): a call of another ABI never reaches the rules
+    code, _, _, k = program[0:2], program[2], program[3], int.from_bytes(program[4:8], "little")
+    assert int.from_bytes(code, "little") == 0x20 and k == 4  # BPF_LD | BPF_W | BPF_ABS, offset 4
 
 
 # -- network -------------------------------------------------------------------------------------

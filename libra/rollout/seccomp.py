@@ -1,0 +1,89 @@
+"""The system-call filter every tool call runs under: the kernel refuses (EPERM) the calls that
+container runtimes' default profiles refuse, and a few more that reach state outside the call.
+
+The program is compiled once per process by libseccomp (the library container runtimes use;
+`libseccomp.so.2`, which Linux distributions ship), not written by hand: it checks the
+architecture first (a call from another ABI, x32 or 32-bit x86 included, kills the process), then
+refuses the listed calls and allows the rest. The tool runner loads it into the call's own process
+right before the code runs (`prctl(PR_SET_SECCOMP)`, after `no_new_privs`), in both sandbox modes,
+and every process the code starts inherits it; nothing can remove a filter once loaded.
+
+What the list covers, by what it would reach:
+- kernel keyrings (`keyctl`, `add_key`, `request_key`): the keyring of the process that launched
+  the sandbox, and keys another call (another trajectory) planted; every call also gets a fresh
+  session keyring of its own before the filter loads;
+- kernel attack surface with a history of escapes: io_uring, bpf, userfaultfd, perf events;
+- other processes' memory and the host's mounts: ptrace, process_vm_*, kcmp, mount and the new mount
+  API, pivot_root, unshare and setns (namespaces are the sandbox's to make, never the code's);
+- the machine itself: kernel modules, kexec, reboot, swap, clocks, accounting, quotas, syslog,
+  raw I/O ports, file handles (open_by_handle_at reads files by inode, past the mount namespace).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import tempfile
+from functools import lru_cache
+
+from libra.errors import LibraError
+
+DENIED = (
+    # kernel keyrings
+    "keyctl", "add_key", "request_key",
+    # io_uring, eBPF, userfaultfd, performance events
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "userfaultfd", "perf_event_open",
+    # other processes, mounts and namespaces
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount",
+    "fspick", "mount_setattr", "unshare", "setns",
+    # the machine
+    "init_module", "finit_module", "delete_module", "create_module", "get_kernel_syms", "query_module",
+    "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd",
+    "syslog", "settimeofday", "clock_settime", "clock_adjtime", "iopl", "ioperm", "vhangup",
+    "lookup_dcookie", "open_by_handle_at", "name_to_handle_at", "nfsservctl", "uselib", "ustat", "sysfs",
+    "_sysctl", "fanotify_init",
+)
+
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_ACT_ERRNO = 0x00050000
+
+
+class SeccompUnavailable(LibraError):
+    """libseccomp cannot be loaded or cannot compile the filter (the message says what to do)."""
+
+
+@lru_cache(maxsize=1)
+def filter_program() -> bytes:
+    """The filter as a classic BPF program (8 bytes an instruction), for `prctl(PR_SET_SECCOMP)`."""
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    except OSError:
+        raise SeccompUnavailable("tool calls run under a system-call filter compiled by libseccomp, which is not "
+                                 "installed; install it (Debian/Ubuntu: apt-get install libseccomp2)") from None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    context = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not context:
+        raise SeccompUnavailable("libseccomp could not start a filter (seccomp_init failed)")
+    try:
+        for name in DENIED:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:  # not a call of this architecture (32-bit only, or removed from the kernel)
+                continue
+            if lib.seccomp_rule_add(context, SCMP_ACT_ERRNO | errno.EPERM, number, 0) != 0:
+                raise SeccompUnavailable(f"libseccomp refused the rule for {name}")
+        with tempfile.TemporaryFile() as out:
+            if lib.seccomp_export_bpf(context, out.fileno()) != 0:
+                raise SeccompUnavailable("libseccomp could not export the filter")
+            out.seek(0)
+            program = out.read()
+    finally:
+        lib.seccomp_release(context)
+    if not program or len(program) % 8:
+        raise SeccompUnavailable(f"libseccomp exported {len(program)} bytes, not a BPF program")
+    return program
