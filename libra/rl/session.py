@@ -17,7 +17,6 @@ in `libra.rl.schedule`; what an iteration produced is in `libra.rl.records`; whi
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, TextIO
 from libra.clock import Clock, WallClock
 from libra.config import LibraConfig
 from libra.errors import HostLostError, LibraError, RankLostError
+from libra.files import discard_tree
 from libra.pools.states import PoolEvent
 from libra.rl.batches import EVALUATION, Batches, Rolled
 from libra.rl.cluster import LocalCluster, Placement, initial_placement
@@ -168,7 +168,7 @@ class TrainingSession:
                              temperature=spec.temperature, seed=spec.seed, workroot=workroot, tool_threads=r.tool_threads,
                              model_version=self.engine_version, score=False)
         except BaseException:
-            shutil.rmtree(workroot, ignore_errors=True)
+            discard_tree(workroot)
             raise
         seconds = self.clock.now() - began
         decode = tuple(EngineTiming(engine.size, timing) for engine in self.engines for timing in engine.timer.drain())
@@ -184,7 +184,7 @@ class TrainingSession:
         try:
             score_rewards(rolled.result.trajectories)
         finally:
-            shutil.rmtree(rolled.workroot, ignore_errors=True)
+            discard_tree(rolled.workroot)
         runs = rolled.result.trajectories
         stats = RolloutStats.of(rolled.result, self.engine_version)
         batch = Batch(step, tuple(to_samples(runs, self.config.trainer.normalize_std)), tuple(rolled.result.records()), stats,
@@ -278,7 +278,7 @@ class TrainingSession:
 
     def close(self) -> None:
         for rolled in self.batches.discard():
-            shutil.rmtree(rolled.workroot, ignore_errors=True)
+            discard_tree(rolled.workroot)
         for engine in self.engines:
             engine.close()
         self.engines = []

@@ -15,7 +15,6 @@ bucket, latencies and model version; at the end the router learns from the finis
 from __future__ import annotations
 
 import queue
-import shutil
 import threading
 import zlib
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libra.clock import Clock, Stopwatch, WallClock
+from libra.files import discard_tree
 from libra.rollout.engines import Engine
 from libra.rollout.envs import Env, Task, prompt
 from libra.rollout.protocol import STOPS, observation, parse
@@ -155,7 +155,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             score_rewards(runs.values())
     finally:
         if not workroot:
-            shutil.rmtree(root, ignore_errors=True)
+            discard_tree(root)
     return finish(runs, router, batch.seconds(), busy, steps, prefill)
 
 

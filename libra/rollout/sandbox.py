@@ -67,6 +67,7 @@ from pathlib import Path
 from libra.clock import Clock, Deadline, Stopwatch, WallClock, sleep
 from libra.config import SandboxConfig
 from libra.errors import LibraError
+from libra.files import discard_tree
 from libra.rollout.sandbox_server import INSIDE, ROOTS, SERVE, TOOL_RUNNER, Server, ServerStopped
 from libra.rollout.seccomp import filter_program
 
@@ -342,20 +343,46 @@ def _give(workdir: Path, uid: int) -> None:
 
 
 _BASE: tuple[int, Path] | None = None  # (the process that made it, the directory)
+BASE_PREFIX = "libra-sandbox-"  # then the making process's pid and a dash
 _BASE_LOCK = threading.Lock()
 
 
 def workroot_base() -> Path:
     """The directory under which this process makes working directories (mode 711, removed when
-    the process exits): the sandbox server sees it whole, and shows each call only its own."""
+    the process exits): the sandbox server sees it whole, and shows each call only its own. Its name
+    carries the process's pid, so the first one a process makes removes those of processes that
+    died without removing theirs (a training killed with SIGKILL)."""
     global _BASE
     with _BASE_LOCK:
         if _BASE is None or _BASE[0] != os.getpid():
-            base = Path(tempfile.mkdtemp(prefix="libra-sandbox-")).resolve()
+            remove_orphaned_bases(Path(tempfile.gettempdir()))
+            base = Path(tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-")).resolve()
             os.chmod(base, 0o711)
-            atexit.register(shutil.rmtree, base, True)
+            atexit.register(discard_tree, base)
             _BASE = (os.getpid(), base)
         return _BASE[1]
+
+
+def remove_orphaned_bases(directory: Path) -> list[Path]:
+    """Remove the working-directory bases in `directory` whose process is gone; those removed."""
+    removed = []
+    for base in directory.glob(f"{BASE_PREFIX}*-*"):
+        pid = base.name[len(BASE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or not base.is_dir() or base.is_symlink():
+            continue
+        discard_tree(base)
+        removed.append(base)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 @contextmanager
@@ -365,7 +392,7 @@ def temporary_workroot(prefix: str = "libra-work-") -> Iterator[Path]:
     try:
         yield root
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        discard_tree(root)
 
 
 def make_workroot(prefix: str = "libra-work-") -> Path:

@@ -274,6 +274,30 @@ def test_the_filter_is_libseccomps_and_checks_the_architecture_first():
     assert int.from_bytes(code, "little") == 0x20 and k == 4  # BPF_LD | BPF_W | BPF_ABS, offset 4
 
 
+def test_what_a_tool_leaves_cannot_break_the_hosts_cleanup(tmp_path, config):
+    from libra.files import remove_tree
+
+    episode = open_episode("math", config, tmp_path / "work")
+    code = ("import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')\n"
+            "os.mkfifo('fifo')\nos.chdir('/workspace')\nos.mkdir('locked'); open('locked/f', 'w').write('x')\n"
+            "os.chmod('locked/f', 0); os.chmod('locked', 0)\nos.chmod('.', 0o500)\nprint('built')")
+    assert episode.call("python", code) == ("built", "ok")
+    remove_tree(tmp_path / "work")
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_killed_runs_working_directories_go_when_the_next_process_makes_its_own(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = tmp_path / f"{sandbox.BASE_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{sandbox.BASE_PREFIX}{os.getpid()}-def"
+    for base in (orphan, live):
+        (base / "libra-train-x" / "t0").mkdir(parents=True)
+        os.chmod(base / "libra-train-x", 0o500)
+    assert sandbox.remove_orphaned_bases(tmp_path) == [orphan]
+    assert not orphan.exists() and live.is_dir()
+
+
 # -- network -------------------------------------------------------------------------------------
 
 def test_the_network_is_unreachable(episode, host):
