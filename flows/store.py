@@ -35,7 +35,7 @@ def open_catalog(store: StoreConfig, run: str | None) -> Catalog:
     for a run the store does not hold. Use it as a context manager."""
     from storage.catalog import Catalog
 
-    return Catalog(store.root, run, threads=store.duckdb_threads)
+    return Catalog(store.root, run, threads=store.duckdb_threads, timeout_s=store.query_timeout_s)
 
 
 def query(catalog: Catalog, sql: str | None = None, named: str | None = None,

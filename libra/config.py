@@ -33,6 +33,8 @@ class StoreConfig(_Section):
     )
     fsync: bool = Field(True, description="fsync each shard before it becomes visible (durability on power loss)")
     duckdb_threads: int = Field(2, ge=1, le=256, description="threads DuckDB may use for queries")
+    query_timeout_s: float = Field(30.0, gt=0, le=86_400, description="`libra query` stops a statement that "
+                                   "runs longer (DuckDB is interrupted)")
 
 
 class TracesConfig(_Section):

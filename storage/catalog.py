@@ -13,7 +13,9 @@ A `Catalog` exposes one view per table over one run's (or every run's) shards, a
   attach databases, install or load extensions, or turn any of that back on.
 - Only reading statements run: `query` asks DuckDB's parser for the statement's type and refuses
   everything but one SELECT (WITH, FROM-first, VALUES, DESCRIBE, SHOW and SUMMARIZE are SELECTs to
-  DuckDB) or an EXPLAIN of one, with a one-line `QueryRefused`.
+  DuckDB) or an EXPLAIN of one, with a one-line `QueryRefused`: an allow-list, so statement types
+  DuckDB adds later are refused too.
+- A query may run for `timeout_s` at most: then DuckDB is interrupted and `QueryTimeout` says so.
 - Each query reads the runs as last committed: when a commit has changed a manifest since the
   views were defined, the catalog defines them again on a fresh connection first (and retries a
   query whose files a concurrent commit removed mid-query).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -40,6 +43,10 @@ _RETRIES = 3
 
 class QueryRefused(LibraError):
     """A statement that would change state, or more than one statement."""
+
+
+class QueryTimeout(LibraError):
+    """A query that ran past the catalog's time limit (DuckDB was interrupted)."""
 
 
 def list_runs(root: str | Path) -> list[str]:
@@ -67,31 +74,43 @@ def check_read_only(sql: str) -> None:
     if len(statements) != 1:
         raise QueryRefused(f"query refused: give exactly one SQL statement, got {len(statements)}")
     statement = statements[0]
-    if statement.type == duckdb.StatementType.EXPLAIN:
+    kind = _kind(statement)
+    if kind == duckdb.StatementType.EXPLAIN:
         match = _EXPLAIN.match(statement.query)
         try:
             inner = duckdb.extract_statements(statement.query[match.end():]) if match else []
         except duckdb.Error:
             inner = []
-        if len(inner) == 1 and inner[0].type == duckdb.StatementType.SELECT:
+        if len(inner) == 1 and _kind(inner[0]) == duckdb.StatementType.SELECT:
             return
         raise QueryRefused("query refused: EXPLAIN is allowed of a SELECT only; the store is read-only here")
-    if statement.type != duckdb.StatementType.SELECT:
+    if kind != duckdb.StatementType.SELECT:
         word = re.match(r"\s*([A-Za-z]+)", statement.query)
-        kind = word.group(1).upper() if word else statement.type.name
+        label = word.group(1).upper() if word else kind.name if kind is not None else "UNKNOWN"
         raise QueryRefused(
-            f"query refused: {kind} statements are not allowed; the store is read-only here "
+            f"query refused: {label} statements are not allowed; the store is read-only here "
             "(run a SELECT, or EXPLAIN SELECT)"
         )
+
+
+def _kind(statement: duckdb.Statement) -> duckdb.StatementType | None:
+    """The statement's type, or None for a type this DuckDB's Python module cannot name (statements
+    newer than its enum, such as UPDATE EXTENSIONS): only the types named as reads are allowed."""
+    try:
+        return statement.type
+    except ValueError:
+        return None
 
 
 class Catalog:
     """Read-only SQL over a store. `run=None` exposes every run (the `run` column tells them apart)."""
 
-    def __init__(self, root: str | Path, run: str | None = None, *, threads: int = 2) -> None:
+    def __init__(self, root: str | Path, run: str | None = None, *, threads: int = 2,
+                 timeout_s: float | None = None) -> None:
         self.root = Path(root)
         self.run = run
         self.threads = threads
+        self.timeout_s = timeout_s  # a query's time limit (None: none; the project's own queries)
         if run is not None:
             check_run_name(run)
         self._signature: tuple | None = None
@@ -146,11 +165,17 @@ class Catalog:
         for attempt in range(_RETRIES):
             if manifests_signature(self.root, self.run) != self._signature:
                 self._open()
+            timer = threading.Timer(self.timeout_s, self.con.interrupt) if self.timeout_s else None
             try:
+                if timer is not None:
+                    timer.start()
                 relation = self.con.sql(sql, params=params)
                 if relation is None:  # a statement with no result set
                     return pa.table({})
                 return relation.to_arrow_table()
+            except duckdb.InterruptException:
+                raise QueryTimeout(f"query stopped after {self.timeout_s:g} s (store.query_timeout_s): narrow it (a "
+                                   "WHERE on step, a LIMIT) or raise the limit") from None
             except (duckdb.IOException, duckdb.PermissionException) as exc:
                 # a commit removed files this query was about to read (DuckDB then looks for a
                 # directory of that name, which the locked configuration refuses): read the new manifests
@@ -159,6 +184,9 @@ class Catalog:
                 raise LibraError(f"query failed: {_first_line(exc)}") from None
             except duckdb.Error as exc:
                 raise LibraError(f"query failed: {_first_line(exc)}") from None
+            finally:
+                if timer is not None:
+                    timer.cancel()
         raise AssertionError("unreachable")
 
     def close(self) -> None:

@@ -60,6 +60,9 @@ def attacks(store: Path, out: Path) -> list[tuple[str, str]]:
         ("call pragma_version()", refused("CALL")),
         ("checkpoint", refused("CHECKPOINT")),
         ("begin transaction", refused("BEGIN")),
+        # a statement type newer than the Python module's names for them: refused, not a traceback
+        ("UPDATE EXTENSIONS", refused("UPDATE")),
+        ("explain UPDATE EXTENSIONS", "query refused: EXPLAIN is allowed of a SELECT only; the store is read-only here"),
         (f"select 1; copy (select 1) to '{out}/z.csv'", "query refused: give exactly one SQL statement, got 2"),
         (f"explain copy turns to '{shard}'", "query refused: EXPLAIN is allowed of a SELECT only; the store is read-only here"),
         (f"explain analyze copy turns to '{shard}'",
@@ -141,3 +144,30 @@ def test_check_read_only_allows(sql: str) -> None:
 def test_parse_errors_are_one_line() -> None:
     with pytest.raises(LibraError, match=r"^query failed: Parser Error: syntax error at or near \"selec\""):
         check_read_only("selec 1")
+
+
+@pytest.mark.parametrize("sql", [
+    "select count(*) from range(1000000000000)",
+    "with recursive r(n) as (select 1 union all select n + 1 from r) select count(*) from r",
+])
+def test_a_runaway_query_is_stopped_at_the_time_limit(store: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                      sql: str) -> None:
+    import time
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"store:\n  root: {store}\n  query_timeout_s: 1.5\n")
+    began = time.monotonic()
+    code = main(["query", "--config", str(config), "--run", "s", sql])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err == ("libra: error: query stopped after 1.5 s (store.query_timeout_s): narrow it (a WHERE on step, a "
+                   "LIMIT) or raise the limit\n")
+    assert time.monotonic() - began < 20
+    with Catalog(store, "s", timeout_s=1.5) as catalog:  # and the catalog still answers
+        assert catalog.query("select count(*) as n from turns").to_pylist() == [{"n": 6}]
+
+
+def test_max_rows_must_not_be_negative(store: Path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["query", "--run", "s", "--store", str(store), "--max-rows", "-5", "select 1"])
+    assert (code, capsys.readouterr().err) == (2, "libra: error: --max-rows must be 0 or more (rows shown in table "
+                                                  "output), got -5\n")
