@@ -31,10 +31,8 @@ def cmd_deploy(args: argparse.Namespace, config: LibraConfig) -> int:
     from flows.deployments import DEPLOYMENTS, deploy, server_url
     from flows.runtime import prepare_runtime
 
-    prepare_runtime(config, tracking=False)
-    url = server_url()
     specs = DEPLOYMENTS
-    if args.only:
+    if args.only:  # refused before the runtime creates Prefect's folder
         wanted = {name.strip() for name in args.only.split(",") if name.strip()}
         known = {f"{spec.flow_name}/{spec.name}": spec for spec in DEPLOYMENTS}
         unknown = sorted(wanted - set(known))
@@ -42,6 +40,8 @@ def cmd_deploy(args: argparse.Namespace, config: LibraConfig) -> int:
             raise LibraError(f"--only: unknown deployments {', '.join(unknown) or '(none given)'}; known: "
                              f"{', '.join(known)}")
         specs = tuple(spec for name, spec in known.items() if name in wanted)
+    prepare_runtime(config, tracking=False)
+    url = server_url()
     with json_stdout(args.json) as out:
         with contextlib.redirect_stdout(io.StringIO()):  # Prefect prints a table per deployment
             names = deploy(specs, args.pool)

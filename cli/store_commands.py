@@ -71,10 +71,10 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 def cmd_traces_import(args: argparse.Namespace, config: LibraConfig) -> int:
     from flows.store import import_trace
+    from libra.checks import in_range
 
+    in_range("--prompts-per-step", args.prompts_per_step, 1, 100_000)  # traces.prompts_per_step's range
     prompts_per_step = args.prompts_per_step if args.prompts_per_step is not None else config.traces.prompts_per_step
-    if prompts_per_step < 1:
-        raise LibraError(f"--prompts-per-step must be >= 1, got {prompts_per_step}")
     from cli.progress import progress
 
     with progress(f"reading {args.file}", quiet=args.json) as bar:  # a bar on a terminal, for large files

@@ -30,9 +30,11 @@ def cmd_tree(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.flow_call import run_flow
     from cli.streams import json_stdout
     from flows.routing import tree_flow, tree_request
+    from flows.store import require_run
     from libra.checks import as_flag
 
     request = tree_request(args.run, args.out, args.last_steps, args.granularity, names=as_flag)
+    require_run(config.store, request.run)  # before the flow's runtime creates anything
     with json_stdout(args.json) as out:
         summary = run_flow(tree_flow, config, tracking=False, run=request.run, out=request.out,
                            last_steps=request.last_steps, granularity=request.granularity)

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from libra.planner.cost_model import RolloutDials, TrainingDials
 from libra.planner.planner import SearchDials
 from libra.planner.trigger import TriggerSettings
+from libra.validated import Validated
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Section(Validated):
+    pass
 
 
 class StoreConfig(_Section):

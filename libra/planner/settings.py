@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
+
+from libra.validated import Validated
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Settings(Validated):
 
     @classmethod
     def of(cls, section: BaseModel) -> Self:

@@ -34,6 +34,7 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "binary.yaml").write_bytes(b"store:\n  root: \xff\xfe\n")
     (tmp_path / "list.yaml").write_text("- store\n- traces\n")
     (tmp_path / "scalar.yaml").write_text("42\n")
+    (tmp_path / "steps.yaml").write_text("trainer:\n  steps: true\n")
     (tmp_path / "dup.yaml").write_text("store: {root: a}\nstore: {root: b}\n")
     (tmp_path / "big.yaml").write_text("# " + "x" * (1 << 20) + "\n")
     (tmp_path / "ranks.yaml").write_text("trainer: {backend: megatron, dp: 4}\nplacement: {policy: static}\n"
@@ -113,6 +114,13 @@ BAD = [
     (["tree", "--run", "r", "--out", "t.json", "--last-steps", "-1"], "--last-steps must be >= 0, got -1"),
     (["compare"], "no MLflow database at sqlite:///.libra/mlflow.db; train runs with `libra train` first"),
     (["compare", "--target", "nan"], "--target must be a finite number, got nan"),
+    # a run or deployment that does not exist is refused before a Prefect home or a store is made
+    (["tree", "--run", "nope", "--out", "t.json"], "no run named 'nope' in store .libra/store; the store is empty"),
+    (["deploy", "--only", "nope"], "--only: unknown deployments nope; known: libra-train/demo"),
+    # command-line values get the config's caps, and booleans are no numbers
+    (["traces", "import", "small.csv", "--run", "x", "--prompts-per-step", "99999999999999999999"],
+     "--prompts-per-step must be <= 100,000, got 99,999,999,999,999,999,999"),
+    (["config", "--config", "steps.yaml"], "steps.yaml: trainer.steps = True: Value error, a number is needed here, not true"),
 ]
 
 

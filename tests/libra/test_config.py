@@ -6,7 +6,7 @@ import yaml
 from pydantic import ValidationError
 
 from libra.config import LibraConfig, StoreConfig
-from libra.config_loading import MAX_CONFIG_BYTES, load_config
+from libra.config_loading import MAX_CONFIG_BYTES, load_config, resolve_config
 from libra.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def test_unknown_key_names_key_and_allowed(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert str(info.value) == (
-        f"{path}: unknown key 'store.roots'; allowed keys here: root, compression, row_group_rows, fsync, duckdb_threads"
+        f"{path}: unknown key 'store.roots'; allowed keys here: root, compression, row_group_rows, fsync, duckdb_threads, query_timeout_s"
     )
 
 
@@ -247,3 +247,19 @@ def test_the_config_imports_nothing_above_it() -> None:
     code = "import sys, libra.config; print(sorted(m for m in sys.modules if m.startswith('libra')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert not any(f"'libra.{layer}" in loaded for layer in ("pools", "trainer", "rollout", "rl", "sim")), loaded
+
+
+@pytest.mark.parametrize(("yaml_text", "key"), [
+    ("trainer:\n  steps: true\n", "trainer.steps = True"),
+    ("trainer:\n  lr: false\n", "trainer.lr = False"),
+    ("planner:\n  period_steps: yes\n", "planner.period_steps = True"),  # YAML 1.1's yes is a boolean
+    ("store:\n  query_timeout_s: on\n", "store.query_timeout_s = True"),
+])
+def test_booleans_are_not_numbers(tmp_path: Path, yaml_text: str, key: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=f"^{path}: {key}: Value error, a number is needed here, not "):
+        load_config(path)
+    with pytest.raises(ConfigError, match="a number is needed here"):  # a command line's override the same
+        resolve_config(None, {key.split(" = ")[0]: True})
+    assert load_config(None, {"store.fsync": False}).store.fsync is False  # booleans stay booleans
