@@ -124,7 +124,46 @@ def start_prefect() -> None:
     from prefect.server.api.server import SubprocessASGIServer
 
     with file_lock(Path(os.environ["PREFECT_HOME"]) / "libra-start.lock"):
-        SubprocessASGIServer().start()
+        server = SubprocessASGIServer()
+        started = server.server_process is None
+        server.start()
+    if started and server.server_process is not None:
+        watch_server(server.server_process.pid)
+
+
+# Stops the temporary server when the process that started it is gone without stopping it (a
+# SIGKILL skips the atexit that stops it otherwise): argv = the starter's pid, the server's pid.
+_WATCH = r"""
+import os, signal, sys, time
+parent, server = int(sys.argv[1]), int(sys.argv[2])
+os.setsid()
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+while alive(server) and os.getppid() == parent:
+    time.sleep(0.5)
+if alive(server) and os.getppid() != parent:
+    os.kill(server, signal.SIGTERM)
+    for _ in range(50):
+        time.sleep(0.1)
+        if not alive(server):
+            break
+    else:
+        os.kill(server, signal.SIGKILL)
+"""
+
+
+def watch_server(server_pid: int) -> None:
+    """A small process that stops Prefect's temporary server if this process dies without stopping
+    it (`kill -9` of a training), and ends by itself when the server ends first."""
+    import subprocess
+    import sys
+
+    subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH, str(os.getpid()), str(server_pid)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
 
 
 class _Hold(logging.Filter):
