@@ -130,6 +130,9 @@ class SearchEnv:
         return next_turn
 
 
+MAX_QUERY_CHARS = 1_000  # a search's query; BM25's time grows with the query's terms times the documents
+
+
 class _Episode:
     def __init__(self, env: SearchEnv, task: Task) -> None:
         self.env, self.task = env, task
@@ -137,6 +140,8 @@ class _Episode:
     def call(self, name: str, argument: str) -> tuple[str, str]:
         if not argument.strip():
             return "empty query: write <tool>search: WORDS</tool>", "error"
+        if len(argument) > MAX_QUERY_CHARS:
+            return f"query too long: {len(argument):,} characters, at most {MAX_QUERY_CHARS:,}; search for a few words", "error"
         hits = self.env.index.search(argument, self.env.results)
         if not hits:
             return "no results", "ok"

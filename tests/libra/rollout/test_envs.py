@@ -67,3 +67,16 @@ def test_bm25_ranks_the_matching_document_first():
     assert index.search("dog ran", 2) == [1]  # no stemming: "dogs" is another word
     assert index.search("cats dog", 3) == [2, 1]  # equal matches: the shorter document first
     assert index.search("zebra", 2) == []
+
+
+def test_a_huge_search_query_is_refused_at_once(tmp_path):
+    import time
+
+    env = make_env("search")
+    episode = env.open(env.tasks(1, seed=0)[0], tmp_path)
+    began = time.process_time()
+    output, status = episode.call("search", "capital " * 650_000)  # 5.2 MB
+    assert status == "error" and output == ("query too long: 5,200,000 characters, at most 1,000; search for a few "
+                                            "words")
+    assert time.process_time() - began < 0.5
+    assert episode.call("search", "capital")[1] == "ok"
