@@ -2,7 +2,7 @@
 the policy on held-out tasks, run the iterations (`flows.rl_iteration`), and close the run with its
 plots and summary. Every iteration is checkpointed; killed at any point, the same flow continues
 from the last completed iteration, and each step lands once in the store and in MLflow. A run
-placed by Libra (`placement.policy: libra`) runs the planning flow (`flows.planning`) before the
+placed by Libra (`placement.policy: libra`) runs the planning flow (`flows.replanning`) before the
 iterations the trigger names; where the stages run decides the iteration's pipeline.
 
 `libra train` and the `libra-train` deployment call `train_flow` with the same parameters: a config
@@ -24,12 +24,12 @@ from typing import Any
 
 from prefect import flow
 
-from flows.planning import planning_flow
+from flows.replanning import planning_flow
 from flows.rl_iteration import rl_iteration_flow
 from libra.config import LibraConfig
 from libra.config_loading import resolve_config
 from libra.errors import HostLostError
-from tasks.planning_tasks import follow_hosts_task, planning_due_task
+from tasks.replanning_tasks import follow_hosts_task, planning_due_task
 from tasks.run_context import Listener, PolicyProgress, RunContext
 from tasks.train_tasks import (
     check_training,

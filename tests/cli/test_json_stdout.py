@@ -70,7 +70,7 @@ def test_json_commands_print_one_json_document(tmp_path: Path, argv: list[str]) 
 
 # vLLM logs to stdout and starts engine processes that inherit it: that with --json none of it reaches
 # stdout is asserted of every `libra train --json` on vLLM (tests/flows/test_train.py `finished`, run
-# by tests/flows/test_planning.py)
+# by tests/flows/test_replanning.py)
 
 
 LATE = """

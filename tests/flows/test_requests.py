@@ -3,7 +3,7 @@ each names a wrong parameter as its caller spells it."""
 
 import pytest
 
-from flows.plan import plan_request
+from flows.cluster_plan import plan_request
 from flows.pool import pool_request
 from flows.rollout import rollout_request
 from flows.simulate import simulation_request

@@ -1,4 +1,4 @@
-"""Prefect tasks of the planning flow (`flows/planning.py`). Like the training tasks, each takes the
+"""Prefect tasks of the planning flow (`flows/replanning.py`). Like the training tasks, each takes the
 run's context (`tasks.run_context.RunContext`); the live objects (the session's engines, trainer,
 router, the plan controller) stay in its session. Results are small records.
 """

@@ -18,7 +18,7 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.planning_tasks import apply_task, plan_task, read_stats_task, rebuild_tree_task, record_plan_task
+from tasks.replanning_tasks import apply_task, plan_task, read_stats_task, rebuild_tree_task, record_plan_task
 from tasks.run_context import RunContext
 
 
