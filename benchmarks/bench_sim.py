@@ -26,7 +26,7 @@ from benchmarks.common import OUT, save
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
-from libra.scheduler.policies import Buckets
+from libra.scheduler.routers import Buckets
 from libra.sim.bound import run_bound
 from libra.sim.policies import POLICIES, plan_layout
 from libra.sim.rollout import InstanceSpec

@@ -38,7 +38,7 @@ def policy_missing(config: LibraConfig) -> str | None:
 def check_training(config: LibraConfig) -> None:
     """A LibraError for a run that cannot start as configured (run name, backend and layout, router,
     devices, policy), before anything is written or started; `flows.train.training_config` calls it."""
-    from libra.scheduler.replay import POLICIES
+    from libra.scheduler.replay import ROUTERS
     from storage.writer import check_run_name
 
     check_run_name(config.trainer.run_name())
@@ -57,8 +57,8 @@ def check_training(config: LibraConfig) -> None:
                          "builds megatron's model with its CPU shims); set pool.device: cpu or trainer.backend: torch")
     check_megatron_layout(config)
     router = config.rollout.router
-    if router not in POLICIES or router == "oracle":
-        raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
+    if router not in ROUTERS or router == "oracle":
+        raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in ROUTERS if p != 'oracle')}")
     for device, where in ((config.rollout.device, "rollout.device"), (config.trainer.device, "trainer.device")):
         if device == "cuda":
             from libra.devices import gpu_count

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from libra.planner.controller import PlanController
     from libra.rollout.engines import Engine
     from libra.rollout.envs.base import Env
-    from libra.scheduler.policies import Router
+    from libra.scheduler.routers import Router
     from libra.trainer.protocol import Trainer
 
 

@@ -34,7 +34,7 @@ from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload
 from libra.scheduler.libra_router import LibraRouter
-from libra.scheduler.policies import MLFQ, Buckets, LeastLoad, Oracle, Router
+from libra.scheduler.routers import MLFQ, Buckets, LeastLoad, Oracle, Router
 from libra.sim.rollout import InstanceSpec, RolloutResult, RolloutSim, lanes, mean_context, path_of
 from libra.sim.training import train_seconds, with_hybrids, workload_of
 from libra.sim.workloads import SimTrajectory

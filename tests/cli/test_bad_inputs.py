@@ -95,7 +95,7 @@ BAD = [
      "--order epochs:1000000000: 1,000,000,000 epochs of 2,454 turns make up to 2,454,000,000,000 routing decisions per "
      "router, more than the 20,000,000 a replay may hold; use fewer epochs"),
     (["eval-router", "--trace", str(TAU), "--prompts-per-step", "-4"], "--prompts-per-step must be >= 1, got -4"),
-    (["eval-router", "--trace", str(TAU), "--policies", ","], "--policies ',': name at least one router"),
+    (["eval-router", "--trace", str(TAU), "--routers", ","], "--routers ',': name at least one router"),
     (["simulate", "--workload", "search-r1", "--group-size", "99999999", "--no-track"],
      "--group-size must be <= 4,096, got 99,999,999"),
     (["simulate", "--workload", "search-r1", "--steps", "1000", "--group-size", "1000", "--no-track"],

@@ -86,7 +86,7 @@ def on_terminal(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str, 
 
 
 def test_eval_router_shows_progress_on_a_terminal_only_without_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    argv = ["eval-router", "--trace", str(TAU), "--policies", "libra,cmlfq", "--buckets", "2000,4000"]
+    argv = ["eval-router", "--trace", str(TAU), "--routers", "libra,cmlfq", "--buckets", "2000,4000"]
     code, out, drawn = on_terminal(monkeypatch, *argv)
     assert code == 0 and "cmlfq" in out
     assert "reading " in drawn and " MiB " in drawn

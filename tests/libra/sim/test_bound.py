@@ -7,7 +7,7 @@ import pytest
 
 from libra.planner.cost_model import CostModel
 from libra.planner.profiles import MODELS, parse_cluster
-from libra.scheduler.policies import Buckets, LeastLoad, Oracle
+from libra.scheduler.routers import Buckets, LeastLoad, Oracle
 from libra.sim.bound import longest_s, rollout_gpu_s, run_bound
 from libra.sim.policies import POLICIES
 from libra.sim.rollout import InstanceSpec, RolloutSim, path_of

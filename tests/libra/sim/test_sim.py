@@ -6,7 +6,7 @@ from libra.errors import InfeasibleError
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
-from libra.scheduler.policies import Buckets, LeastLoad
+from libra.scheduler.routers import Buckets, LeastLoad
 from libra.sim.engine import EventLoop
 from libra.sim.rollout import InstanceSpec, RolloutSim
 from libra.sim.runner import simulate
@@ -148,7 +148,7 @@ def test_each_stage_probes_plans_with_its_own_router_and_a_probe_teaches_it_noth
 
     from libra.planner.trigger import TriggerSettings
     from libra.scheduler.libra_router import LibraRouter
-    from libra.scheduler.policies import MLFQ
+    from libra.scheduler.routers import MLFQ
     from libra.sim.policies import make_policy
 
     spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)

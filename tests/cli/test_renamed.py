@@ -1,0 +1,32 @@
+"""Renamed flags, config keys and flow parameters keep working: each old name does what the new one
+does and prints exactly one line on stderr naming the new one."""
+
+import json
+from pathlib import Path
+
+from cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TAU = ROOT / "data" / "traces" / "taubench_airline.csv"
+
+
+def deprecation_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "is deprecated" in line]
+
+
+def test_eval_router_policies_flag_is_routers(capsys) -> None:
+    argv = ["eval-router", "--trace", str(TAU), "--buckets", "2000,4000", "--json"]
+    assert main([*argv, "--routers", "libra,cmlfq"]) == 0
+    new, _ = capsys.readouterr()
+    assert main([*argv, "--policies", "libra,cmlfq"]) == 0
+    old, err = capsys.readouterr()
+    assert deprecation_lines(err) == ["libra: --policies is deprecated; use --routers"]
+    assert list(json.loads(old)["policies"]) == list(json.loads(new)["policies"]) == ["libra", "cmlfq"]
+
+
+def test_eval_router_flow_policies_parameter_is_routers(capsys) -> None:
+    from flows.routing import eval_router_flow
+
+    report = eval_router_flow(str(TAU), buckets="2000,4000", policies="cmlfq", prompts_per_step=4)
+    assert deprecation_lines(capsys.readouterr().err) == ["libra: policies is deprecated; use routers"]
+    assert list(report["policies"]) == ["cmlfq"]
