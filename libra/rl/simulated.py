@@ -38,9 +38,9 @@ from libra.planner.trigger import TriggerSettings
 from libra.planner.workload import Workload
 from libra.rl.cluster import POLICIES, LocalCluster, Placement, initial_placement, placement_of
 from libra.rl.planning import adopt_placement, live_variants, move_held
-from libra.sim.policies import StepConfig, SystemPolicy
 from libra.sim.rollout import InstanceSpec
-from libra.sim.runner import PolicyRun, run_policy
+from libra.sim.runner import SystemRun, run_system
+from libra.sim.systems import StepConfig, System
 from libra.sim.training import workload_of
 from libra.sim.workloads import SimTrajectory, SimTurn
 from libra.types import NO_TOOL
@@ -71,7 +71,7 @@ def batches_from_turns(rows: Sequence[dict]) -> list[list[SimTrajectory]]:
     return batches
 
 
-class LocalPlacement(SystemPolicy):
+class LocalPlacement(System):
     """`libra train --policy NAME` on `cluster`'s workers."""
 
     def __init__(self, policy: str, cluster: LocalCluster, cost: CostModel, config: PlannerConfig,
@@ -133,13 +133,13 @@ class LocalPlacement(SystemPolicy):
 
 
 def predict(batches: Sequence[list[SimTrajectory]], cost: CostModel, cluster: LocalCluster, config: PlannerConfig,
-            engine_start_s: float, policies: Sequence[str] = POLICIES) -> dict[str, PolicyRun]:
+            engine_start_s: float, policies: Sequence[str] = POLICIES) -> dict[str, SystemRun]:
     """Each placement policy over the same steps (`batches`; the first also stands in for the
     warm-up batch the initial placement is sized on), on `cost`'s physics."""
     if not batches:
         raise LibraError("no steps to simulate: the run recorded no turns")
     trigger = TriggerSettings.of(config).model_copy(update={"engine_start_s": engine_start_s})
     settings = live_variants(cluster, config)[0]
-    return {name: run_policy(LocalPlacement(name, cluster, cost, config, trigger, len(batches)), cost,
+    return {name: run_system(LocalPlacement(name, cluster, cost, config, trigger, len(batches)), cost,
                              list(batches), batches[0], settings)
             for name in policies}

@@ -145,7 +145,7 @@ def test_messages_stay_on_one_line(files: Path, capsys: pytest.CaptureFixture) -
 def test_the_operating_systems_refusals_are_one_line(files: Path, capsys: pytest.CaptureFixture) -> None:
     (files / "a_file").write_text("")
     assert main(["simulate", "--workload", "search-r1", "--steps", "1", "--cluster", "2x8:a800", "--model", "qwen3-8b",
-                 "--policies", "libra", "--group-size", "2", "--prompts-per-step", "2", "--no-track",
+                 "--systems", "libra", "--group-size", "2", "--prompts-per-step", "2", "--no-track",
                  "--store", "a_file/store"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("libra: error: Not a directory: a_file/store") and err.count("\n") == 1

@@ -30,3 +30,21 @@ def test_eval_router_flow_policies_parameter_is_routers(capsys) -> None:
     report = eval_router_flow(str(TAU), buckets="2000,4000", policies="cmlfq", prompts_per_step=4)
     assert deprecation_lines(capsys.readouterr().err) == ["libra: policies is deprecated; use routers"]
     assert list(report["policies"]) == ["cmlfq"]
+
+
+def test_simulate_policies_flag_is_systems(capsys, tmp_path: Path) -> None:
+    argv = ["simulate", "--workload", "search-r1", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--steps", "2",
+            "--group-size", "2", "--prompts-per-step", "4", "--no-track", "--store", str(tmp_path / "store"), "--json"]
+    assert main([*argv, "--policies", "static-uniform,libra"]) == 0
+    out, err = capsys.readouterr()
+    assert deprecation_lines(err) == ["libra: --policies is deprecated; use --systems"]
+    assert list(json.loads(out)["policies"]) == ["static-uniform", "libra"]
+
+
+def test_simulate_flow_policies_parameter_is_systems(capsys, tmp_path: Path) -> None:
+    from flows.simulate import simulate_flow
+
+    summary = simulate_flow("search-r1", cluster="2x8:a800", model="qwen3-8b", steps=2, policies="libra",
+                            group_size=2, prompts_per_step=4, track=False, store=str(tmp_path / "store"))
+    assert deprecation_lines(capsys.readouterr().err) == ["libra: policies is deprecated; use systems"]
+    assert list(summary["policies"]) == ["libra"]
