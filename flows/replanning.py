@@ -8,7 +8,7 @@ plan in force predicted), re-plan the run from its own statistics and move its w
     rebuild-tree     the router's causal trees from the same recent steps, swapped in
     record-plan      the plan, moves and rebuild into the store and MLflow
 
-The training flow (`flows/train.py`) runs it for runs whose placement policy is `libra`.
+The training flow (`flows/train.py`) runs it for runs whose placement strategy is `libra`.
 """
 
 from __future__ import annotations

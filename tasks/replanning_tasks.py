@@ -56,7 +56,7 @@ def planning_due_task(context: RunContext, step: int) -> str | None:
     the measured rollout time of the last iteration first corrects the plan in force's prediction.
     The run's plan controller is made here on first use (`new_controller`)."""
     s = context.session
-    if s.config.placement.policy != "libra" or s.last_record is None:
+    if s.config.placement.strategy != "libra" or s.last_record is None:
         return None
     from libra.rl.planning import step_times
 

@@ -81,12 +81,12 @@ def check_megatron_layout(config: LibraConfig) -> None:
     t = config.trainer
     if t.backend != "megatron" or address_of(config):
         return
-    if config.placement.policy != "none":
+    if config.placement.strategy != "none":
         from libra.rl.cluster import initial_placement
         from libra.rl.placing import local_cluster
 
         cluster = local_cluster(config)
-        check_layout_fits(config, initial_placement(config.placement.policy, cluster, config.placement.hybrids))
+        check_layout_fits(config, initial_placement(config.placement.strategy, cluster, config.placement.hybrids))
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     layout = fixed_layout(config)  # unplaced, the layout is fixed (planned needs a placement: the config says so)

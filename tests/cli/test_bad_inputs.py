@@ -36,7 +36,7 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "scalar.yaml").write_text("42\n")
     (tmp_path / "dup.yaml").write_text("store: {root: a}\nstore: {root: b}\n")
     (tmp_path / "big.yaml").write_text("# " + "x" * (1 << 20) + "\n")
-    (tmp_path / "ranks.yaml").write_text("trainer: {backend: megatron, dp: 4}\nplacement: {policy: static}\n"
+    (tmp_path / "ranks.yaml").write_text("trainer: {backend: megatron, dp: 4}\nplacement: {strategy: static}\n"
                                          "rollout: {engine: vllm}\n")
     (tmp_path / "unplaced.yaml").write_text("trainer: {backend: megatron, layout: planned}\n")
     lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
@@ -84,10 +84,10 @@ BAD = [
     (["config", "--config", "dir.csv"], "dir.csv: cannot read config (Is a directory); pass an existing YAML file"),
     # training layouts the machine cannot run
     (["train", "--config", "ranks.yaml", "--steps", "1"],
-     "trainer.tp x pp x dp = 4 ranks (tp=1 pp=1 dp=4), but placement.policy static gives the trainer 1 worker(s)"),
+     "trainer.tp x pp x dp = 4 ranks (tp=1 pp=1 dp=4), but placement.strategy static gives the trainer 1 worker(s)"),
     (["train", "--config", "unplaced.yaml", "--steps", "1"],
      "unplaced.yaml: trainer.layout planned takes the layout the planner chooses for the trainer's workers; set "
-     "placement.policy"),
+     "placement.strategy"),
     # numbers out of range
     (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "small.csv", "--batch", "1000000000000"],
      "--batch must be <= 1,000,000, got 1,000,000,000,000"),

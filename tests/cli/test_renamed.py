@@ -48,3 +48,46 @@ def test_simulate_flow_policies_parameter_is_systems(capsys, tmp_path: Path) -> 
                             group_size=2, prompts_per_step=4, track=False, store=str(tmp_path / "store"))
     assert deprecation_lines(capsys.readouterr().err) == ["libra: policies is deprecated; use systems"]
     assert list(summary["policies"]) == ["libra"]
+
+
+def test_placement_policy_key_is_strategy(capsys, tmp_path: Path) -> None:
+    import pytest
+
+    from libra.config import LibraConfig
+    from libra.config_loading import load_config
+    from libra.errors import ConfigError
+
+    path = tmp_path / "old.yaml"
+    path.write_text("placement:\n  policy: colocated\n")
+    assert load_config(path).placement.strategy == "colocated"
+    assert deprecation_lines(capsys.readouterr().err) == ["libra: placement.policy is deprecated; use placement.strategy"]
+    assert load_config(overrides={"placement.policy": "static"}).placement.strategy == "static"
+    assert deprecation_lines(capsys.readouterr().err) == ["libra: placement.policy is deprecated; use placement.strategy"]
+    assert LibraConfig.model_validate({"placement": {"policy": "libra"}}).placement.strategy == "libra"
+    assert deprecation_lines(capsys.readouterr().err) == ["libra: placement.policy is deprecated; use placement.strategy"]
+    with pytest.raises(ConfigError, match="placement.policy is the old name of placement.strategy"):
+        load_config(overrides={"placement.policy": "static", "placement.strategy": "libra"})
+
+
+def test_train_policy_flag_is_placement(capsys) -> None:
+    from cli.main import build_parser
+
+    assert build_parser().parse_args(["train", "--placement", "static"]).placement == "static"
+    assert deprecation_lines(capsys.readouterr().err) == []
+    assert build_parser().parse_args(["train", "--policy", "static"]).placement == "static"
+    assert deprecation_lines(capsys.readouterr().err) == ["libra: --policy is deprecated; use --placement"]
+    assert build_parser().parse_args(["train"]).placement is None
+
+
+def test_train_flow_policy_parameter_is_placement(capsys, tmp_path: Path) -> None:
+    import pytest
+
+    from flows.train import train_flow
+    from libra.config import LibraConfig
+    from libra.errors import LibraError
+
+    config = LibraConfig.model_validate({"trainer": {"policy": str(tmp_path / "missing")},
+                                         "store": {"root": str(tmp_path / "store")}})
+    with pytest.raises(LibraError, match="no policy in"):  # refused after the parameter is read
+        train_flow(config, policy="static")
+    assert deprecation_lines(capsys.readouterr().err) == ["libra: policy is deprecated; use placement"]
