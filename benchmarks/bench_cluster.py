@@ -4,7 +4,7 @@ three hosts, and Prefect's cost per iteration with a server against without one.
     python -m benchmarks.bench_cluster [--steps 4] [--iterations 30]    # needs root and iproute2
 
 **One host against three.** The same short training (the shipped policy on the math tasks, 2 prompts
-x 4 samples, the transformers engine, `placement.policy: static`) on a Ray cluster of one host (the
+x 4 samples, the transformers engine, `placement.strategy: static`) on a Ray cluster of one host (the
 head, with 4 CPUs for workers) and on a Ray cluster of three (a head without workers and two worker
 hosts of 2 CPUs), each host its own network namespace on this machine (`tests/hosts.py`). Both runs
 have 4 workers of one core, split 2 rollout + 2 train: on one host every engine, trainer rank and
@@ -57,7 +57,7 @@ def training_config(base: Path, policy: Path, address: str, steps: int) -> Path:
               "trainer": {"policy": str(policy), "run": "bench", "steps": steps, "prompts_per_step": 2,
                           "samples_per_prompt": 4, "eval_prompts": 2, "eval_every": 1000,
                           "checkpoint_dir": str(base / "checkpoints"), "lr": 1e-4},
-              "placement": {"policy": "static"},
+              "placement": {"strategy": "static"},
               "cluster": {"ray_address": address, "start_timeout_s": 120}}
     path = base / "config.yaml"
     path.write_text(yaml.safe_dump(config))

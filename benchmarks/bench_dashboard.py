@@ -1,7 +1,7 @@
 """Dashboard benchmark: how long every page takes to open in a browser on two large stores.
 
 - a 200-step simulation on a 48-GPU cluster (6x8 A800, search-r1, Qwen3-14B; `libra simulate`,
-  five policies): the overview, pools and comparison pages;
+  five simulated systems): the overview, pools and comparison pages;
 - a store of 10,000,000 routed turn rows (100 steps of synthetic turns with instances, buckets,
   migrations and latencies, their trajectories, a steps row per step and 8 hybrids' join and leave
   events each step): every run page.
@@ -34,14 +34,14 @@ from benchmarks.common import save
 
 GOAL_S = 3.0
 SIM_RUN, BIG_RUN = "sim-48gpu", "turns-10m"
-SIM_POLICIES = "libra,verl-colocated,areal-static-optimal,greedy-heuristic,oracle"
+SIM_SYSTEMS = "libra,verl-colocated,areal-static-optimal,greedy-heuristic,oracle"
 CHROMIUM = "/usr/bin/chromium"
 
 
 def build_sim(root: Path, steps: int) -> float:
     began = time.perf_counter()
     subprocess.run([sys.executable, "-m", "cli.main", "simulate", "--workload", "search-r1", "--cluster", "6x8:a800",
-                    "--steps", str(steps), "--policies", SIM_POLICIES, "--no-track", "--store", str(root),
+                    "--steps", str(steps), "--systems", SIM_SYSTEMS, "--no-track", "--store", str(root),
                     "--run", SIM_RUN, "--json"], check=True, stdout=subprocess.DEVNULL,
                    cwd=Path(__file__).resolve().parents[1])
     return time.perf_counter() - began
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({'met' if worst < GOAL_S else 'missed'})")
     if not args.no_save:
         save("dashboard", {"rows": args.rows, "steps": args.steps, "sim_steps": args.sim_steps,
-                           "sim_policies": SIM_POLICIES, "repeats": args.repeats, "goal_s": GOAL_S,
+                           "sim_policies": SIM_SYSTEMS, "repeats": args.repeats, "goal_s": GOAL_S,
                            "pages": results, "slowest_s": worst, **built})
     return 0
 

@@ -36,8 +36,8 @@ from libra.rollout.agent import rollout
 from libra.rollout.engines import VLLMEngine
 from libra.rollout.envs import expert_bounds, make_env
 from libra.rollout.sandbox import Sandbox, SandboxLimits, make_workroot
-from libra.scheduler.policies import Buckets, LeastLoad
 from libra.scheduler.replay import make_router
+from libra.scheduler.routers import Buckets, LeastLoad
 
 
 def efficiency(policy: Path, env_name: str, prompts: int, samples: int, repeats: int) -> dict:

@@ -28,8 +28,8 @@ from libra.scheduler.causal_tree import TrajectoryPath
 from libra.scheduler.keys import ToolReturn
 from libra.scheduler.libra_router import LibraRouter
 from libra.scheduler.metrics import quantile
-from libra.scheduler.policies import CMLFQ, Buckets
 from libra.scheduler.replay import ReplayResult, replay
+from libra.scheduler.routers import CMLFQ, Buckets
 from libra.traces import read_trace
 from libra.types import Trajectory
 
@@ -43,11 +43,11 @@ def at_same_migration(trajectories: Sequence[Trajectory], order: str, result: Re
     of tokens as its budget (for those that migrate more than the default budget)."""
     matched = {}
     for name in MIGRATING:
-        share = result.policies[name].migrated_token_ratio
+        share = result.routers[name].migrated_token_ratio
         if share > result.bound.budget:
-            libra = replay(trajectories, prompts_per_step=8, order=order, bounds=result.buckets, policies=["libra"],
-                           settings=SchedulerConfig(migration_budget=min(1.0, share)), with_bound=False).policies["libra"]
-            matched[name] = {"budget": share, "baseline": asdict(result.policies[name]), "libra": asdict(libra)}
+            libra = replay(trajectories, prompts_per_step=8, order=order, bounds=result.buckets, routers=["libra"],
+                           settings=SchedulerConfig(migration_budget=min(1.0, share)), with_bound=False).routers["libra"]
+            matched[name] = {"budget": share, "baseline": asdict(result.routers[name]), "libra": asdict(libra)}
     return matched
 
 
@@ -118,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             result = replay(trajectories, prompts_per_step=8, order=order, timer=time.perf_counter_ns)
             matched = at_same_migration(trajectories, order, result)
             tables.append({"trace": path.stem, "order": order, "buckets": list(result.buckets), "steps": result.steps,
-                           "policies": {k: asdict(v) for k, v in result.policies.items()},
+                           "policies": {k: asdict(v) for k, v in result.routers.items()},
                            "bound": asdict(result.bound), "same_migration": matched})
             print(f"{path.stem} ({order}, buckets {list(result.buckets)}):")
-            for name, m in result.policies.items():
+            for name, m in result.routers.items():
                 rank = "   -  " if m.rank_correlation is None else f"{m.rank_correlation:6.3f}"
                 print(f"  {name:<20} acc {m.accuracy:.3f}  balanced {m.balanced_accuracy:.3f}  rank {rank}  "
                       f"migrated {m.migrated_token_ratio:6.1%}  p99 {m.p99_us:5.1f} us")

@@ -1,9 +1,9 @@
-"""Simulator benchmark: the ablation of every whole-system policy against a proven bound, routing
-judged by the makespan it buys, and how simulation time grows with the cluster.
+"""Simulator benchmark: the ablation of every simulated system (whole-system variant) against a
+proven bound, routing judged by the makespan it buys, and how simulation time grows with the cluster.
 
 Ablation: each workload runs `--steps` RL steps (Qwen3-14B on 48 A800 GPUs, seed 0) under every
-policy on the same trajectories; each policy's throughput is reported with its ratio to the proven
-bound (`libra/sim/bound.py`: no policy can beat it), to Libra and to the oracle (the best known
+system on the same trajectories; each system's throughput is reported with its ratio to the proven
+bound (`libra/sim/bound.py`: no system can beat it), to Libra and to the oracle (the best known
 schedule) of the same run.
 
 Routing: one heterogeneous layout per workload (the planner's heterogeneous plan for the warm-up
@@ -26,12 +26,12 @@ from benchmarks.common import OUT, save
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
-from libra.scheduler.policies import Buckets
+from libra.scheduler.routers import Buckets
 from libra.sim.bound import run_bound
-from libra.sim.policies import POLICIES, plan_layout
 from libra.sim.rollout import InstanceSpec
 from libra.sim.routing import bucket_shares, compare_routers
 from libra.sim.runner import simulate
+from libra.sim.systems import SYSTEMS, plan_layout
 from libra.sim.training import workload_of
 from libra.sim.workloads import PRESETS, TRACES, WorkloadGenerator, workload_spec
 
@@ -42,11 +42,11 @@ REPLAY = f"trace:{TRACES / 'taubench_airline.csv'}"
 def ablation(name: str, cost: CostModel, steps: int) -> dict:
     spec = workload_spec(name)
     started = time.perf_counter()
-    runs = simulate(spec, cost, steps, list(POLICIES), seed=0)
+    runs = simulate(spec, cost, steps, list(SYSTEMS), seed=0)
     wall = time.perf_counter() - started
     generator = WorkloadGenerator(spec, 0)
     bound = run_bound(cost, [generator.step(k) for k in range(steps)])
-    trained = runs["libra"].trained_tokens  # every policy trains the same tokens
+    trained = runs["libra"].trained_tokens  # every system trains the same tokens
     bound_tps = trained / bound.total_s
     libra, oracle = runs["libra"].tokens_per_s, runs["oracle"].tokens_per_s
     rows = {p: {"tokens_per_s": r.tokens_per_s, "vs_bound": r.tokens_per_s / bound_tps, "vs_libra": r.tokens_per_s / libra,
@@ -54,7 +54,7 @@ def ablation(name: str, cost: CostModel, steps: int) -> dict:
                 "step_time_p99_s": r.step_time_quantile(0.99), "total_time_s": r.total_time_s,
                 "last_instances": [list(i) for i in r.steps[-1].instances]} for p, r in runs.items()}
     label = "trace replay (tau-bench)" if name == REPLAY else name
-    print(f"{label} ({steps} steps, {len(generator.step(0))} trajectories/step), all policies simulated in {wall:.1f} s; "
+    print(f"{label} ({steps} steps, {len(generator.step(0))} trajectories/step), all systems simulated in {wall:.1f} s; "
           f"bound {bound_tps:.0f} tokens/s:")
     for p, m in rows.items():
         print(f"  {p:<22} {m['tokens_per_s']:8.1f} tokens/s  vs bound {m['vs_bound']:.2f}  vs libra {m['vs_libra']:.2f}  "

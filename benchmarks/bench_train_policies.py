@@ -3,9 +3,9 @@ static split and colocation, on the same steps and seeds.
 
     python -m benchmarks.bench_train_policies [--steps 10] [--seeds 0 1] [--quick]
 
-Each seed trains the shipped policy on the math tasks three times, once per placement policy
-(`libra train --policy colocated|static|libra`; after one unmeasured warm-up iteration, and each seed
-in another order, so no policy always runs first): vLLM engines on their own cores, the trainer on
+Each seed trains the shipped policy on the math tasks three times, once per placement strategy
+(`libra train --placement colocated|static|libra`; after one unmeasured warm-up iteration, and each seed
+in another order, so no strategy always runs first): vLLM engines on their own cores, the trainer on
 the others (a worker is one core). The workload drifts: every training turn generates at least
 `min_tokens_per_turn` tokens and that floor, with the turn limit, grows by `turn_growth` per
 iteration, so the rollout's share of an iteration grows as the run goes on. `libra compare`'s
@@ -16,7 +16,7 @@ figures are read back from MLflow:
   `libra / static` and `libra / colocated` per seed, then their mean and range;
 - time to a held-out reward: the training seconds until the held-out reward (32 prompts, greedy,
   every `eval_every` updates) first reached the best one all three runs of the seed reached;
-- the simulator's prediction for the same three policies on the same workload
+- the simulator's prediction for the same three strategies on the same workload
   (`libra.rl.simulated.predict`): the static run's trajectories, turn by turn, on the cost model of
   these workers fitted to all three runs' timing samples, moves priced at the measured engine start;
   its ratios beside the live ones, and whether each comparison points the same way.
@@ -37,7 +37,7 @@ from benchmarks.common import quiet_engines, run_locations, save
 from libra.config import LibraConfig
 from libra.rollout.policy import SHIPPED
 
-POLICIES = ("libra", "static", "colocated")
+STRATEGIES = ("libra", "static", "colocated")
 RATIOS = ("libra_over_static", "libra_over_colocated")
 
 
@@ -53,16 +53,16 @@ def same_direction(live: float, simulated: float) -> bool:
     return direction(live) == direction(simulated)
 
 
-def config_for(base: Path, policy: str, steps: int, seed: int, eval_every: int) -> LibraConfig:
+def config_for(base: Path, strategy: str, steps: int, seed: int, eval_every: int) -> LibraConfig:
     return LibraConfig.model_validate({
         **run_locations(base),
         "rollout": {"engine": "vllm", "instances": 1, "max_tokens_per_turn": 96, "min_tokens_per_turn": 24,
                     "turn_growth": 0.15},
-        "trainer": {"policy": str(SHIPPED), "run": f"{policy}-seed{seed}", "env": "math", "steps": steps, "seed": seed,
+        "trainer": {"policy": str(SHIPPED), "run": f"{strategy}-seed{seed}", "env": "math", "steps": steps, "seed": seed,
                     "lr": 1e-4, "prompts_per_step": 8, "samples_per_prompt": 8, "eval_prompts": 32,
                     "eval_every": eval_every, "checkpoint_dir": str(base / "checkpoints")},
         "planner": {"warmup_steps": 2, "period_steps": 10, "recent_steps": 0},
-        "placement": {"policy": policy},
+        "placement": {"strategy": strategy},
     })
 
 
@@ -70,10 +70,10 @@ def seed_figures(rows: dict[str, Any]) -> dict[str, Any]:
     libra, static, colocated = rows["libra"], rows["static"], rows["colocated"]
     return {"libra_over_static": libra.tokens_per_s / static.tokens_per_s,
             "libra_over_colocated": libra.tokens_per_s / colocated.tokens_per_s,
-            "runs": {policy: {"tokens_per_s": r.tokens_per_s, "train_time_s": r.train_time_s,
+            "runs": {strategy: {"tokens_per_s": r.tokens_per_s, "train_time_s": r.train_time_s,
                               "heldout_final": r.heldout_final, "time_to_target_s": r.time_to_target_s,
                               "plans_applied": r.plans_applied, "workers_moved": r.workers_moved,
-                              "rollout_workers_mean": r.rollout_workers_mean} for policy, r in rows.items()}}
+                              "rollout_workers_mean": r.rollout_workers_mean} for strategy, r in rows.items()}}
 
 
 def simulated(base: Path, seed: int, config: LibraConfig) -> dict[str, Any]:
@@ -89,10 +89,10 @@ def simulated(base: Path, seed: int, config: LibraConfig) -> dict[str, Any]:
 
     timings: list[dict] = []
     turns: list[dict] = []
-    for policy in POLICIES:
-        with Catalog(config.store.root, f"{policy}-seed{seed}") as catalog:
+    for strategy in STRATEGIES:
+        with Catalog(config.store.root, f"{strategy}-seed{seed}") as catalog:
             timings += catalog.query("SELECT * FROM timings").to_pylist()
-            if policy == "static":
+            if strategy == "static":
                 turns = catalog.query("SELECT * FROM turns").to_pylist()
     cluster = local_cluster(config)
     cost = local_cost_model(cluster, SHIPPED.name, json.loads((SHIPPED / "config.json").read_text()), config.planner)
@@ -142,22 +142,22 @@ def main(argv: list[str] | None = None) -> int:
         prepare_runtime(config_for(base, "libra", args.steps, 0, args.eval_every))
         start_prefect()
         # not measured: the machine's cold start (file cache, the engines' first start) would
-        # otherwise be charged to whichever policy runs first
+        # otherwise be charged to whichever strategy runs first
         warm = config_for(base, "static", 1, 0, args.eval_every)
         train_flow(warm.model_copy(update={"trainer": warm.trainer.model_copy(update={"run": "warm-up"})}))
         for i, seed in enumerate(args.seeds):
-            for policy in POLICIES[i % 3:] + POLICIES[:i % 3]:  # each seed in another order
-                config = config_for(base, policy, args.steps, seed, args.eval_every)
+            for strategy in STRATEGIES[i % 3:] + STRATEGIES[:i % 3]:  # each seed in another order
+                config = config_for(base, strategy, args.steps, seed, args.eval_every)
                 t0 = time.perf_counter()
                 train_flow(config)
                 # every run starts from the whole machine: a run that left this process pinned would
                 # give the next one fewer workers
-                assert os.sched_getaffinity(0) == cores, f"{policy} left the process on {os.sched_getaffinity(0)}"
-                print(f"seed {seed} {policy}: {args.steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
+                assert os.sched_getaffinity(0) == cores, f"{strategy} left the process on {os.sched_getaffinity(0)}"
+                print(f"seed {seed} {strategy}: {args.steps} steps in {time.perf_counter() - t0:.0f} s", flush=True)
             histories = read_runs(f"sqlite:///{base / 'mlflow.db'}", "libra-train-math",
-                                  [f"{p}-seed{seed}" for p in POLICIES])
+                                  [f"{p}-seed{seed}" for p in STRATEGIES])
             comparison = compare(histories)
-            rows = {r.policy: r for r in comparison.rows}
+            rows = {r.strategy: r for r in comparison.rows}
             per_seed[str(seed)] = {"target": comparison.target, **seed_figures(rows),
                                    "simulated": simulated(base, seed, config_for(base, "static", args.steps, seed,
                                                                                   args.eval_every))}

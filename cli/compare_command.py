@@ -15,8 +15,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
         "compare", parents=[parent], help="compare training runs side by side",
         description="Training runs of one MLflow experiment side by side: generated tokens per second of training "
         "time (planning and moves included, held-out evaluation left out), the time to a held-out reward, the plans "
-        "applied and the workers moved. Run the same steps and seeds under each policy "
-        "(`libra train --policy libra|static|colocated --run NAME`), then compare them.")
+        "applied and the workers moved. Run the same steps and seeds under each placement "
+        "strategy (`libra train --placement libra|static|colocated --run NAME`), then compare them.")
     cmd.add_argument("--experiment", help="MLflow experiment (default: the training experiment of trainer.env, "
                      "e.g. libra-train-math)")
     cmd.add_argument("--run", action="append", default=[], metavar="NAME", help="only this run (repeatable)")
@@ -40,10 +40,15 @@ def cmd_compare(args: argparse.Namespace, config: LibraConfig) -> int:
         result = compare(histories, args.target)
         if args.json:
             print(json.dumps({"experiment": experiment, "target": result.target,
-                              "runs": [asdict(r) for r in result.rows]}), file=out)
+                              "runs": [json_row(r) for r in result.rows]}), file=out)
         else:
             print(render(experiment, result), file=out)
     return 0
+
+
+def json_row(row) -> dict:
+    """A row as the JSON output has it: the placement strategy under its key `policy`."""
+    return {("policy" if k == "strategy" else k): v for k, v in asdict(row).items()}
 
 
 def render(experiment: str, result) -> str:
@@ -53,7 +58,7 @@ def render(experiment: str, result) -> str:
 
     base = result.rows[0].tokens_per_s if result.rows else 0.0
     table = pa.Table.from_pylist([
-        {"run": r.run, "policy": r.policy, "steps": r.steps, "tokens/s": round(r.tokens_per_s, 1),
+        {"run": r.run, "policy": r.strategy, "steps": r.steps, "tokens/s": round(r.tokens_per_s, 1),
          "vs fastest": round(r.tokens_per_s / base, 3) if base else None, "train time s": round(r.train_time_s, 1),
          "held-out final": r.heldout_final,
          "time to target s": None if r.time_to_target_s is None else round(r.time_to_target_s, 1),

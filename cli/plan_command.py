@@ -1,4 +1,4 @@
-"""`libra plan`: parses its flags and calls the plan flow (`flows/plan.py`): the resource plan for a
+"""`libra plan`: parses its flags and calls the plan flow (`flows/cluster_plan.py`): the resource plan for a
 cluster, a model and the lengths of a run or a trace."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def read_trace_with_progress(path: str, quiet: bool):
 def cmd_plan(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.flow_call import run_flow
     from cli.streams import json_stdout
-    from flows.plan import plan_flow, plan_request
+    from flows.cluster_plan import plan_flow, plan_request
     from libra.checks import as_flag
 
     request = plan_request(args.cluster, args.model, args.run, args.trace, args.mode, args.batch, args.calibrate,

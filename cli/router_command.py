@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from cli.main import RenamedFlag
 from libra.config import LibraConfig
 
 
@@ -22,7 +23,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.add_argument("--trace", required=True, metavar="FILE.csv", help="per-turn trace file")
     cmd.add_argument("--buckets", default="auto", help="'auto' (warm-up p50/p90 of lengths) or bounds B1,B2,... in tokens")
     cmd.add_argument("--order", default="group", help="'group' (each prompt once) or 'epochs:N' (revisit prompts N times)")
-    cmd.add_argument("--policies", help="comma-separated routers (default: all)")
+    cmd.add_argument("--routers", help="comma-separated routers (default: all)")
+    cmd.add_argument("--policies", dest="routers", action=RenamedFlag, new="--routers")
     cmd.add_argument("--prompts-per-step", type=int, metavar="N", help="prompts per RL step (default: traces.prompts_per_step)")
     cmd.add_argument("--json", action="store_true", help='print {"buckets": [...], "policies": {name: {metric: value}}}')
     cmd.set_defaults(handler=cmd_eval_router)
@@ -38,15 +40,15 @@ def cmd_eval_router(args: argparse.Namespace, config: LibraConfig) -> int:
 
     with json_stdout(args.json) as out:
         read_trace_with_progress(args.trace, quiet=args.json)
-        request = router_request(args.trace, config, args.buckets, args.order, args.policies, args.prompts_per_step,
+        request = router_request(args.trace, config, args.buckets, args.order, args.routers, args.prompts_per_step,
                                  names=as_flag)
-        names = list(request.policies)
+        names = list(request.routers)
         with progress("replaying", quiet=args.json) as bar:
             def step_done(name: str, done: int, steps: int) -> None:
                 bar.update(names.index(name) * steps + done, len(names) * steps, f"{name} step {done}/{steps}")
 
             report = run_flow(eval_router_flow, config, tracking=False, trace=request.trace, buckets=args.buckets,
-                              order=request.order, policies=names, prompts_per_step=request.prompts_per_step,
+                              order=request.order, routers=names, prompts_per_step=request.prompts_per_step,
                               progress=step_done)
         if args.json:
             print(json.dumps(report), file=out)

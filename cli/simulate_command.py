@@ -1,5 +1,5 @@
 """`libra simulate`: parses its flags and calls the simulation flow (`flows/simulate.py`), which runs
-whole-system policies on a simulated cluster and records them in the store and MLflow."""
+the simulated systems (whole-system variants) on a simulated cluster and records them in the store and MLflow."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from cli.main import RenamedFlag
 from libra.config import LibraConfig
 
 
@@ -16,15 +17,16 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
         parents=[parent],
         help="compare Libra with verl/AReaL-style baselines and the oracle on a simulated cluster",
         description="Simulate an agentic RL job step by step on a cluster of GPUs (same workload, same seed for "
-        "every policy) and report throughput, step times, idle GPU time and total time, with each policy's ratio "
+        "every system) and report throughput, step times, idle GPU time and total time, with each system's ratio "
         "to libra, to the oracle and to the proven bound. Results go to the store (steps, plans, pool_events) and to MLflow (a parent "
-        "run with a child run per policy, plus plots).",
+        "run with a child run per system, plus plots).",
     )
     cmd.add_argument("--workload", required=True, help="search-r1, dapo-math, r2e-gym or trace:FILE.csv")
     cmd.add_argument("--cluster", default="6x8:a800", help="NODESxGPUS:HARDWARE (default 6x8:a800)")
     cmd.add_argument("--model", default="qwen3-14b", help="model profile (default qwen3-14b)")
     cmd.add_argument("--steps", type=int, default=200, help="RL steps (default 200)")
-    cmd.add_argument("--policies", default="all", help="'all' or a comma-separated list")
+    cmd.add_argument("--systems", default="all", help="'all' or a comma-separated list of simulated systems")
+    cmd.add_argument("--policies", dest="systems", action=RenamedFlag, new="--systems")
     cmd.add_argument("--group-size", type=int, help="samples per prompt (default: the workload's, 16)")
     cmd.add_argument("--prompts-per-step", type=int, help="prompts per step (default: the workload's)")
     cmd.add_argument("--seed", type=int, default=0)
@@ -56,18 +58,18 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
     from flows.simulate import check_feasible, simulate_flow, simulation_request
     from libra.checks import as_flag
 
-    request = simulation_request(args.workload, args.cluster, args.model, args.steps, args.policies, args.group_size,
+    request = simulation_request(args.workload, args.cluster, args.model, args.steps, args.systems, args.group_size,
                                  args.prompts_per_step, args.seed, args.run, names=as_flag)
     check_feasible(request, config.planner)
-    policies, steps = list(request.policies), request.steps
+    systems, steps = list(request.systems), request.steps
     with json_stdout(args.json) as out:
         with progress("simulating", quiet=args.json) as bar:
-            def step_done(policy: str, step: int) -> None:
-                bar.update(policies.index(policy) * steps + step + 1, len(policies) * steps,
-                           f"{policy} step {step + 1}/{steps}")
+            def step_done(system: str, step: int) -> None:
+                bar.update(systems.index(system) * steps + step + 1, len(systems) * steps,
+                           f"{system} step {step + 1}/{steps}")
 
             summary = run_flow(simulate_flow, config, tracking=not args.no_track, workload=request.workload,
-                               cluster=request.cluster, model=request.model, steps=steps, policies=policies,
+                               cluster=request.cluster, model=request.model, steps=steps, systems=systems,
                                group_size=request.group_size, prompts_per_step=request.prompts_per_step,
                                seed=request.seed, run=request.run, track=not args.no_track, progress=step_done)
         print(json.dumps(summary) if args.json else render(summary) +

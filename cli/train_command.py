@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from cli.main import RenamedFlag
 from libra.config import LibraConfig
 from libra.errors import LibraError
 
@@ -27,9 +28,11 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
                          "iteration is checkpointed. Re-run the same command after a kill to continue the run.")
     cmd.add_argument("--steps", type=int, help="iterations (overrides trainer.steps)")
     cmd.add_argument("--run", help="run name (overrides trainer.run)")
-    cmd.add_argument("--policy", choices=("none", "libra", "static", "colocated"),
-                     help="where rollout and training run (overrides placement.policy): libra re-plans from the run's "
+    cmd.add_argument("--placement", choices=("none", "libra", "static", "colocated"),
+                     help="where rollout and training run (overrides placement.strategy): libra re-plans from the run's "
                      "statistics, static keeps the initial split, colocated takes turns on every worker")
+    cmd.add_argument("--policy", dest="placement", action=RenamedFlag, new="--placement",
+                     choices=("none", "libra", "static", "colocated"))
     cmd.add_argument("--trainer", choices=("torch", "megatron"),
                      help="the training backend (overrides trainer.backend; megatron's layout is trainer.tp/pp/dp, or the "
                           "planner's with trainer.layout: planned)")
@@ -44,7 +47,7 @@ def with_overrides(config: LibraConfig, args: argparse.Namespace) -> LibraConfig
     from flows.train import training_config
 
     try:
-        return training_config(config, args.steps, args.run, None, getattr(args, "policy", None),
+        return training_config(config, args.steps, args.run, None, getattr(args, "placement", None),
                                backend=getattr(args, "trainer", None))
     except LibraError as exc:
         raise LibraError(str(exc).replace("trainer.steps", "--steps").replace("trainer.run", "--run")

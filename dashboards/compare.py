@@ -6,7 +6,7 @@ applied and the workers moved, read from MLflow (read-only).
 
 Throughput is generated tokens over training time: each iteration's seconds without its held-out
 evaluation, plus the planning flow's seconds (planning, moving workers, restarting engines), so a
-policy pays for its moves. The time to a held-out reward is the training time until the update
+placement strategy pays for its moves. The time to a held-out reward is the training time until the update
 after which the held-out reward first reached the target (0 when the initial policy already does);
 the default target is the best held-out reward every run reached, so each run has a time.
 """
@@ -26,7 +26,7 @@ class RunHistory:
 
     name: str
     run_id: str
-    policy: str
+    strategy: str  # placement.strategy
     metrics: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
     def values(self, metric: str) -> dict[int, float]:
@@ -36,7 +36,7 @@ class RunHistory:
 @dataclass(frozen=True)
 class RunRow:
     run: str
-    policy: str
+    strategy: str  # placement.strategy
     steps: int
     tokens_per_s: float  # generated tokens / training seconds (with planning)
     train_time_s: float
@@ -87,7 +87,7 @@ def compare(histories: Sequence[RunHistory], target: float | None = None) -> Com
         tokens = sum(h.values("generated_tokens").values())
         heldout = h.values("heldout_reward")
         workers = list(h.values("rollout_workers").values())
-        rows.append(RunRow(h.name, h.policy, len(seconds), tokens / total if total > 0 else 0.0, total,
+        rows.append(RunRow(h.name, h.strategy, len(seconds), tokens / total if total > 0 else 0.0, total,
                            heldout[max(heldout)] if heldout else None, time_to(h, target) if target is not None else None,
                            int(sum(h.values("plan_applied").values())), int(sum(h.values("workers_moved").values())),
                            sum(workers) / len(workers) if workers else None, h.run_id))
@@ -116,10 +116,11 @@ def read_runs(tracking_uri: str, experiment: str, runs: Sequence[str] = ()) -> l
         name = tags.get("libra.run", run.info.run_name)
         if tags.get("libra.superseded") == "true" or (runs and name not in runs):
             continue
-        policy = run.data.params.get("placement.policy", "none")
+        params = run.data.params  # runs recorded before the key was renamed hold placement.policy
+        strategy = params.get("placement.strategy", params.get("placement.policy", "none"))
         metrics = {key: tuple(sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)))
                    for key in METRICS if key in run.data.metrics}
-        out.append(RunHistory(name, run.info.run_id, policy, metrics))
+        out.append(RunHistory(name, run.info.run_id, strategy, metrics))
     if not out:
         raise LookupError(f"experiment {experiment!r} has no training runs" + (f" named {', '.join(runs)}" if runs else ""))
     return out

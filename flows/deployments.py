@@ -43,11 +43,11 @@ class DeploymentSpec:
 DEPLOYMENTS: tuple[DeploymentSpec, ...] = (
     DeploymentSpec("flows/train.py:train_flow", "libra-train", "demo", {"config": "configs/demo.yaml"},
                    "GRPO training of the local policy (the main job); resumes a run of the same name"),
-    DeploymentSpec("flows/plan.py:plan_flow", "libra-plan", "search-r1",
+    DeploymentSpec("flows/cluster_plan.py:plan_flow", "libra-plan", "search-r1",
                    {"cluster": "6x8:a800", "model": "qwen3-14b", "trace": "data/traces/fireact_hotpotqa.csv"},
                    "a resource plan from a store run's or a trace's lengths (offline: it moves no workers)"),
     DeploymentSpec("flows/simulate.py:simulate_flow", "libra-simulate", "search-r1", {"workload": "search-r1", "steps": 50},
-                   "whole-system policies on a simulated cluster, a task per policy"),
+                   "the simulated systems (whole-system variants) on a simulated cluster, a task per system"),
     DeploymentSpec("flows/simulate.py:simulate_sweep_flow", "libra-simulate-sweep", "search-r1-seeds",
                    {"workload": "search-r1", "steps": 50, "seeds": [0, 1, 2]}, "the simulation once per seed"),
     DeploymentSpec("flows/trace_analysis.py:trace_analysis_flow", "libra-trace-analysis", "bundled", {},

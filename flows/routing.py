@@ -33,32 +33,32 @@ class RouterRequest:
     trace: str
     buckets: tuple[int, ...] | None  # bucket bounds in tokens (None: the warm-up's p50/p90)
     order: str  # 'group' or 'epochs:N'
-    policies: tuple[str, ...]
+    routers: tuple[str, ...]
     prompts_per_step: int
 
 
 def router_request(trace: str, config: LibraConfig, buckets: str = "auto", order: str = "group",
-                   policies: str | list[str] | None = None, prompts_per_step: int | None = None,
+                   routers: str | list[str] | None = None, prompts_per_step: int | None = None,
                    names: Names = as_parameter) -> RouterRequest:
     """The request, or a LibraError saying which parameter is wrong and what to give instead. The
     trace is read whole here: a bad one is the caller's error, found before anything starts."""
-    from libra.scheduler.replay import POLICIES, parse_order
+    from libra.scheduler.replay import ROUTERS, parse_order
     from libra.traces import read_trace
 
     in_range(names("prompts_per_step"), prompts_per_step, 1, 100_000)  # traces.prompts_per_step's range
     per_step = prompts_per_step if prompts_per_step is not None else config.traces.prompts_per_step
     epochs = parse_order(order)
     bounds = None if buckets == "auto" else tuple(token_bounds(names("buckets"), buckets))
-    if policies is None:
-        chosen = list(POLICIES)
+    if routers is None:
+        chosen = list(ROUTERS)
     else:
-        given = policies.split(",") if isinstance(policies, str) else list(policies)
-        chosen = list(dict.fromkeys(p.strip() for p in given if p.strip()))
+        given = routers.split(",") if isinstance(routers, str) else list(routers)
+        chosen = list(dict.fromkeys(r.strip() for r in given if r.strip()))
         if not chosen:
-            raise LibraError(f"{names('policies')} {policies!r}: name at least one router, or leave it out for all")
-    unknown = [p for p in chosen if p not in POLICIES]
+            raise LibraError(f"{names('routers')} {routers!r}: name at least one router, or leave it out for all")
+    unknown = [r for r in chosen if r not in ROUTERS]
     if unknown:
-        raise LibraError(f"unknown router(s) {', '.join(unknown)}; routers: {', '.join(POLICIES)}")
+        raise LibraError(f"unknown router(s) {', '.join(unknown)}; routers: {', '.join(ROUTERS)}")
     rows = read_trace(trace).rows
     if epochs * rows > MAX_DECISIONS:
         raise LibraError(f"{names('order')} {order}: {epochs:,} epochs of {rows:,} turns make up to {epochs * rows:,} "
@@ -68,17 +68,19 @@ def router_request(trace: str, config: LibraConfig, buckets: str = "auto", order
 
 
 @flow(name="libra-eval-router", log_prints=False)
-def eval_router_flow(trace: str, buckets: str = "auto", order: str = "group", policies: str | list[str] | None = None,
+def eval_router_flow(trace: str, buckets: str = "auto", order: str = "group", routers: str | list[str] | None = None,
                      prompts_per_step: int | None = None, config: LibraConfig | str | None = None,
-                     progress: ReplayProgress | None = None) -> dict[str, Any]:
+                     progress: ReplayProgress | None = None, policies: str | list[str] | None = None) -> dict[str, Any]:
     """Per router: accuracy, balanced accuracy, rank correlation of its remaining-length estimate,
     migrated-token ratio, decisions and decision latency; and the clairvoyant bound. `progress`
-    hears of each step replayed (the CLI's progress bar)."""
+    hears of each step replayed (the CLI's progress bar); `policies` is the old name of `routers`."""
     from flows.runtime import flow_config
+    from libra.renames import renamed_parameter
     from tasks.routing_tasks import replay_task
 
+    routers = renamed_parameter("policies", "routers", policies, routers, None)
     settings = flow_config(config, tracking=False)
-    request = router_request(trace, settings, buckets, order, policies, prompts_per_step)
+    request = router_request(trace, settings, buckets, order, routers, prompts_per_step)
     return replay_task(request, settings, progress)
 
 

@@ -1,10 +1,11 @@
-"""The simulation as a Prefect flow: whole-system policies on a simulated cluster, one task per policy.
+"""The simulation as a Prefect flow: the simulated systems (whole-system variants, `libra.sim.systems`)
+on a simulated cluster, one task per system.
 
-    workload         the steps' trajectories, drawn once (every policy sees the same ones)
-    simulate-<name>  one task per policy: its run over those steps
+    workload         the steps' trajectories, drawn once (every system sees the same ones)
+    simulate-<name>  one task per system: its run over those steps
     bound            the proven bound's total seconds over the same steps
     record-store     the steps, plans and pool_events tables (one store run per seed)
-    record-mlflow    a parent run with a child run per policy, plus plots
+    record-mlflow    a parent run with a child run per system, plus plots
 
 `libra simulate` and the `libra-simulate` deployment call `simulate_flow`; `simulate_sweep_flow`
 runs it once per seed (a sweep is one flow run). `simulation_request` checks the parameters before
@@ -28,13 +29,13 @@ MAX_TRAJECTORIES = 5_000_000  # simulated trajectories of a whole run (all held 
 
 @dataclass(frozen=True)
 class SimulationRequest:
-    """A checked simulation: which workload on which cluster, for how long, with which policies."""
+    """A checked simulation: which workload on which cluster, for how long, with which systems."""
 
     workload: str  # a preset (search-r1, dapo-math, r2e-gym) or trace:FILE.csv
     cluster: str  # NODESxGPUS:HARDWARE
     model: str  # a model profile
     steps: int
-    policies: tuple[str, ...]
+    systems: tuple[str, ...]
     group_size: int | None  # samples per prompt (None: the workload's)
     prompts_per_step: int | None  # None: the workload's
     seed: int
@@ -47,23 +48,23 @@ class SimulationRequest:
 
 
 def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-14b", steps: int = 200,
-                       policies: str | list[str] = "all", group_size: int | None = None,
+                       systems: str | list[str] = "all", group_size: int | None = None,
                        prompts_per_step: int | None = None, seed: int = 0, run: str | None = None,
                        names: Names = as_parameter) -> SimulationRequest:
     """The request, or a LibraError saying which parameter is wrong and what to give instead."""
     from libra.planner.profiles import model_profile, parse_cluster
-    from libra.sim.policies import POLICIES
+    from libra.sim.systems import SYSTEMS
     from storage.writer import check_run_name
 
     in_range(names("steps"), steps, 1, 100_000)
     in_range(names("group_size"), group_size, 1, 4_096)
     in_range(names("prompts_per_step"), prompts_per_step, 1, 100_000)
     in_range(names("seed"), seed, 0, 2**31 - 1)
-    given = policies.split(",") if isinstance(policies, str) else list(policies)
-    chosen = list(POLICIES) if given == ["all"] else list(dict.fromkeys(p.strip() for p in given if p.strip()))
-    unknown = [p for p in chosen if p not in POLICIES]
+    given = systems.split(",") if isinstance(systems, str) else list(systems)
+    chosen = list(SYSTEMS) if given == ["all"] else list(dict.fromkeys(s.strip() for s in given if s.strip()))
+    unknown = [s for s in chosen if s not in SYSTEMS]
     if unknown or not chosen:
-        raise LibraError(f"unknown policies {', '.join(unknown) or '(none given)'}; policies: all, {', '.join(POLICIES)}")
+        raise LibraError(f"unknown systems {', '.join(unknown) or '(none given)'}; systems: all, {', '.join(SYSTEMS)}")
     parse_cluster(cluster)
     model_profile(model)
     request = SimulationRequest(workload, cluster, model, steps, tuple(chosen), group_size, prompts_per_step, seed,
@@ -83,7 +84,7 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
 
 
 def check_feasible(request: SimulationRequest, planner: PlannerConfig) -> None:
-    """A LibraError when the model cannot train even on all of the cluster's GPUs (then no policy
+    """A LibraError when the model cannot train even on all of the cluster's GPUs (then no system
     can run), before anything starts (`tasks.sim_tasks.check_feasible`)."""
     from tasks.sim_tasks import check_feasible as feasible
 
@@ -92,33 +93,36 @@ def check_feasible(request: SimulationRequest, planner: PlannerConfig) -> None:
 
 @flow(name="libra-simulate", log_prints=False)
 def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-14b", steps: int = 200,
-                  policies: str | list[str] = "all", group_size: int | None = None, prompts_per_step: int | None = None,
+                  systems: str | list[str] = "all", group_size: int | None = None, prompts_per_step: int | None = None,
                   seed: int = 0, run: str | None = None, track: bool = True,
                   config: LibraConfig | str | None = None, store: str | None = None,
-                  progress: SimProgress | None = None) -> dict[str, Any]:
-    """Each policy's figures and its ratios to libra, the oracle and the proven bound (see
+                  progress: SimProgress | None = None, policies: str | list[str] | None = None) -> dict[str, Any]:
+    """Each system's figures and its ratios to libra, the oracle and the proven bound (see
     `tasks.sim_tasks.summarize`); `config` is a LibraConfig, a YAML file or None (the defaults);
-    `progress` hears of each simulated step of each policy (the CLI's progress bar)."""
+    `progress` hears of each simulated step of each system (the CLI's progress bar); `policies` is
+    the old name of `systems`."""
     import time
 
     from flows.runtime import flow_config
+    from libra.renames import renamed_parameter
     from tasks.sim_tasks import (
         bound_task,
         record_mlflow_task,
         record_store_task,
-        simulate_policy_task,
+        simulate_system_task,
         summarize,
         workload_task,
     )
 
+    systems = renamed_parameter("policies", "systems", policies, systems, "all")
     settings = flow_config(config, {"store.root": store}, tracking=track)
-    request = simulation_request(workload, cluster, model, steps, policies, group_size, prompts_per_step, seed, run)
+    request = simulation_request(workload, cluster, model, steps, systems, group_size, prompts_per_step, seed, run)
     check_feasible(request, settings.planner)
     began = time.perf_counter()
     drawn = workload_task(request, settings.planner)
-    runs = {name: simulate_policy_task.with_options(name=f"simulate-{name}")(request, name, drawn, settings.planner,
+    runs = {name: simulate_system_task.with_options(name=f"simulate-{name}")(request, name, drawn, settings.planner,
                                                                              progress)
-            for name in request.policies}
+            for name in request.systems}
     bound_s = bound_task(drawn)
     summary = summarize(runs, drawn.gpus, request.workload, bound_s)
     summary["simulation_wall_s"] = time.perf_counter() - began
@@ -131,15 +135,19 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
 
 @flow(name="libra-simulate-sweep", log_prints=False)
 def simulate_sweep_flow(workload: str, seeds: list[int], cluster: str = "6x8:a800", model: str = "qwen3-14b",
-                        steps: int = 200, policies: str | list[str] = "all", group_size: int | None = None,
+                        steps: int = 200, systems: str | list[str] = "all", group_size: int | None = None,
                         prompts_per_step: int | None = None, track: bool = True,
-                        config: LibraConfig | str | None = None, store: str | None = None) -> dict[str, Any]:
+                        config: LibraConfig | str | None = None, store: str | None = None,
+                        policies: str | list[str] | None = None) -> dict[str, Any]:
     """The simulation once per seed (a store run each, `sim-<workload>-<seed>`), as subflows; every
-    seed's request is checked before the first one starts."""
+    seed's request is checked before the first one starts. `policies` is the old name of `systems`."""
+    from libra.renames import renamed_parameter
+
+    systems = renamed_parameter("policies", "systems", policies, systems, "all")
     if not seeds:
         raise LibraError("seeds: give at least one seed")
     for seed in seeds:
-        simulation_request(workload, cluster, model, steps, policies, group_size, prompts_per_step, seed)
+        simulation_request(workload, cluster, model, steps, systems, group_size, prompts_per_step, seed)
     return {"workload": workload, "seeds": {
-        str(seed): simulate_flow(workload, cluster, model, steps, policies, group_size, prompts_per_step, seed, None,
+        str(seed): simulate_flow(workload, cluster, model, steps, systems, group_size, prompts_per_step, seed, None,
                                  track, config, store) for seed in seeds}}

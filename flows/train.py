@@ -2,12 +2,12 @@
 the policy on held-out tasks, run the iterations (`flows.rl_iteration`), and close the run with its
 plots and summary. Every iteration is checkpointed; killed at any point, the same flow continues
 from the last completed iteration, and each step lands once in the store and in MLflow. A run
-placed by Libra (`placement.policy: libra`) runs the planning flow (`flows.planning`) before the
+placed by Libra (`placement.strategy: libra`) runs the planning flow (`flows.replanning`) before the
 iterations the trigger names; where the stages run decides the iteration's pipeline.
 
 `libra train` and the `libra-train` deployment call `train_flow` with the same parameters: a config
 (a LibraConfig, a YAML file's path, or None for the embedded defaults) and the few values a run is
-usually started with (steps, run name, environment, placement policy, store). A flow run that
+usually started with (steps, run name, environment, placement strategy, store). A flow run that
 crashed is resumed by running the flow again with the same run name: it continues from the run's
 newest checkpoint, each step recorded once.
 
@@ -24,12 +24,12 @@ from typing import Any
 
 from prefect import flow
 
-from flows.planning import planning_flow
+from flows.replanning import planning_flow
 from flows.rl_iteration import rl_iteration_flow
 from libra.config import LibraConfig
 from libra.config_loading import resolve_config
 from libra.errors import HostLostError
-from tasks.planning_tasks import follow_hosts_task, planning_due_task
+from tasks.replanning_tasks import follow_hosts_task, planning_due_task
 from tasks.run_context import Listener, PolicyProgress, RunContext
 from tasks.train_tasks import (
     check_training,
@@ -49,29 +49,32 @@ MAX_RECOVERIES = 3  # host losses in a row, with no step completed between them,
 
 
 def training_config(config: LibraConfig | str | None = None, steps: int | None = None, run: str | None = None,
-                    env: str | None = None, policy: str | None = None, store: str | None = None,
+                    env: str | None = None, placement: str | None = None, store: str | None = None,
                     backend: str | None = None) -> LibraConfig:
     """The run's config: `config` with the given values in place of trainer.steps, trainer.run,
-    trainer.env, placement.policy, store.root and trainer.backend; then every check that can refuse
+    trainer.env, placement.strategy, store.root and trainer.backend; then every check that can refuse
     the run before anything is written or started (`tasks.train_tasks.check_training`)."""
     resolved = resolve_config(config, {"trainer.steps": steps, "trainer.run": run, "trainer.env": env,
-                                       "placement.policy": policy, "store.root": store, "trainer.backend": backend})
+                                       "placement.strategy": placement, "store.root": store, "trainer.backend": backend})
     check_training(resolved)
     return resolved
 
 
 @flow(name="libra-train", log_prints=False)
 def train_flow(config: LibraConfig | str | None = None, steps: int | None = None, run: str | None = None,
-               env: str | None = None, policy: str | None = None, restart: bool = False,
+               env: str | None = None, placement: str | None = None, restart: bool = False,
                store: str | None = None, listeners: tuple[Listener, ...] = (),
-               policy_progress: PolicyProgress | None = None) -> dict[str, Any]:
+               policy_progress: PolicyProgress | None = None, policy: str | None = None) -> dict[str, Any]:
     """Train the run to its last step (resuming it when it has checkpoints; `restart`: from the
     policy again); its summary: where it started, its checkpoint, its MLflow run, its state.
     `listeners` hear of each recorded iteration, `policy_progress` of each step of building the
-    local policy (the CLI's progress lines; a deployment run has none)."""
+    local policy (the CLI's progress lines; a deployment run has none). `placement` overrides
+    placement.strategy; `policy` is its old name."""
     from flows.runtime import prepare_runtime, quiet_engines
+    from libra.renames import renamed_parameter
 
-    config = training_config(config, steps, run, env, policy, store)
+    placement = renamed_parameter("policy", "placement", policy, placement, None)
+    config = training_config(config, steps, run, env, placement, store)
     prepare_runtime(config)
     quiet_engines()
     context = RunContext(listeners, policy_progress)

@@ -8,7 +8,7 @@ here does I/O: `libra.config_loading` reads YAML files and overrides into a `Lib
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -238,7 +238,7 @@ class TrainerConfig(_Section):
 class PlacementConfig(_Section):
     """Where a training run's stages run on this machine's workers, and who moves them."""
 
-    policy: Literal["none", "libra", "static", "colocated"] = Field(
+    strategy: Literal["none", "libra", "static", "colocated"] = Field(
         "none", description="none: engines and trainer share every core (trainer.pipeline decides the overlap); "
         "colocated: every worker rolls out, then every worker trains; static: half the workers roll out, the rest "
         "train, never moved; libra: that split, re-planned from the run's statistics")
@@ -250,6 +250,20 @@ class PlacementConfig(_Section):
     hybrid_schedule: dict[int, int] = Field(
         default_factory=dict, description="hybrids wanted in training from an iteration on ({0: 1, 6: 0}: one, "
         "then none from iteration 6); empty: the placement's (every hybrid at first; with libra, then the plan's)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strategy_was_policy(cls, data: Any) -> Any:
+        """The old key `placement.policy` still works: it is read as `placement.strategy`, with one
+        line naming the new key."""
+        if isinstance(data, dict) and "policy" in data:
+            from libra.renames import deprecated
+
+            deprecated("placement.policy", "placement.strategy")
+            if "strategy" in data:
+                raise ValueError("placement.policy is the old name of placement.strategy; give only placement.strategy")
+            data = {("strategy" if k == "policy" else k): v for k, v in data.items()}
+        return data
 
     @model_validator(mode="after")
     def _schedule_within_hybrids(self) -> PlacementConfig:
@@ -263,7 +277,7 @@ class PlacementConfig(_Section):
 class ClusterConfig(_Section):
     """Where a placed training run's workers are: this machine's cores, or the hosts of a Ray cluster."""
 
-    ray_address: str = Field("", max_length=256, description="the Ray cluster a placed run (placement.policy libra, "
+    ray_address: str = Field("", max_length=256, description="the Ray cluster a placed run (placement.strategy libra, "
                              "static or colocated) runs on: its head's host:port, or 'auto'; empty: RAY_ADDRESS if set, "
                              "else this machine's processes")
     start_timeout_s: float = Field(120.0, gt=0.0, le=3_600.0, description="how long placing an engine or the trainer's "
@@ -289,27 +303,27 @@ class LibraConfig(_Section):
 
     @model_validator(mode="after")
     def _placed_pipeline_fresh_enough(self) -> LibraConfig:
-        if self.placement.policy in ("libra", "static") and self.trainer.max_staleness < 1:
-            raise ValueError(f"placement.policy {self.placement.policy} overlaps rollout and training (one-step-off): "
-                             "trainer.max_staleness must be >= 1 (or use placement.policy colocated)")
-        if self.placement.hybrids and self.placement.policy not in ("libra", "static"):
+        if self.placement.strategy in ("libra", "static") and self.trainer.max_staleness < 1:
+            raise ValueError(f"placement.strategy {self.placement.strategy} overlaps rollout and training (one-step-off): "
+                             "trainer.max_staleness must be >= 1 (or use placement.strategy colocated)")
+        if self.placement.hybrids and self.placement.strategy not in ("libra", "static"):
             raise ValueError(f"placement.hybrids {self.placement.hybrids}: hybrids are rollout workers that also train, "
-                             f"which needs a split placement (placement.policy static or libra, not "
-                             f"{self.placement.policy})")
-        if self.trainer.layout == "planned" and self.placement.policy == "none":
+                             f"which needs a split placement (placement.strategy static or libra, not "
+                             f"{self.placement.strategy})")
+        if self.trainer.layout == "planned" and self.placement.strategy == "none":
             raise ValueError("trainer.layout planned takes the layout the planner chooses for the trainer's workers; "
-                             "set placement.policy to libra, static or colocated")
-        if self.cluster.ray_address and self.placement.policy == "none":
+                             "set placement.strategy to libra, static or colocated")
+        if self.cluster.ray_address and self.placement.strategy == "none":
             raise ValueError(f"cluster.ray_address {self.cluster.ray_address!r}: a run on a Ray cluster is placed on its "
-                             "hosts' workers; set placement.policy to libra, static or colocated")
+                             "hosts' workers; set placement.strategy to libra, static or colocated")
         if self.placement.hybrids and self.rollout.device == "cuda":
             raise ValueError(f"placement.hybrids {self.placement.hybrids} with rollout.device cuda: a live run's hybrids "
                              "are placed on CPU workers only so far (the pool puts its processes on GPUs by rank, not "
                              "where the placement says); set placement.hybrids 0")
-        if (self.placement.policy != "none" and self.rollout.engine == "hf" and self.rollout.device == "cpu"
+        if (self.placement.strategy != "none" and self.rollout.engine == "hf" and self.rollout.device == "cpu"
                 and not self.cluster.ray_address):
-            raise ValueError(f"placement.policy {self.placement.policy} gives the engines CPU cores of their own, but "
+            raise ValueError(f"placement.strategy {self.placement.strategy} gives the engines CPU cores of their own, but "
                              "the transformers engine (rollout.engine hf) runs inside the trainer's process and shares "
-                             "its threads: use rollout.engine vllm, placement.policy none, or a Ray cluster "
+                             "its threads: use rollout.engine vllm, placement.strategy none, or a Ray cluster "
                              "(cluster.ray_address), where every engine is an actor of its own")
         return self

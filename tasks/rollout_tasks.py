@@ -37,8 +37,8 @@ def start_engines_task(request, config: LibraConfig) -> LiveRollout:
 
     from libra.rollout.engines import make_engines
     from libra.rollout.envs import expert_bounds, make_env
-    from libra.scheduler.policies import Buckets
     from libra.scheduler.replay import make_router
+    from libra.scheduler.routers import Buckets
 
     tokenizer = AutoTokenizer.from_pretrained(request.policy)
     env = make_env(request.env, config.sandbox)

@@ -37,7 +37,7 @@ def replay_task(request, config: LibraConfig, progress: ReplayProgress | None = 
             progress(name, done, steps)
 
     result = replay(trace.trajectories, prompts_per_step=request.prompts_per_step, order=request.order,
-                    bounds=None if request.buckets is None else list(request.buckets), policies=list(request.policies),
+                    bounds=None if request.buckets is None else list(request.buckets), routers=list(request.routers),
                     settings=config.scheduler, timer=time.perf_counter_ns, progress=step_done)
     return {
         "trace": request.trace,
@@ -45,7 +45,7 @@ def replay_task(request, config: LibraConfig, progress: ReplayProgress | None = 
         "buckets": list(result.buckets),
         "steps": result.steps,
         "warmup_steps": result.warmup_steps,
-        "policies": {name: {k: _clean(v) for k, v in asdict(r).items()} for name, r in result.policies.items()},
+        "policies": {name: {k: _clean(v) for k, v in asdict(r).items()} for name, r in result.routers.items()},
         "bound": None if result.bound is None else {k: _clean(v) for k, v in asdict(result.bound).items()},
     }
 

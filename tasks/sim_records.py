@@ -16,7 +16,7 @@ from storage.ingest import writer_for
 
 
 def record_store(runs: dict, run: str, store: StoreConfig) -> None:
-    """Each policy's steps, plans and hybrid events. A one-step-off run trains its last batch after
+    """Each system's steps, plans and hybrid events. A one-step-off run trains its last batch after
     its last rollout (`tail_train_s`): the last step's row holds that training's tokens and so also
     its seconds, so that the rows add up to the run (its tokens over its total time)."""
     steps, plans, events = [], [], []
@@ -47,7 +47,7 @@ def record_store(runs: dict, run: str, store: StoreConfig) -> None:
             writer.write_run(table, run, pa.Table.from_pylist(rows))
 
 
-def hybrid_lifecycle(policy: str, step, start_s: float) -> list:
+def hybrid_lifecycle(system: str, step, start_s: float) -> list:
     """A simulated step's hybrids through the pool's lifecycle table (`libra.pools.states`): each
     leaves the rollout for its tail (join requested), is activated when its snapshot fetch is done,
     and is released at the end of the step; one whose fetch outlasts the training is cancelled."""
@@ -58,7 +58,7 @@ def hybrid_lifecycle(policy: str, step, start_s: float) -> list:
     out: list[PoolEvent] = []
     for i, (left, gpus) in enumerate(released):
         times = iter([left] + ([joined[i]] if i < len(joined) else []) + [step.step_s, step.step_s])
-        worker = Worker(f"{policy}/hybrid-{i}", Role.HYBRID, gpus, out.append, lambda times=times: start_s + next(times))
+        worker = Worker(f"{system}/hybrid-{i}", Role.HYBRID, gpus, out.append, lambda times=times: start_s + next(times))
         worker.move(State.JOINING, "join_requested", step.step, "left the rollout's tail")
         if i < len(joined):
             worker.move(State.TRAINING, "activated", step.step, "snapshot fetched")

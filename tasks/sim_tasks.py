@@ -1,7 +1,7 @@
 """Prefect tasks of the simulation flow (`flows/simulate.py`): draw the workload once, run each
-policy over it, compute the proven bound, record the runs. The flow's `progress` listener hears of
+simulated system over it, compute the proven bound, record the runs. The flow's `progress` listener hears of
 every simulated step (the CLI's progress bar); a deployment run has none. `check_feasible` refuses a
-request no policy can run, before anything starts."""
+request no system can run, before anything starts."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from prefect.cache_policies import NO_CACHE
 from libra.config import LibraConfig, PlannerConfig, StoreConfig
 from libra.errors import InfeasibleError, LibraError
 
-SimProgress = Callable[[str, int], None]  # told (policy, step) after each simulated step
+SimProgress = Callable[[str, int], None]  # told (system, step) after each simulated step
 
 
 @dataclass(frozen=True)
 class SimWorkload:
-    """The simulated steps every policy runs, and the cost model they are timed with."""
+    """The simulated steps every system runs, and the cost model they are timed with."""
 
     batches: list  # per step: its SimTrajectory list
-    warmup: list  # the batch the planning policies plan step 0 on
+    warmup: list  # the batch the planning systems plan step 0 on
     cost: Any  # the planner's CostModel for the request's cluster and model (the bound's)
     gpus: int
 
@@ -45,28 +45,28 @@ def workload_task(request, planner: PlannerConfig) -> SimWorkload:
     return SimWorkload(batches, warmup, cost, cost.cluster.gpus)
 
 
-@task(name="simulate-policy", cache_policy=NO_CACHE)
-def simulate_policy_task(request, policy: str, drawn: SimWorkload, planner: PlannerConfig,
+@task(name="simulate-system", cache_policy=NO_CACHE)
+def simulate_system_task(request, system: str, drawn: SimWorkload, planner: PlannerConfig,
                          progress: SimProgress | None = None):
-    """One policy's run (`libra.sim.runner.PolicyRun`) over the drawn steps; `progress` hears of
+    """One system's run (`libra.sim.runner.SystemRun`) over the drawn steps; `progress` hears of
     each step."""
     from libra.planner.planner import PlannerSettings
-    from libra.sim.runner import simulate_policy, simulation_cost
+    from libra.sim.runner import simulate_system, simulation_cost
 
     def step_done(name: str, step: int) -> None:
         if progress is not None:
             progress(name, step)
 
     try:
-        return simulate_policy(policy, simulation_cost(request.spec(), drawn.cost), drawn.batches, drawn.warmup,
+        return simulate_system(system, simulation_cost(request.spec(), drawn.cost), drawn.batches, drawn.warmup,
                                PlannerSettings.of(planner), planner, progress=step_done)
     except InfeasibleError as exc:
         raise cannot_run(request, drawn.cost.model.name, str(exc)) from None
 
 
 def check_feasible(request, planner: PlannerConfig) -> None:
-    """A LibraError when the model cannot train even on all of the cluster's GPUs (then no policy
-    can run), before anything starts; what each policy finds within that is its run's to say."""
+    """A LibraError when the model cannot train even on all of the cluster's GPUs (then no system
+    can run), before anything starts; what each system finds within that is its run's to say."""
     from libra.planner.planner import Planner, PlannerSettings
     from libra.sim.training import workload_of
     from libra.sim.workloads import WorkloadGenerator
@@ -92,7 +92,7 @@ def bound_task(drawn: SimWorkload) -> float:
 
 
 def summarize(runs: dict, gpus: int, workload: str, bound_s: float | None = None) -> dict[str, Any]:
-    """Each policy's figures and its ratios to libra, the oracle and (given the bound's total
+    """Each system's figures and its ratios to libra, the oracle and (given the bound's total
     seconds for the same steps) the proven bound."""
     out: dict[str, Any] = {"workload": workload, "gpus": gpus, "policies": {}}
     for name, r in runs.items():
@@ -125,7 +125,7 @@ def record_store_task(runs: dict, run: str, store: StoreConfig) -> None:
 
 @task(name="record-mlflow", cache_policy=NO_CACHE)
 def record_mlflow_task(runs: dict, summary: dict[str, Any], request, config: LibraConfig) -> str:
-    """A parent MLflow run with a child per policy; the parent's id. Not retried: a retry after a
+    """A parent MLflow run with a child per system; the parent's id. Not retried: a retry after a
     partial write would log a second parent."""
     from tasks.sim_records import record_mlflow
 

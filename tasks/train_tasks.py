@@ -38,7 +38,7 @@ def policy_missing(config: LibraConfig) -> str | None:
 def check_training(config: LibraConfig) -> None:
     """A LibraError for a run that cannot start as configured (run name, backend and layout, router,
     devices, policy), before anything is written or started; `flows.train.training_config` calls it."""
-    from libra.scheduler.replay import POLICIES
+    from libra.scheduler.replay import ROUTERS
     from storage.writer import check_run_name
 
     check_run_name(config.trainer.run_name())
@@ -57,8 +57,8 @@ def check_training(config: LibraConfig) -> None:
                          "builds megatron's model with its CPU shims); set pool.device: cpu or trainer.backend: torch")
     check_megatron_layout(config)
     router = config.rollout.router
-    if router not in POLICIES or router == "oracle":
-        raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in POLICIES if p != 'oracle')}")
+    if router not in ROUTERS or router == "oracle":
+        raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in ROUTERS if p != 'oracle')}")
     for device, where in ((config.rollout.device, "rollout.device"), (config.trainer.device, "trainer.device")):
         if device == "cuda":
             from libra.devices import gpu_count
@@ -81,12 +81,12 @@ def check_megatron_layout(config: LibraConfig) -> None:
     t = config.trainer
     if t.backend != "megatron" or address_of(config):
         return
-    if config.placement.policy != "none":
+    if config.placement.strategy != "none":
         from libra.rl.cluster import initial_placement
         from libra.rl.placing import local_cluster
 
         cluster = local_cluster(config)
-        check_layout_fits(config, initial_placement(config.placement.policy, cluster, config.placement.hybrids))
+        check_layout_fits(config, initial_placement(config.placement.strategy, cluster, config.placement.hybrids))
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     layout = fixed_layout(config)  # unplaced, the layout is fixed (planned needs a placement: the config says so)

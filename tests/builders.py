@@ -112,20 +112,20 @@ def write_placed_run(root: Path, run: str, steps: int = 12, turns_per_step: int 
                      "to_state": b, "event": e, "detail": d} for i, (w, a, b, e, d) in enumerate(events)]))
 
 
-def write_simulated_run(root: Path, run: str, steps: int = 12, policies: str = "libra,verl-colocated",
+def write_simulated_run(root: Path, run: str, steps: int = 12, systems: str = "libra,verl-colocated",
                         cluster: str = "2x8:a800") -> None:
-    """A simulation's store rows (steps, plans, pool events of each policy), from the simulator itself."""
+    """A simulation's store rows (steps, plans, pool events of each simulated system), from the simulator itself."""
     from flows.simulate import simulation_request
     from libra.config import PlannerConfig, StoreConfig
     from libra.planner.planner import PlannerSettings
-    from libra.sim.runner import simulate_policy, simulation_cost, workload_batches
+    from libra.sim.runner import simulate_system, simulation_cost, workload_batches
     from tasks.sim_records import record_store
     from tasks.sim_tasks import request_cost
 
     planner = PlannerConfig()
-    request = simulation_request("search-r1", cluster, steps=steps, policies=policies, run=run)
+    request = simulation_request("search-r1", cluster, steps=steps, systems=systems, run=run)
     cost = request_cost(request, planner)
     batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
-    runs = {p: simulate_policy(p, simulation_cost(request.spec(), cost), batches, warmup, PlannerSettings.of(planner),
-                               planner) for p in request.policies}
+    runs = {p: simulate_system(p, simulation_cost(request.spec(), cost), batches, warmup, PlannerSettings.of(planner),
+                               planner) for p in request.systems}
     record_store(runs, run, StoreConfig(root=str(root), fsync=False))

@@ -82,7 +82,7 @@ def build(view: View) -> Page:
         Series("hybrid", x, [s["hybrid_gpus"] for s in steps], mode="lines", stackgroup="gpus"),
         Series("plan applied", [p["step"] for p in changes], [top * 1.04 for _ in changes], mode="markers",
                hover=[_plan_text(p) for p in changes], extra={"marker": {"symbol": "triangle-down", "size": 10}}),
-    ], empty="no GPU split recorded: the run was not placed (placement.policy none)",
+    ], empty="no GPU split recorded: the run was not placed (placement.strategy none)",
         shapes=vertical_marks([p["step"] for p in changes]),
         note="dotted lines: applied plans that changed the split (hover the triangles for the reason)" + binned)
     summary = _summary(steps, heldout, count)

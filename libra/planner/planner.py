@@ -39,7 +39,7 @@ class SearchDials(Settings):
 
     mode: Mode = Field("one_step_off", description="pipelining the plan assumes: one_step_off overlaps rollout k+1 "
                        "with training k (a config's planner.mode is the one `libra plan` plans for; a training run's is "
-                       "trainer.pipeline, or placement.policy colocated)")
+                       "trainer.pipeline, or placement.strategy colocated)")
     max_hybrid_fraction: float = Field(0.25, ge=0.0, le=1.0, description="largest share of GPUs in the hybrid pool")
     hybrid_shares: int = Field(4, ge=2, le=64, description="rollout share of hybrids searched on 1/k .. (k-1)/k")
     hybrid_switch_s: float = Field(10.0, ge=0.0, le=3600.0, description="a hybrid's join + leave per iteration")

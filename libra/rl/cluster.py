@@ -22,7 +22,7 @@ own, that also train beside the trainer as hybrids of the elastic pool (its core
 trainer, on the training workers, which stay where they are while hybrids train). Hybrid i is the
 i-th worker before the trainer's first: the planner's hybrid count says how many of them train.
 
-The policies a run can follow (`libra train --policy`):
+The strategies a run can follow (`placement.strategy`, `libra train --placement`):
 
 - `colocated`: every worker rolls out, then every worker trains (verl's colocated placement);
 - `static`: the initial split, never moved (a fixed rollout/train split, AReaL-style);
@@ -41,8 +41,8 @@ from libra.planner.planner import Plan
 from libra.planner.profiles import GB, Cluster, HardwareProfile
 from libra.trainer.layout import Layout
 
-PolicyName = Literal["libra", "static", "colocated"]
-POLICIES: tuple[str, ...] = ("libra", "static", "colocated")
+StrategyName = Literal["libra", "static", "colocated"]  # placement.strategy of a placed run
+STRATEGIES: tuple[str, ...] = ("libra", "static", "colocated")
 
 # One CPU core as a planner device, before calibration: ~50 GFLOP/s fp32 GEMM, a share of DDR
 # bandwidth, loopback between processes. The calibration replaces what matters (the per-step fixed
@@ -170,20 +170,20 @@ def hybrid_workers(first_train: int, count: int) -> tuple[int, ...]:
     return tuple(first_train - 1 - i for i in range(count))
 
 
-def initial_placement(policy: str, cluster: LocalCluster, hybrids: int = 0) -> Placement:
+def initial_placement(strategy: str, cluster: LocalCluster, hybrids: int = 0) -> Placement:
     """Where a run starts. `colocated`: one engine on every worker, then the trainer on every worker.
     `static` and `libra`: half the workers roll out (the larger half, with an odd count; rollout is
     the longer stage of agentic RL) on one engine, the rest train; a one-worker machine can only
-    take turns, so it starts colocated whatever the policy. With `hybrids`, that many rollout
+    take turns, so it starts colocated whatever the strategy. With `hybrids`, that many rollout
     workers (those nearest the trainer's) each run an engine of their own and train as hybrids."""
-    if policy not in POLICIES:
-        raise LibraError(f"unknown placement policy {policy!r}; policies: {', '.join(POLICIES)}")
+    if strategy not in STRATEGIES:
+        raise LibraError(f"unknown placement strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
     everyone = tuple(range(cluster.size))
-    if hybrids and (policy == "colocated" or cluster.size == 1):
-        raise LibraError(f"{hybrids} hybrid worker(s) need a split placement: policy static or libra, and at least two "
+    if hybrids and (strategy == "colocated" or cluster.size == 1):
+        raise LibraError(f"{hybrids} hybrid worker(s) need a split placement: strategy static or libra, and at least two "
                          f"workers (this machine has {cluster.size})")
     hosts = len(cluster.host_names)
-    if policy == "colocated" or cluster.size == 1:
+    if strategy == "colocated" or cluster.size == 1:
         engines = (everyone,) if hosts < 2 else tuple((w,) for w in everyone)
         return spread_over_hosts(Placement(engines, everyone, True), cluster)
     rollout = (cluster.size + 1) // 2

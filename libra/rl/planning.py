@@ -6,7 +6,7 @@ the planner's outputs -> the store's rows.
     move_held(plan, cluster, plan_id, calibrating)                  # why a move that pays must wait
     plan_row(...), move_rows(...)                                   # a plan and the moves it made, as rows
 
-The planning flow (`flows/planning.py`) reads the rows back with DuckDB, fits the cost model to them
+The planning flow (`flows/replanning.py`) reads the rows back with DuckDB, fits the cost model to them
 (`libra.planner.calibrate.fit`), and lets the `PlanController` decide, so the planner that plans a
 simulated cluster plans this machine too, from what this run measured.
 """

@@ -31,7 +31,7 @@ NODE_SHARE = 0.001  # of a node's `node:<address>` resource: binds a bundle to t
 
 def address_of(config: LibraConfig) -> str:
     """The Ray cluster a placed run runs on: cluster.ray_address, else RAY_ADDRESS; empty: none."""
-    if config.placement.policy == "none":
+    if config.placement.strategy == "none":
         return ""
     return config.cluster.ray_address or os.environ.get("RAY_ADDRESS", "")
 

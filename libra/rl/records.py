@@ -78,10 +78,17 @@ class IterationRecord:
     heldout_reward: float | None = None  # after this iteration's update, when evaluated
     start_s: float = 0.0  # when the iteration began, in training seconds since the run began
     version: int = 0  # the weights after the update
-    policy: str = "none"  # the placement policy (libra, static, colocated; none: stages share every core)
+    strategy: str = "none"  # the placement strategy (libra, static, colocated; none: stages share every core)
     placement: Placement | None = None  # where the iteration ran (None: no placement)
     engine_starts: tuple[EngineStart, ...] = ()  # engines (re)started since the last iteration's record
     pool_events: tuple[PoolEvent, ...] = ()  # the hybrids' transitions since the last iteration's record
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling: a record pickled into a checkpoint before the placement choice was named
+        `strategy` holds it as `policy`."""
+        if "policy" in state:
+            state = {("strategy" if k == "policy" else k): v for k, v in state.items()}
+        self.__dict__.update(state)
 
     def metrics(self) -> dict[str, float]:
         u, b = self.update.stats, self.batch.stats
@@ -104,7 +111,8 @@ class IterationRecord:
         placed = {} if p is None else {"plan_id": p.plan_id, "train_gpus": len(p.train),
                                        "rollout_gpus": 0 if p.colocated else len(p.rollout_workers),
                                        "hybrid_gpus": self.update.stats.hybrids}
-        return placed | {"run": run, "step": self.step, "policy": self.policy, "start_s": self.start_s,
+        # the steps table's column keeps its name `policy`
+        return placed | {"run": run, "step": self.step, "policy": self.strategy, "start_s": self.start_s,
                 "rollout_s": b.wall_s, "train_s": self.seconds["train"],
                 "step_s": self.seconds["iteration"], "trajectories": b.trajectories, "gen_tokens": b.generated_tokens,
                 "trained_tokens": self.update.stats.tokens, "reward_mean": b.reward_mean, "reward_std": b.reward_std}

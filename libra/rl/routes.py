@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from libra.rollout.envs.base import Env
-    from libra.scheduler.policies import Router
+    from libra.scheduler.routers import Router
 
 
 def router_for(config: LibraConfig, env: Env, tokenizer: PreTrainedTokenizerBase, instances: int,
@@ -18,8 +18,8 @@ def router_for(config: LibraConfig, env: Env, tokenizer: PreTrainedTokenizerBase
     """The router over `instances` buckets: `current` when it has as many, else a new one that keeps
     what `current` learned where the router can carry it (Libra's router)."""
     from libra.rollout.envs import expert_bounds
-    from libra.scheduler.policies import Buckets
     from libra.scheduler.replay import make_router
+    from libra.scheduler.routers import Buckets
 
     if current is not None and current.buckets.count == instances:
         return current

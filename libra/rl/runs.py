@@ -47,7 +47,7 @@ def config_digest(config: LibraConfig) -> str:
         trainer.pop("layout")
     trainer["policy"] = str(Path(config.trainer.policy).resolve())
     data = {"run": config.trainer.run_name(), "rollout": rollout, "trainer": trainer,
-            "scheduler": config.scheduler.model_dump(mode="json"), "placement": config.placement.policy}
+            "scheduler": config.scheduler.model_dump(mode="json"), "placement": config.placement.strategy}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -137,12 +137,12 @@ def _open(config: LibraConfig, run: str, policy: Path, root: Path, lock: TextIO)
     address = address_of(config)
     ray = RayCluster.connect(address, config.cluster.start_timeout_s) if address else None
     planning = load_blob(latest, "planning") if latest is not None else None
-    site = site_of(config, ray, clock) if config.placement.policy != "none" else None
+    site = site_of(config, ray, clock) if config.placement.strategy != "none" else None
     placement = None
     if site is not None:
         placed = planning is not None and planning.get("cluster", site.cluster) == site.cluster
         placement = planning["placement"] if placed else \
-            initial_placement(config.placement.policy, site.cluster, config.placement.hybrids)
+            initial_placement(config.placement.strategy, site.cluster, config.placement.hybrids)
         placement = with_first_layout(config, placement, site.cluster, policy)
     pool_events: list[PoolEvent] = []
     trainer = open_trainer(config, weights, policy, root, placement, site.cluster if site else None,

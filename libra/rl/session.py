@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from libra.planner.controller import PlanController
     from libra.rollout.engines import Engine
     from libra.rollout.envs.base import Env
-    from libra.scheduler.policies import Router
+    from libra.scheduler.routers import Router
 
 
 @dataclass
@@ -135,7 +135,7 @@ class TrainingSession:
             return ""
         self.note_hosts(step, change)
         self.controller = None
-        self.apply(initial_placement(self.config.placement.policy, change.after, self.config.placement.hybrids),
+        self.apply(initial_placement(self.config.placement.strategy, change.after, self.config.placement.hybrids),
                    force=True)
         return self.replaced
 
@@ -244,7 +244,7 @@ class TrainingSession:
         events = tuple(self.pool_events[:])  # the pool's monitor thread appends; take what is there now
         del self.pool_events[:len(events)]
         return IterationRecord(step, batch, update, seconds, heldout_reward, self.elapsed_s(), self.trainer.updates,
-                               self.config.placement.policy, self.placement, starts, events)
+                               self.config.placement.strategy, self.placement, starts, events)
 
     def checkpoint(self, record: IterationRecord, mlflow_run_id: str = "") -> Path:
         """The state after iteration `record.step`: weights, optimizer, RNG, the batches rolled out

@@ -1,6 +1,6 @@
-"""The live run's placement policies in the simulator: what `libra train --policy colocated|static|libra`
+"""The live run's placement strategies in the simulator: what `libra train --placement colocated|static|libra`
 does on one machine's workers, replayed on the simulator's physics, so that the simulator's
-prediction for the three policies can be set beside what the live runs measured.
+prediction for the three strategies can be set beside what the live runs measured.
 
     batches = batches_from_turns(turn_rows)                     # a run's trajectories, step by step
     runs = predict(batches, cost, cluster, planner_config, engine_start_s)
@@ -12,7 +12,7 @@ prediction for the three policies can be set beside what the live runs measured.
   coefficients fitted to the runs' timing samples (`libra.planner.calibrate.fit`), and the measured
   engine start as the price of moving workers (a move that keeps the engines costs nothing: the
   trainer's threads move for free).
-- The policies place engines and the trainer as the live ones do (`libra.rl.cluster`): `colocated`
+- The strategies place engines and the trainer as the live ones do (`libra.rl.cluster`): `colocated`
   one engine on every worker, then the trainer on every worker; `static` the initial split, never
   moved; `libra` that split, then the planning flow's decisions: the same `PlanController` over the
   same variants (`libra.rl.planning.live_variants`: split or colocated), fed the same way (the
@@ -36,11 +36,11 @@ from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel
 from libra.planner.trigger import TriggerSettings
 from libra.planner.workload import Workload
-from libra.rl.cluster import POLICIES, LocalCluster, Placement, initial_placement, placement_of
+from libra.rl.cluster import STRATEGIES, LocalCluster, Placement, initial_placement, placement_of
 from libra.rl.planning import adopt_placement, live_variants, move_held
-from libra.sim.policies import StepConfig, SystemPolicy
 from libra.sim.rollout import InstanceSpec
-from libra.sim.runner import PolicyRun, run_policy
+from libra.sim.runner import SystemRun, run_system
+from libra.sim.systems import StepConfig, System
 from libra.sim.training import workload_of
 from libra.sim.workloads import SimTrajectory, SimTurn
 from libra.types import NO_TOOL
@@ -71,21 +71,21 @@ def batches_from_turns(rows: Sequence[dict]) -> list[list[SimTrajectory]]:
     return batches
 
 
-class LocalPlacement(SystemPolicy):
-    """`libra train --policy NAME` on `cluster`'s workers."""
+class LocalPlacement(System):
+    """`libra train --placement NAME` on `cluster`'s workers."""
 
-    def __init__(self, policy: str, cluster: LocalCluster, cost: CostModel, config: PlannerConfig,
+    def __init__(self, strategy: str, cluster: LocalCluster, cost: CostModel, config: PlannerConfig,
                  trigger: TriggerSettings, steps: int) -> None:
-        if policy not in POLICIES:
-            raise LibraError(f"unknown placement policy {policy!r}; policies: {', '.join(POLICIES)}")
+        if strategy not in STRATEGIES:
+            raise LibraError(f"unknown placement strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
         self.variants = live_variants(cluster, config)
         super().__init__(cost, self.variants[0], trigger)
-        self.name = policy
+        self.name = strategy
         self.cluster = cluster
         self.steps = steps
         self.recent_steps = config.recent_steps
-        self.placement = initial_placement(policy, cluster)
-        self.controller = PlanController(cost, trigger=trigger, variants=self.variants) if policy == "libra" else None
+        self.placement = initial_placement(strategy, cluster)
+        self.controller = PlanController(cost, trigger=trigger, variants=self.variants) if strategy == "libra" else None
         self.history: list[list[SimTrajectory]] = []
 
     def _config(self, placement: Placement, workload: Workload, switch_s: float, reason: str) -> StepConfig:
@@ -133,13 +133,13 @@ class LocalPlacement(SystemPolicy):
 
 
 def predict(batches: Sequence[list[SimTrajectory]], cost: CostModel, cluster: LocalCluster, config: PlannerConfig,
-            engine_start_s: float, policies: Sequence[str] = POLICIES) -> dict[str, PolicyRun]:
-    """Each placement policy over the same steps (`batches`; the first also stands in for the
+            engine_start_s: float, strategies: Sequence[str] = STRATEGIES) -> dict[str, SystemRun]:
+    """Each placement strategy over the same steps (`batches`; the first also stands in for the
     warm-up batch the initial placement is sized on), on `cost`'s physics."""
     if not batches:
         raise LibraError("no steps to simulate: the run recorded no turns")
     trigger = TriggerSettings.of(config).model_copy(update={"engine_start_s": engine_start_s})
     settings = live_variants(cluster, config)[0]
-    return {name: run_policy(LocalPlacement(name, cluster, cost, config, trigger, len(batches)), cost,
+    return {name: run_system(LocalPlacement(name, cluster, cost, config, trigger, len(batches)), cost,
                              list(batches), batches[0], settings)
-            for name in policies}
+            for name in strategies}

@@ -62,8 +62,8 @@ def check_layout_fits(config: LibraConfig, placement: Placement) -> None:
     rank is a process on a worker of its own."""
     layout = fixed_layout(config)
     if layout is not None and layout.world > len(placement.train):
-        raise LibraError(f"trainer.tp x pp x dp = {layout.world} ranks ({layout}), but placement.policy "
-                         f"{config.placement.policy} gives the trainer {len(placement.train)} worker(s) "
+        raise LibraError(f"trainer.tp x pp x dp = {layout.world} ranks ({layout}), but placement.strategy "
+                         f"{config.placement.strategy} gives the trainer {len(placement.train)} worker(s) "
                          f"({placement.describe()}); lower the layout, add workers (placement.cores_per_worker), or "
                          "set trainer.layout: planned")
 
@@ -106,7 +106,7 @@ def open_trainer(config: LibraConfig, weights: Path, policy: Path, root: Path, p
 
         layout = fixed_layout(config) or (placement.layout if placement is not None else None)
         if layout is None:
-            raise LibraError("trainer.layout planned needs a placement (placement.policy libra, static or colocated)")
+            raise LibraError("trainer.layout planned needs a placement (placement.strategy libra, static or colocated)")
         units: tuple[int, ...] = ()
         if placement is not None and cluster is not None:
             check_layout_fits(config, placement)

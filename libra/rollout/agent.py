@@ -30,7 +30,7 @@ from libra.rollout.protocol import STOPS, observation, parse
 from libra.rollout.sandbox import SandboxUnavailable, make_workroot
 from libra.scheduler.causal_tree import path_of
 from libra.scheduler.keys import ToolReturn
-from libra.scheduler.policies import Router
+from libra.scheduler.routers import Router
 from libra.types import ToolStatus, Trajectory, Turn
 
 

@@ -15,7 +15,7 @@ from libra.scheduler.causal_tree import CausalTree, Cursor, Node, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
 from libra.scheduler.lengths import PromptLengths
 from libra.scheduler.metrics import DecisionRecord, balanced_accuracy
-from libra.scheduler.policies import (
+from libra.scheduler.routers import (
     CMLFQ,
     Buckets,
     Lane,

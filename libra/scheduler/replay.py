@@ -34,7 +34,7 @@ from libra.scheduler.metrics import (
     quantile,
     rank_correlation,
 )
-from libra.scheduler.policies import (
+from libra.scheduler.routers import (
     CMLFQ,
     MLFQ,
     AlwaysShortest,
@@ -50,7 +50,7 @@ from libra.scheduler.policies import (
 from libra.traces import group_by_step
 from libra.types import Trajectory
 
-POLICIES = ("libra", "libra-tree", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest", "oracle",
+ROUTERS = ("libra", "libra-tree", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest", "oracle",
             "cmlfq@budget", "mlfq@budget", "predictor-repredict@budget")
 
 
@@ -125,7 +125,7 @@ def make_router(name: str, buckets: Buckets, truth: Mapping[str, Sequence[int]],
 
 
 @dataclass(frozen=True)
-class PolicyResult:
+class RouterResult:
     accuracy: float
     balanced_accuracy: float
     rank_correlation: float | None
@@ -150,7 +150,7 @@ class ReplayResult:
     buckets: tuple[int, ...]
     steps: int
     warmup_steps: int
-    policies: dict[str, PolicyResult]
+    routers: dict[str, RouterResult]
     bound: Bound | None = None
 
 
@@ -160,7 +160,7 @@ def replay(
     prompts_per_step: int = 8,
     order: str = "group",
     bounds: Sequence[int] | None = None,
-    policies: Sequence[str] = POLICIES,
+    routers: Sequence[str] = ROUTERS,
     settings: SchedulerConfig | None = None,
     timer: Callable[[], int] | None = None,
     with_bound: bool = True,
@@ -170,20 +170,20 @@ def replay(
     `with_bound=False` skips the clairvoyant bound; `progress` hears (router, steps replayed, steps)
     after each step."""
     settings = settings or SchedulerConfig()
-    unknown = [p for p in policies if p not in POLICIES]
+    unknown = [r for r in routers if r not in ROUTERS]
     if unknown:
-        raise LibraError(f"unknown router(s) {', '.join(unknown)}; routers: {', '.join(POLICIES)}")
+        raise LibraError(f"unknown router(s) {', '.join(unknown)}; routers: {', '.join(ROUTERS)}")
     steps = rl_steps(trajectories, prompts_per_step, parse_order(order))
     warmup = math.ceil(len(steps) * settings.warmup_fraction)
     if warmup >= len(steps):
         raise LibraError(f"{len(steps)} steps leave none after warm-up; use fewer prompts per step or more epochs")
     buckets = Buckets(tuple(bounds)) if bounds else auto_buckets([t for s in steps[:warmup] for t in s])
     results = {}
-    for name in policies:
+    for name in routers:
         records = _run(name, steps, warmup, buckets, settings, timer, progress)
         total_tokens = sum(t.total_tokens for s in steps[warmup:] for t in s)
         latencies = [r.latency_ns / 1000 for r in records]
-        results[name] = PolicyResult(
+        results[name] = RouterResult(
             accuracy=accuracy(records),
             balanced_accuracy=balanced_accuracy(records, buckets.count),
             rank_correlation=rank_correlation(records),

@@ -29,7 +29,7 @@ from libra.errors import InfeasibleError
 from libra.planner.cost_model import CostModel
 from libra.scheduler.causal_tree import TrajectoryPath, path_from_turns
 from libra.scheduler.keys import ToolReturn
-from libra.scheduler.policies import Lane, Router
+from libra.scheduler.routers import Lane, Router
 from libra.sim.engine import Event, EventLoop
 from libra.sim.workloads import SimTrajectory
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from libra.planner.cost_model import CostModel
-from libra.scheduler.policies import Buckets
 from libra.scheduler.replay import make_router
+from libra.scheduler.routers import Buckets
 from libra.sim.rollout import InstanceSpec, RolloutSim, lanes, mean_context, path_of
 from libra.sim.workloads import SimTrajectory
 

@@ -1,8 +1,9 @@
-"""Running whole-system policies over the same simulated workload and reporting what they achieve.
+"""Running the simulated systems (`systems`) over the same simulated workload and reporting what they
+achieve.
 
-Every policy sees the same trajectories at every step (same seed). A step rolls out its batch on the
-policy's instances with its router; its training time comes from the planner's cost model for the
-policy's training configuration and the step's tokens. Pipelining:
+Every system sees the same trajectories at every step (same seed). A step rolls out its batch on the
+system's instances with its router; its training time comes from the planner's cost model for the
+system's training configuration and the step's tokens. Pipelining:
 
     colocated     step = reconfiguration + rollout(k) + offload/onload + train(k) + weight sync (the
                   planner settings' `offload_s`); a step that switches from one-step-off first trains
@@ -12,7 +13,7 @@ policy's training configuration and the step's tokens. Pipelining:
                   after fetching a snapshot, which speeds the rest of that training up; a step that
                   switches from colocated has nothing to train yet
 
-Non-oracle policies plan on the previous step's trajectories (step 0 on a separate warm-up batch).
+Non-oracle systems plan on the previous step's trajectories (step 0 on a separate warm-up batch).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import PlannerSettings
 from libra.planner.trigger import StepTimes, TriggerSettings
-from libra.sim.policies import POLICIES, StepConfig, SystemPolicy, make_policy
+from libra.sim.systems import SYSTEMS, StepConfig, System, make_system
 from libra.sim.training import train_seconds, with_hybrids
 from libra.sim.workloads import SimTrajectory, WorkloadGenerator, WorkloadSpec
 
@@ -51,7 +52,7 @@ class StepRecord:
 
 
 @dataclass
-class PolicyRun:
+class SystemRun:
     name: str
     steps: list[StepRecord] = field(default_factory=list)
     tail_train_s: float = 0.0  # one_step_off: training of the last batch after the last rollout
@@ -82,16 +83,16 @@ class PolicyRun:
                 "train": sum(s.idle_train_gpu_s for s in self.steps)}
 
 
-def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, policies: list[str], seed: int = 0,
+def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, systems: list[str], seed: int = 0,
              planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
-             progress: Callable[[str, int], None] | None = None) -> dict[str, PolicyRun]:
-    """Every policy over the same `steps` batches of `spec` (drawn with `seed`)."""
-    unknown = [p for p in policies if p not in POLICIES]
+             progress: Callable[[str, int], None] | None = None) -> dict[str, SystemRun]:
+    """Every system over the same `steps` batches of `spec` (drawn with `seed`)."""
+    unknown = [p for p in systems if p not in SYSTEMS]
     if unknown:
-        raise ValueError(f"unknown policies {unknown}; policies: {', '.join(POLICIES)}")
+        raise ValueError(f"unknown systems {unknown}; systems: {', '.join(SYSTEMS)}")
     cost = simulation_cost(spec, cost)
     batches, warmup = workload_batches(spec, steps, seed)
-    return {name: simulate_policy(name, cost, batches, warmup, planner, trigger, progress) for name in policies}
+    return {name: simulate_system(name, cost, batches, warmup, planner, trigger, progress) for name in systems}
 
 
 def simulation_cost(spec: WorkloadSpec, cost: CostModel) -> CostModel:
@@ -102,33 +103,33 @@ def simulation_cost(spec: WorkloadSpec, cost: CostModel) -> CostModel:
 
 
 def workload_batches(spec: WorkloadSpec, steps: int, seed: int) -> tuple[list[list[SimTrajectory]], list[SimTrajectory]]:
-    """The steps' trajectories, and the warm-up batch the planning policies plan step 0 on."""
+    """The steps' trajectories, and the warm-up batch the planning systems plan step 0 on."""
     generator = WorkloadGenerator(spec, seed)
     return [generator.step(k) for k in range(steps)], generator.step(-1)
 
 
-def simulate_policy(name: str, cost: CostModel, batches: list[list[SimTrajectory]], warmup: list[SimTrajectory],
+def simulate_system(name: str, cost: CostModel, batches: list[list[SimTrajectory]], warmup: list[SimTrajectory],
                     planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
-                    progress: Callable[[str, int], None] | None = None) -> PolicyRun:
-    """One policy over `batches` (`cost` from `simulation_cost`)."""
+                    progress: Callable[[str, int], None] | None = None) -> SystemRun:
+    """One system over `batches` (`cost` from `simulation_cost`)."""
     planner = planner or PlannerSettings()
-    policy = make_policy(name, cost, planner, trigger or TriggerSettings())
-    policy.plan_ahead(batches)
-    return run_policy(policy, cost, batches, warmup, planner, progress)
+    system = make_system(name, cost, planner, trigger or TriggerSettings())
+    system.plan_ahead(batches)
+    return run_system(system, cost, batches, warmup, planner, progress)
 
 
-def run_policy(policy: SystemPolicy, cost: CostModel, batches: list[list[SimTrajectory]],
+def run_system(system: System, cost: CostModel, batches: list[list[SimTrajectory]],
                warmup: list[SimTrajectory], planner: PlannerSettings,
-               progress: Callable[[str, int], None] | None = None) -> PolicyRun:
-    run = PolicyRun(policy.name)
+               progress: Callable[[str, int], None] | None = None) -> SystemRun:
+    run = SystemRun(system.name)
     sync_s = cost.weight_sync_s()
     previous = warmup
     pending: tuple[StepConfig, list[SimTrajectory]] | None = None  # batch waiting to be trained
     times: StepTimes | None = None
     for k, batch in enumerate(batches):
-        config = policy.configure(k, previous, batch, times)
-        rollout = policy.rollout(k, config, batch)
-        policy.observe(batch)
+        config = system.configure(k, previous, batch, times)
+        rollout = system.rollout(k, config, batch)
+        system.observe(batch)
         if config.mode == "colocated":
             train_s, train_config = train_seconds(cost, config.train_config, config.train_gpus, batch, planner)
             trained, events = batch, []
@@ -161,7 +162,7 @@ def run_policy(policy: SystemPolicy, cost: CostModel, batches: list[list[SimTraj
         times = StepTimes(k, rollout.makespan_s, train_s if train_s > 0 else rollout.makespan_s)
         previous = batch
         if progress:
-            progress(policy.name, k)
+            progress(system.name, k)
     if pending is not None:
         run.tail_train_s, _ = train_seconds(cost, pending[0].train_config, pending[0].train_gpus, pending[1], planner)
         last = run.steps[-1]

@@ -37,7 +37,7 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "steps.yaml").write_text("trainer:\n  steps: true\n")
     (tmp_path / "dup.yaml").write_text("store: {root: a}\nstore: {root: b}\n")
     (tmp_path / "big.yaml").write_text("# " + "x" * (1 << 20) + "\n")
-    (tmp_path / "ranks.yaml").write_text("trainer: {backend: megatron, dp: 4}\nplacement: {policy: static}\n"
+    (tmp_path / "ranks.yaml").write_text("trainer: {backend: megatron, dp: 4}\nplacement: {strategy: static}\n"
                                          "rollout: {engine: vllm}\n")
     (tmp_path / "unplaced.yaml").write_text("trainer: {backend: megatron, layout: planned}\n")
     lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
@@ -85,10 +85,10 @@ BAD = [
     (["config", "--config", "dir.csv"], "dir.csv: cannot read config (Is a directory); pass an existing YAML file"),
     # training layouts the machine cannot run
     (["train", "--config", "ranks.yaml", "--steps", "1"],
-     "trainer.tp x pp x dp = 4 ranks (tp=1 pp=1 dp=4), but placement.policy static gives the trainer 1 worker(s)"),
+     "trainer.tp x pp x dp = 4 ranks (tp=1 pp=1 dp=4), but placement.strategy static gives the trainer 1 worker(s)"),
     (["train", "--config", "unplaced.yaml", "--steps", "1"],
      "unplaced.yaml: trainer.layout planned takes the layout the planner chooses for the trainer's workers; set "
-     "placement.policy"),
+     "placement.strategy"),
     # numbers out of range
     (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "small.csv", "--batch", "1000000000000"],
      "--batch must be <= 1,000,000, got 1,000,000,000,000"),
@@ -96,7 +96,7 @@ BAD = [
      "--order epochs:1000000000: 1,000,000,000 epochs of 2,454 turns make up to 2,454,000,000,000 routing decisions per "
      "router, more than the 20,000,000 a replay may hold; use fewer epochs"),
     (["eval-router", "--trace", str(TAU), "--prompts-per-step", "-4"], "--prompts-per-step must be >= 1, got -4"),
-    (["eval-router", "--trace", str(TAU), "--policies", ","], "--policies ',': name at least one router"),
+    (["eval-router", "--trace", str(TAU), "--routers", ","], "--routers ',': name at least one router"),
     (["simulate", "--workload", "search-r1", "--group-size", "99999999", "--no-track"],
      "--group-size must be <= 4,096, got 99,999,999"),
     (["simulate", "--workload", "search-r1", "--steps", "1000", "--group-size", "1000", "--no-track"],
@@ -153,7 +153,7 @@ def test_messages_stay_on_one_line(files: Path, capsys: pytest.CaptureFixture) -
 def test_the_operating_systems_refusals_are_one_line(files: Path, capsys: pytest.CaptureFixture) -> None:
     (files / "a_file").write_text("")
     assert main(["simulate", "--workload", "search-r1", "--steps", "1", "--cluster", "2x8:a800", "--model", "qwen3-8b",
-                 "--policies", "libra", "--group-size", "2", "--prompts-per-step", "2", "--no-track",
+                 "--systems", "libra", "--group-size", "2", "--prompts-per-step", "2", "--no-track",
                  "--store", "a_file/store"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("libra: error: Not a directory: a_file/store") and err.count("\n") == 1

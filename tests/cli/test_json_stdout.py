@@ -56,9 +56,9 @@ def test_json_stdout_under_a_capturing_test(capsys: pytest.CaptureFixture) -> No
 
 @pytest.mark.parametrize("argv", [
     ["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", str(ROOT / "data/traces/tora_gsm8k.csv")],
-    ["eval-router", "--trace", str(ROOT / "data/traces/taubench_airline.csv"), "--policies", "libra"],
+    ["eval-router", "--trace", str(ROOT / "data/traces/taubench_airline.csv"), "--routers", "libra"],
     ["simulate", "--workload", "search-r1", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--steps", "2",
-     "--policies", "libra", "--group-size", "2", "--prompts-per-step", "4", "--no-track"],
+     "--systems", "libra", "--group-size", "2", "--prompts-per-step", "4", "--no-track"],
 ], ids=["plan", "eval-router", "simulate"])
 def test_json_commands_print_one_json_document(tmp_path: Path, argv: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-m", "cli.main", *argv, "--json", "--config", str(config_file(tmp_path))],
@@ -70,7 +70,7 @@ def test_json_commands_print_one_json_document(tmp_path: Path, argv: list[str]) 
 
 # vLLM logs to stdout and starts engine processes that inherit it: that with --json none of it reaches
 # stdout is asserted of every `libra train --json` on vLLM (tests/flows/test_train.py `finished`, run
-# by tests/flows/test_planning.py)
+# by tests/flows/test_replanning.py)
 
 
 LATE = """

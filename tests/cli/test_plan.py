@@ -76,7 +76,7 @@ def test_plan_calibrates_from_run_timings(tmp_path: Path, capsys) -> None:
 def test_eval_router_json(capsys) -> None:
     trace = ROOT / "data" / "traces" / "taubench_airline.csv"
     code, out, _ = run_cli(capsys, "eval-router", "--trace", str(trace), "--buckets", "2000,4000",
-                           "--policies", "libra,cmlfq,oracle,always-shortest", "--json")
+                           "--routers", "libra,cmlfq,oracle,always-shortest", "--json")
     assert code == 0
     report = json.loads(out)
     assert report["buckets"] == [2000, 4000]

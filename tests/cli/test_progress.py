@@ -86,7 +86,7 @@ def on_terminal(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str, 
 
 
 def test_eval_router_shows_progress_on_a_terminal_only_without_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    argv = ["eval-router", "--trace", str(TAU), "--policies", "libra,cmlfq", "--buckets", "2000,4000"]
+    argv = ["eval-router", "--trace", str(TAU), "--routers", "libra,cmlfq", "--buckets", "2000,4000"]
     code, out, drawn = on_terminal(monkeypatch, *argv)
     assert code == 0 and "cmlfq" in out
     assert "reading " in drawn and " MiB " in drawn
@@ -96,10 +96,10 @@ def test_eval_router_shows_progress_on_a_terminal_only_without_json(monkeypatch:
     assert list(json.loads(out)["policies"]) == ["libra", "cmlfq"]
 
 
-def test_simulate_shows_progress_per_policy_step(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_simulate_shows_progress_per_system_step(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     code, out, drawn = on_terminal(
         monkeypatch, "simulate", "--workload", "search-r1", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--steps", "3",
-        "--policies", "static-uniform,libra", "--group-size", "4", "--prompts-per-step", "8", "--no-track",
+        "--systems", "static-uniform,libra", "--group-size", "4", "--prompts-per-step", "8", "--no-track",
         "--store", str(tmp_path / "store"))
     assert code == 0 and "static-uniform" in out
     assert "simulating [" in drawn and "] 100% 6/6 libra step 3/3" in drawn

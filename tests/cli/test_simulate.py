@@ -13,7 +13,7 @@ def test_simulate_json_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) -> 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     config = local_config(tmp_path)
     code = main(["simulate", "--workload", "search-r1", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--steps", "3",
-                 "--policies", "static-uniform,libra,oracle", "--group-size", "4", "--prompts-per-step", "8",
+                 "--systems", "static-uniform,libra,oracle", "--group-size", "4", "--prompts-per-step", "8",
                  "--config", str(config), "--json"])
     out = capsys.readouterr().out
     assert code == 0
@@ -42,6 +42,6 @@ def test_simulate_json_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) -> 
 def test_simulate_errors(capsys) -> None:
     assert main(["simulate", "--workload", "nope", "--steps", "1", "--no-track"]) == 2
     assert "unknown workload 'nope'" in capsys.readouterr().err
-    assert main(["simulate", "--workload", "search-r1", "--policies", "libra,magic", "--no-track"]) == 2
-    assert "unknown policies magic" in capsys.readouterr().err
+    assert main(["simulate", "--workload", "search-r1", "--systems", "libra,magic", "--no-track"]) == 2
+    assert "unknown systems magic" in capsys.readouterr().err
     assert main(["simulate", "--workload", "search-r1", "--steps", "0", "--no-track"]) == 2

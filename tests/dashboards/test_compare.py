@@ -5,7 +5,7 @@ import pytest
 from dashboards.compare import RunHistory, compare, default_target, time_to
 
 
-def history(name: str, policy: str, iteration: list[float], tokens: list[float], heldout: dict[int, float],
+def history(name: str, strategy: str, iteration: list[float], tokens: list[float], heldout: dict[int, float],
             evaluate: dict[int, float] | None = None, planning: dict[int, float] | None = None,
             applied: dict[int, float] | None = None, moved: dict[int, float] | None = None) -> RunHistory:
     metrics = {"iteration_s": tuple(enumerate(iteration)), "generated_tokens": tuple(enumerate(tokens)),
@@ -13,7 +13,7 @@ def history(name: str, policy: str, iteration: list[float], tokens: list[float],
                "planning_s": tuple(sorted((planning or {}).items())), "plan_applied": tuple(sorted((applied or {}).items())),
                "workers_moved": tuple(sorted((moved or {}).items())),
                "rollout_workers": tuple((s, 1.0 if s < 2 else 2.0) for s in range(len(iteration)))}
-    return RunHistory(name, f"id-{name}", policy, metrics)
+    return RunHistory(name, f"id-{name}", strategy, metrics)
 
 
 STATIC = history("s", "static", [10, 10, 10, 10], [100, 100, 100, 100], {0: 0.1, 2: 0.3, 4: 0.4}, evaluate={1: 4.0})
@@ -23,7 +23,7 @@ LIBRA = history("l", "libra", [10, 10, 6, 6], [100, 100, 100, 100], {0: 0.1, 2: 
 
 def test_training_time_leaves_out_evaluation_and_counts_planning_and_moves():
     static, libra = compare([STATIC, LIBRA], target=0.4).rows  # fastest first
-    assert static.policy == "static" and static.train_time_s == 36.0 and static.tokens_per_s == pytest.approx(400 / 36)
+    assert static.strategy == "static" and static.train_time_s == 36.0 and static.tokens_per_s == pytest.approx(400 / 36)
     assert libra.train_time_s == 53.0 and libra.tokens_per_s == pytest.approx(400 / 53)
     assert (libra.plans_applied, libra.workers_moved, libra.rollout_workers_mean) == (1, 2, 1.5)
     assert (static.heldout_final, libra.heldout_final) == (0.4, 0.5)

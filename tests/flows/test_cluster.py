@@ -37,7 +37,7 @@ def cluster_config(base: Path, policy: Path, address: str) -> Path:
         "trainer": {"policy": str(policy), "run": "hosts", "steps": STEPS, "prompts_per_step": 2,
                     "samples_per_prompt": 4, "eval_prompts": 2, "eval_every": 100, "checkpoint_dir": str(base / "checkpoints"),
                     "lr": 1e-4},
-        "placement": {"policy": "static"},
+        "placement": {"strategy": "static"},
         "pool": {"group_timeout_s": 20},
         "cluster": {"ray_address": address, "start_timeout_s": 90},
     }

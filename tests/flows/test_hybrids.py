@@ -45,7 +45,7 @@ def config_for(base: Path, policy: Path) -> LibraConfig:
         "trainer": {"policy": str(policy), "run": "hybrid", "steps": STEPS, "prompts_per_step": 2, "samples_per_prompt": 4,
                     "eval_prompts": 2, "eval_every": 10, "checkpoint_dir": str(base / "checkpoints"), "lr": 1e-4,
                     "kl_coef": 0.5},
-        "placement": {"policy": "static", "hybrids": 1},
+        "placement": {"strategy": "static", "hybrids": 1},
     })
 
 

@@ -3,7 +3,7 @@ each names a wrong parameter as its caller spells it."""
 
 import pytest
 
-from flows.plan import plan_request
+from flows.cluster_plan import plan_request
 from flows.pool import pool_request
 from flows.rollout import rollout_request
 from flows.simulate import simulation_request
@@ -34,7 +34,7 @@ def test_a_wrong_parameter_is_named_as_its_caller_spells_it(call, parameter, fla
 
 
 def test_a_request_fills_in_what_it_leaves_open() -> None:
-    request = simulation_request("search-r1", policies="libra, oracle,libra", seed=3)
-    assert request.policies == ("libra", "oracle") and request.run == "sim-search-r1-3"
+    request = simulation_request("search-r1", systems="libra, oracle,libra", seed=3)
+    assert request.systems == ("libra", "oracle") and request.run == "sim-search-r1-3"
     pool = pool_request(steps=5, schedule="1:all", kill=["hybrid-0@2"])
     assert (pool.core, pool.hybrids, pool.schedule, pool.kills) == (2, 2, ((1, 2),), (("hybrid-0", 2),))

@@ -20,13 +20,13 @@ def test_the_evaluation_flow_reports_the_replays_figures():
     from libra.scheduler.replay import replay
     from libra.traces import read_trace
 
-    report = eval_router_flow(str(TAU), buckets="2000,4000", policies="libra,cmlfq", prompts_per_step=4)
+    report = eval_router_flow(str(TAU), buckets="2000,4000", routers="libra,cmlfq", prompts_per_step=4)
     direct = replay(read_trace(TAU).trajectories, prompts_per_step=4, order="group", bounds=[2000, 4000],
-                    policies=["libra", "cmlfq"], settings=LibraConfig().scheduler, timer=time.perf_counter_ns)
+                    routers=["libra", "cmlfq"], settings=LibraConfig().scheduler, timer=time.perf_counter_ns)
     assert list(report["policies"]) == ["libra", "cmlfq"] and report["buckets"] == list(direct.buckets)
     assert (report["steps"], report["warmup_steps"]) == (direct.steps, direct.warmup_steps)
     for name, got in report["policies"].items():
-        want = direct.policies[name]
+        want = direct.routers[name]
         for metric in ("accuracy", "balanced_accuracy", "migrated_token_ratio", "decisions"):
             assert got[metric] == getattr(want, metric), (name, metric)
 
@@ -46,8 +46,8 @@ def test_the_tree_flow_saves_the_stores_tree(tmp_path: Path):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: router_request(str(TAU), LibraConfig(), policies=","), "policies ',': name at least one router"),
-    (lambda: router_request(str(TAU), LibraConfig(), policies="libra,nope"), "unknown router(s) nope"),
+    (lambda: router_request(str(TAU), LibraConfig(), routers=","), "routers ',': name at least one router"),
+    (lambda: router_request(str(TAU), LibraConfig(), routers="libra,nope"), "unknown router(s) nope"),
     (lambda: router_request(str(TAU), LibraConfig(), prompts_per_step=0), "prompts_per_step must be >= 1"),
     (lambda: router_request(str(TAU), LibraConfig(), buckets="x"), "buckets"),
     (lambda: tree_request("swe", "/no/such/folder/t.json"), "cannot write /no/such/folder/t.json"),

@@ -54,7 +54,7 @@ def libra(config: Path, *extra: str) -> subprocess.Popen:
 
 def finished(proc: subprocess.Popen) -> dict:
     """The summary of a `libra train --json` that succeeded: its stdout exactly one JSON document
-    (with vLLM's engines too, `tests/flows/test_planning.py`: they log to stdout by default)."""
+    (with vLLM's engines too, `tests/flows/test_replanning.py`: they log to stdout by default)."""
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, err[-3000:]
     assert out.count("\n") == 1, out[-3000:]

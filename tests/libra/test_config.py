@@ -146,30 +146,30 @@ def test_long_values_are_cut_short_in_errors(tmp_path: Path) -> None:
 
 def test_hybrids_need_a_split_on_cpu_workers_and_a_schedule_within_them() -> None:
     with pytest.raises(ConfigError, match="hybrids are rollout workers that also train.*not colocated"):
-        load_config(overrides={"placement.policy": "colocated", "placement.hybrids": 1})
+        load_config(overrides={"placement.strategy": "colocated", "placement.hybrids": 1})
     with pytest.raises(ConfigError, match="placed on CPU workers only so far"):
-        load_config(overrides={"placement.policy": "static", "placement.hybrids": 1, "rollout.device": "cuda",
+        load_config(overrides={"placement.strategy": "static", "placement.hybrids": 1, "rollout.device": "cuda",
                                "rollout.engine": "vllm"})
     with pytest.raises(ConfigError, match=r"hybrid_schedule \{3: 2\}: .*counts 0..placement.hybrids \(1\)"):
-        load_config(overrides={"placement.policy": "static", "placement.hybrids": 1, "placement.hybrid_schedule": {3: 2}})
-    config = load_config(overrides={"placement.policy": "libra", "placement.hybrids": 1,
+        load_config(overrides={"placement.strategy": "static", "placement.hybrids": 1, "placement.hybrid_schedule": {3: 2}})
+    config = load_config(overrides={"placement.strategy": "libra", "placement.hybrids": 1,
                                     "placement.hybrid_schedule": {0: 1, 6: 0}, "rollout.engine": "vllm"})
     assert (config.placement.hybrids, config.placement.hybrid_schedule) == (1, {0: 1, 6: 0})
 
 
 def test_a_rule_across_sections_is_one_line_naming_its_keys() -> None:
-    with pytest.raises(ConfigError, match=r": placement.policy static overlaps rollout and training \(one-step-off\): "
-                                          r"trainer.max_staleness must be >= 1 \(or use placement.policy colocated\)$"):
-        load_config(overrides={"placement.policy": "static", "trainer.pipeline": "sync", "trainer.max_staleness": 0})
+    with pytest.raises(ConfigError, match=r": placement.strategy static overlaps rollout and training \(one-step-off\): "
+                                          r"trainer.max_staleness must be >= 1 \(or use placement.strategy colocated\)$"):
+        load_config(overrides={"placement.strategy": "static", "trainer.pipeline": "sync", "trainer.max_staleness": 0})
 
 
 def test_a_ray_cluster_is_for_placed_runs_and_gives_the_transformers_engine_actors_of_its_own() -> None:
     with pytest.raises(ConfigError, match=r"cluster.ray_address '10.0.0.1:6379': a run on a Ray cluster is placed on its "
-                                          r"hosts' workers; set placement.policy to libra, static or colocated$"):
+                                          r"hosts' workers; set placement.strategy to libra, static or colocated$"):
         load_config(overrides={"cluster.ray_address": "10.0.0.1:6379"})
     with pytest.raises(ConfigError, match="rollout.engine hf"):
-        load_config(overrides={"placement.policy": "static", "rollout.engine": "hf"})
-    config = load_config(overrides={"placement.policy": "static", "rollout.engine": "hf", "cluster.ray_address": "auto"})
+        load_config(overrides={"placement.strategy": "static", "rollout.engine": "hf"})
+    config = load_config(overrides={"placement.strategy": "static", "rollout.engine": "hf", "cluster.ray_address": "auto"})
     assert (config.cluster.ray_address, config.cluster.start_timeout_s) == ("auto", 120.0)
 
 
@@ -205,10 +205,10 @@ def test_a_planned_layout_is_megatrons_and_needs_a_placement_and_no_fixed_degree
                                          "leaves to the planner"):
         TrainerConfig(backend="megatron", layout="planned", dp=2)
     with pytest.raises(ConfigError, match="trainer.layout planned takes the layout the planner chooses for the "
-                                          "trainer's workers; set placement.policy to libra, static or colocated"):
+                                          "trainer's workers; set placement.strategy to libra, static or colocated"):
         load_config(overrides={"trainer.backend": "megatron", "trainer.layout": "planned"})
     config = load_config(overrides={"trainer.backend": "megatron", "trainer.layout": "planned",
-                                    "placement.policy": "colocated", "rollout.engine": "vllm"})
+                                    "placement.strategy": "colocated", "rollout.engine": "vllm"})
     assert (config.trainer.layout, config.trainer.tp, config.trainer.dp) == ("planned", 1, 1)
 
 

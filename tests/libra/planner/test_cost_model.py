@@ -96,7 +96,7 @@ def test_group_time_agrees_with_the_rollout_physics() -> None:
     trajectory's tail decoded alone) against the simulator running the same batch on the same
     instances: within 20% on a short, a long-reasoning and a long-horizon SWE workload, at every TP.
     Pricing the tail at the full batch's step time was up to 3x too slow at TP8."""
-    from libra.scheduler.policies import Buckets, LeastLoad
+    from libra.scheduler.routers import Buckets, LeastLoad
     from libra.sim.rollout import InstanceSpec, RolloutSim
     from libra.sim.training import workload_of
     from libra.sim.workloads import WorkloadGenerator, workload_spec
@@ -115,7 +115,7 @@ def test_instances_driven_by_one_process_share_its_host_time_per_sequence() -> N
     0.4 ms = 5.12 s on one instance; two instances halve it when each has a server of its own, and
     do not when one process drives both (`shared_host`: each step also waits for the other's
     sequences). The rollout simulator runs the same batch to the same times."""
-    from libra.scheduler.policies import Buckets, LeastLoad
+    from libra.scheduler.routers import Buckets, LeastLoad
     from libra.sim.rollout import InstanceSpec, RolloutSim
     from libra.sim.training import workload_of
     from libra.sim.workloads import SimTrajectory, SimTurn

@@ -39,7 +39,7 @@ def test_static_and_libra_start_with_the_larger_half_rolling_out_colocated_with_
     together = initial_placement("colocated", cluster)
     assert together == Placement(((0, 1, 2, 3, 4),), (0, 1, 2, 3, 4), True) and together.pipeline == "sync"
     assert initial_placement("libra", LocalCluster(((0,),))).colocated  # one worker can only take turns
-    with pytest.raises(LibraError, match="unknown placement policy 'fast'"):
+    with pytest.raises(LibraError, match="unknown placement strategy 'fast'"):
         initial_placement("fast", cluster)
 
 

@@ -86,5 +86,5 @@ def test_runs_checkpointed_before_layouts_were_planned_resume_and_a_planned_one_
     assert config_digest(config) == "9a728cc89c556b27"
     planned = LibraConfig.model_validate({"trainer": {"policy": "/nonexistent/policy", "run": "digest",
                                                       "backend": "megatron", "layout": "planned"},
-                                          "placement": {"policy": "colocated"}, "rollout": {"engine": "vllm"}})
+                                          "placement": {"strategy": "colocated"}, "rollout": {"engine": "vllm"}})
     assert config_digest(planned) != config_digest(planned.model_copy(update={"trainer": replace_trainer(planned, layout="fixed")}))

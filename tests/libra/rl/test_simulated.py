@@ -1,4 +1,4 @@
-"""The live placement policies in the simulator: a run's turns as the simulator's trajectories, and
+"""The live placement strategies in the simulator: a run's turns as the simulator's trajectories, and
 colocated / static / libra on a two-worker machine, checked by the runner's own accounting."""
 
 import json
@@ -50,7 +50,7 @@ def runs(batches, engine_start_s=30.0, **config):
     return predict(batches, cost(), CLUSTER, PlannerConfig(**config), engine_start_s)
 
 
-def test_every_policy_trains_every_batch_once_whatever_it_switches():
+def test_every_strategy_trains_every_batch_once_whatever_it_switches():
     batches = [batch(k, 40 * (k + 1)) for k in range(8)]  # generation grows 8x over the run
     result = runs(batches, period_steps=2, min_relative_gain=0.0)
     tokens = sum(t.total_tokens for b in batches for t in b)
@@ -76,8 +76,8 @@ def test_colocated_takes_turns_on_both_workers_and_static_never_moves():
 def test_a_libra_move_pays_the_measured_engine_start_and_is_planned_as_live():
     batches = [batch(k, 20 * 3 ** k) for k in range(6)]  # the rollout's share grows fast
     config = PlannerConfig(period_steps=1, min_relative_gain=0.0)
-    policy = LocalPlacement("libra", CLUSTER, cost(), config, config, len(batches))
-    assert policy.placement.describe() == "split: rollout 1 (1x1) | train 1"
+    placement = LocalPlacement("libra", CLUSTER, cost(), config, config, len(batches))
+    assert placement.placement.describe() == "split: rollout 1 (1x1) | train 1"
     result = runs(batches, engine_start_s=42.0, period_steps=1, min_relative_gain=0.0)["libra"]
     moves = [s for s in result.steps if s.switch_cost_s > 0]
     assert moves and all(s.switch_cost_s == 42.0 for s in moves)  # each move restarted the engines

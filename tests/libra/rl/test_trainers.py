@@ -20,7 +20,7 @@ def planned(tmp_path, policy) -> LibraConfig:
         "trainer": {"policy": str(policy), "run": "planned", "prompts_per_step": 2, "samples_per_prompt": 2,
                     "checkpoint_dir": str(tmp_path / "checkpoints"), "backend": "megatron", "layout": "planned",
                     "pipeline": "sync", "lr": 1e-4},
-        "placement": {"policy": "colocated"}})
+        "placement": {"strategy": "colocated"}})
 
 
 def pinned(trainer) -> list[set[int]]:

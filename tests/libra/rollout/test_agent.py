@@ -7,8 +7,8 @@ import pytest
 from libra.rollout.agent import rollout
 from libra.rollout.engines import HFEngine, VLLMEngine, _comm, _descendants
 from libra.rollout.envs import make_env
-from libra.scheduler.policies import Buckets, LeastLoad
 from libra.scheduler.replay import make_router
+from libra.scheduler.routers import Buckets, LeastLoad
 
 
 def check_records(result, instances):

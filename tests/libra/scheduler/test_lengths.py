@@ -6,7 +6,7 @@ import pytest
 from libra.scheduler.causal_tree import TrajectoryPath
 from libra.scheduler.lengths import LogLogFit, PromptLengths
 from libra.scheduler.libra_router import LibraRouter
-from libra.scheduler.policies import Buckets
+from libra.scheduler.routers import Buckets
 
 # two prompts of the same size, one four times shorter than the other, each with a 4x spread
 HISTORY = [TrajectoryPath(p, n, (), 10) for p, n in (("p", 100), ("p", 400), ("q", 1000), ("q", 4000))]

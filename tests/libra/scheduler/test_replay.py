@@ -6,7 +6,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from libra.errors import LibraError
-from libra.scheduler.policies import Buckets
 from libra.scheduler.replay import (
     Bound,
     auto_buckets,
@@ -16,6 +15,7 @@ from libra.scheduler.replay import (
     replay,
     rl_steps,
 )
+from libra.scheduler.routers import Buckets
 from tests.libra.scheduler.builders import make_trajectory
 
 
@@ -35,16 +35,16 @@ def test_path_of() -> None:
 
 
 def test_replay_exact_metrics_on_a_tiny_trace() -> None:
-    result = replay(_tiny(), prompts_per_step=1, bounds=[100], policies=["always-shortest", "oracle", "mlfq"])
+    result = replay(_tiny(), prompts_per_step=1, bounds=[100], routers=["always-shortest", "oracle", "mlfq"])
     assert (result.steps, result.warmup_steps, result.buckets) == (4, 2, (100,))
     # scored steps c and d: decisions c-start (2000, long), c-return (600, long), d-start (30, short)
-    shortest = result.policies["always-shortest"]
+    shortest = result.routers["always-shortest"]
     assert (shortest.decisions, shortest.accuracy, shortest.balanced_accuracy) == (3, 1 / 3, 0.5)
     assert shortest.migrated_token_ratio == 0.0 and shortest.rank_correlation is None
-    oracle = result.policies["oracle"]
+    oracle = result.routers["oracle"]
     assert (oracle.accuracy, oracle.balanced_accuracy, oracle.rank_correlation) == (1.0, 1.0, 1.0)
     assert oracle.migrated_token_ratio == 0.0  # c starts long and stays long
-    mlfq = result.policies["mlfq"]  # c demoted after 1400 spent: re-prefills 1410 of 2010 + 40 tokens
+    mlfq = result.routers["mlfq"]  # c demoted after 1400 spent: re-prefills 1410 of 2010 + 40 tokens
     assert mlfq.accuracy == pytest.approx(2 / 3)
     assert mlfq.migrated_token_ratio == pytest.approx(1410 / 2050)
     assert math.isnan(mlfq.p99_us)
@@ -66,9 +66,9 @@ def test_clairvoyant_bound_prices_moves() -> None:
 
 
 def test_latency_is_measured_with_a_timer() -> None:
-    result = replay(_tiny(), prompts_per_step=1, policies=["libra"], timer=time.perf_counter_ns)
-    assert result.policies["libra"].p99_us >= result.policies["libra"].p50_us > 0
-    assert result.bound is not None and replay(_tiny(), prompts_per_step=1, policies=["libra"], with_bound=False).bound is None
+    result = replay(_tiny(), prompts_per_step=1, routers=["libra"], timer=time.perf_counter_ns)
+    assert result.routers["libra"].p99_us >= result.routers["libra"].p50_us > 0
+    assert result.bound is not None and replay(_tiny(), prompts_per_step=1, routers=["libra"], with_bound=False).bound is None
 
 
 def test_orders_and_auto_buckets() -> None:
@@ -82,7 +82,7 @@ def test_orders_and_auto_buckets() -> None:
     with pytest.raises(LibraError, match="none after warm-up"):
         replay(_tiny()[:1], prompts_per_step=1)
     with pytest.raises(LibraError, match="unknown router"):
-        replay(_tiny(), prompts_per_step=1, policies=["nope"])
+        replay(_tiny(), prompts_per_step=1, routers=["nope"])
 
 
 turns = st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(["search", "bash:cat", "python"]),
@@ -106,13 +106,13 @@ def traces(draw):
           make_trajectory("p2", "0", 1, [(1, "none", 0, "")])], "group")
 def test_oracle_is_perfect_and_always_shortest_never_migrates(trace, order) -> None:
     result = replay(trace, prompts_per_step=1, order=order)
-    oracle, shortest = result.policies["oracle"], result.policies["always-shortest"]
+    oracle, shortest = result.routers["oracle"], result.routers["always-shortest"]
     assert oracle.accuracy == 1.0 and oracle.balanced_accuracy == 1.0
     assert shortest.migrated_token_ratio == 0.0
-    for metrics in result.policies.values():
+    for metrics in result.routers.values():
         assert metrics.decisions == oracle.decisions
         assert 0.0 <= metrics.migrated_token_ratio
     bound = result.bound
     assert bound.migrated_token_ratio <= bound.budget and bound.achieved <= bound.balanced_accuracy + 1e-12
     for name in ("always-shortest", "least-load", "predictor"):  # they never migrate: within any budget
-        assert result.policies[name].balanced_accuracy <= bound.balanced_accuracy + 1e-9
+        assert result.routers[name].balanced_accuracy <= bound.balanced_accuracy + 1e-9

@@ -1,4 +1,4 @@
-"""The proven bound: no policy beats it, and each of its terms is exactly what the physics charges
+"""The proven bound: no simulated system beats it, and each of its terms is exactly what the physics charges
 for the cases where the physics can reach it."""
 
 from dataclasses import replace
@@ -7,11 +7,11 @@ import pytest
 
 from libra.planner.cost_model import CostModel
 from libra.planner.profiles import MODELS, parse_cluster
-from libra.scheduler.policies import Buckets, LeastLoad, Oracle
+from libra.scheduler.routers import Buckets, LeastLoad, Oracle
 from libra.sim.bound import longest_s, rollout_gpu_s, run_bound
-from libra.sim.policies import POLICIES
 from libra.sim.rollout import InstanceSpec, RolloutSim, path_of
 from libra.sim.runner import simulate
+from libra.sim.systems import SYSTEMS
 from libra.sim.workloads import SimTrajectory, SimTurn, WorkloadGenerator, workload_spec
 
 COST = CostModel(parse_cluster("6x8:a800"), MODELS["qwen3-14b"])
@@ -19,10 +19,10 @@ COST = CostModel(parse_cluster("6x8:a800"), MODELS["qwen3-14b"])
 
 @pytest.mark.parametrize(("workload", "cluster"), [("search-r1", "2x8:a800"), ("dapo-math", "2x8:a800"),
                                                    ("r2e-gym", "2x8:h100")])
-def test_no_policy_beats_the_bound(workload: str, cluster: str) -> None:
+def test_no_system_beats_the_bound(workload: str, cluster: str) -> None:
     spec = workload_spec(workload, group_size=4, prompts_per_step=8)
     cost = CostModel(parse_cluster(cluster), MODELS["qwen3-8b"])
-    runs = simulate(spec, cost, 3, list(POLICIES), seed=1)
+    runs = simulate(spec, cost, 3, list(SYSTEMS), seed=1)
     generator = WorkloadGenerator(spec, 1)
     bound = run_bound(cost, [generator.step(k) for k in range(3)])
     for name, run in runs.items():
@@ -54,12 +54,12 @@ def test_rollout_work_is_below_what_any_layout_spends() -> None:
     assert busy == pytest.approx(rollout_gpu_s(COST, full), rel=1e-12)
 
 
-def test_host_cost_per_sequence_keeps_the_bound_below_every_policy() -> None:
+def test_host_cost_per_sequence_keeps_the_bound_below_every_system() -> None:
     """With a host cost per sequence per decode step (a CPU engine's), the bound still holds."""
     spec = workload_spec("dapo-math", group_size=4, prompts_per_step=8)
     base = CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"])
     cost = replace(base, coefficients=replace(base.coefficients, decode_seq_s=2e-4))
-    runs = simulate(spec, cost, 3, list(POLICIES), seed=1)
+    runs = simulate(spec, cost, 3, list(SYSTEMS), seed=1)
     bound = run_bound(cost, [WorkloadGenerator(spec, 1).step(k) for k in range(3)])
     assert bound.total_s > run_bound(base, [WorkloadGenerator(spec, 1).step(k) for k in range(3)]).total_s
     for name, run in runs.items():

@@ -2,7 +2,7 @@ import pytest
 
 from libra.planner.cost_model import CostModel
 from libra.planner.profiles import MODELS, parse_cluster
-from libra.scheduler.policies import Buckets
+from libra.scheduler.routers import Buckets
 from libra.sim.rollout import InstanceSpec
 from libra.sim.routing import bucket_shares, compare_routers
 from libra.sim.workloads import SimTrajectory, SimTurn

@@ -6,7 +6,7 @@ from libra.errors import InfeasibleError
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
-from libra.scheduler.policies import Buckets, LeastLoad
+from libra.scheduler.routers import Buckets, LeastLoad
 from libra.sim.engine import EventLoop
 from libra.sim.rollout import InstanceSpec, RolloutSim
 from libra.sim.runner import simulate
@@ -104,7 +104,7 @@ def test_oracle_schedule_is_the_best_sequence_of_its_candidates() -> None:
     import itertools
 
     from libra.planner.trigger import TriggerSettings
-    from libra.sim.policies import OraclePolicy
+    from libra.sim.systems import OracleSystem
     from libra.sim.training import with_hybrids
 
     spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
@@ -112,7 +112,7 @@ def test_oracle_schedule_is_the_best_sequence_of_its_candidates() -> None:
     cost = replace(cost, training=cost.training.model_copy(update={"min_sequence_tokens": min(spec.max_tokens, cost.rollout.max_context_tokens)}))
     generator = WorkloadGenerator(spec, 5)
     batches = [generator.step(k) for k in range(3)]
-    oracle = OraclePolicy(cost, PlannerSettings(), TriggerSettings())
+    oracle = OracleSystem(cost, PlannerSettings(), TriggerSettings())
     options = []
     for batch in batches:
         step = []
@@ -148,30 +148,30 @@ def test_each_stage_probes_plans_with_its_own_router_and_a_probe_teaches_it_noth
 
     from libra.planner.trigger import TriggerSettings
     from libra.scheduler.libra_router import LibraRouter
-    from libra.scheduler.policies import MLFQ
-    from libra.sim.policies import make_policy
+    from libra.scheduler.routers import MLFQ
+    from libra.sim.systems import make_system
 
     spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
     cost = CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"])
     generator = WorkloadGenerator(spec, 2)
-    policy = make_policy("+cmlfq", cost, PlannerSettings(), TriggerSettings())
+    system = make_system("+cmlfq", cost, PlannerSettings(), TriggerSettings())
     previous, times = generator.step(-1), None
     for k in range(3):
         batch = generator.step(k)
-        config = policy.configure(k, previous, batch, times)
-        policy.rollout(k, config, batch)
-        policy.observe(batch)
+        config = system.configure(k, previous, batch, times)
+        system.rollout(k, config, batch)
+        system.observe(batch)
         previous = batch
-    live = policy._router
+    live = system._router
     assert isinstance(live, LibraRouter) and live.lengths is not None
     state = pickle.dumps((live.lengths, live.truth_counts, live.tokens, live.price, live.score))
     layout = (InstanceSpec(1, 0), InstanceSpec(4, 1))
-    probe = policy._make_router(layout, (2000,), (0.5, 0.5), detached=True)
+    probe = system._make_router(layout, (2000,), (0.5, 0.5), detached=True)
     assert isinstance(probe, LibraRouter) and probe.trees == live.trees and probe.lengths is not live.lengths
     assert probe.lanes is not None and [lane.instances for lane in probe.lanes] == [1, 1]
-    assert policy.probe(policy.controller.current) > 0
+    assert system.probe(system.controller.current) > 0
     assert pickle.dumps((live.lengths, live.truth_counts, live.tokens, live.price, live.score)) == state
-    assert isinstance(make_policy("+hetero-tp", cost, PlannerSettings(), TriggerSettings())
+    assert isinstance(make_system("+hetero-tp", cost, PlannerSettings(), TriggerSettings())
                       ._make_router(layout, (2000,), (), detached=True), MLFQ)
 
 

@@ -5,7 +5,7 @@ store or of a per-turn trace file (optionally calibrated on the run's measured t
     read-timings     with `calibrate`: the run's timing samples
     plan             the planner's split, training parallelism and rollout layout
 
-It only reads. The planning flow inside a training run (`flows/planning.py`) also moves that run's
+It only reads. The planning flow inside a training run (`flows/replanning.py`) also moves that run's
 workers, so it runs in the training flow's process; this one plans offline: `libra plan` and the
 `libra-plan` deployment call it.
 """
@@ -53,9 +53,9 @@ def plan_request(cluster: str, model: str, run: str | None = None, trace: str | 
 def plan_flow(cluster: str, model: str, run: str | None = None, trace: str | None = None, mode: str | None = None,
               batch: int | None = None, calibrate: bool = False, config: LibraConfig | str | None = None,
               store: str | None = None) -> dict[str, Any]:
-    """The plan as a JSON-ready record (`tasks.plan_tasks.plan_json`)."""
+    """The plan as a JSON-ready record (`tasks.cluster_plan_tasks.plan_json`)."""
     from flows.runtime import flow_config
-    from tasks.plan_tasks import lengths_task, plan_task, timings_task
+    from tasks.cluster_plan_tasks import lengths_task, plan_task, timings_task
 
     settings = flow_config(config, {"store.root": store}, tracking=False)
     request = plan_request(cluster, model, run, trace, mode, batch, calibrate)

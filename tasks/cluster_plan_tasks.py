@@ -1,4 +1,4 @@
-"""Prefect tasks of the plan flow (`flows/plan.py`): the lengths to plan for (a run in the store or a
+"""Prefect tasks of the plan flow (`flows/cluster_plan.py`): the lengths to plan for (a run in the store or a
 trace file), the run's timing samples, and the plan as a JSON-ready record."""
 
 from __future__ import annotations

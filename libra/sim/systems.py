@@ -1,6 +1,6 @@
-"""Whole-system policies over one shared physics: each decides, step by step, the GPU split, the
-training configuration, the rollout instances and how trajectories are routed. None of them changes
-how instances, tools or training behave (that is `rollout` and the cost model).
+"""The simulated systems: whole-system variants over one shared physics. Each decides, step by step,
+the GPU split, the training configuration, the rollout instances and how trajectories are routed.
+None of them changes how instances, tools or training behave (that is `rollout` and the cost model).
 
     verl-colocated        every GPU rolls out, then every GPU trains (offload/onload between), synchronous
     static-uniform        half the GPUs train, half roll out on uniform-TP instances, least-load routing
@@ -34,14 +34,14 @@ from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload
 from libra.scheduler.libra_router import LibraRouter
-from libra.scheduler.policies import MLFQ, Buckets, LeastLoad, Oracle, Router
+from libra.scheduler.routers import MLFQ, Buckets, LeastLoad, Oracle, Router
 from libra.sim.rollout import InstanceSpec, RolloutResult, RolloutSim, lanes, mean_context, path_of
 from libra.sim.training import train_seconds, with_hybrids, workload_of
 from libra.sim.workloads import SimTrajectory
 
 PROBE_STEPS = 2  # steps of recent trajectories a plan's rollout is probed on
 
-POLICIES = ("verl-colocated", "static-uniform", "+planner", "+hetero-tp", "+cmlfq", "libra",
+SYSTEMS = ("verl-colocated", "static-uniform", "+planner", "+hetero-tp", "+cmlfq", "libra",
             "greedy-heuristic", "areal-static-optimal", "oracle")
 
 
@@ -100,7 +100,7 @@ def plan_layout(plan: Plan) -> tuple[tuple[InstanceSpec, ...], tuple[int, ...]]:
 
 
 def planner_variants(cost: CostModel, settings: PlannerSettings, *, uniform: bool, hybrids: bool) -> list[PlannerSettings]:
-    """The planner settings a policy searches side by side: one per uniform instance size, or
+    """The planner settings a system searches side by side: one per uniform instance size, or
     heterogeneous instances with those as fallbacks (when buckets do not pay off), each also without
     hybrids when hybrids are allowed (when leaving the rollout tail costs more than it gives)."""
     tps = [tp for tp in (1, 2, 4, 8) if tp <= cost.cluster.gpus_per_node]
@@ -112,10 +112,10 @@ def planner_variants(cost: CostModel, settings: PlannerSettings, *, uniform: boo
     return variants
 
 
-class SystemPolicy:
+class System:
     """Base: a fixed configuration and a least-load router."""
 
-    name = "policy"
+    name = "system"
     hybrid_leave_fraction = 0.0
 
     def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings) -> None:
@@ -135,11 +135,11 @@ class SystemPolicy:
         return self._router
 
     def rollout(self, step: int, config: StepConfig, batch: list[SimTrajectory]) -> RolloutResult:
-        """The step's rollout under `config`, routed by this policy's router."""
+        """The step's rollout under `config`, routed by this system's router."""
         return RolloutSim(self.cost, config.layout, self.router(config, batch), self.hybrid_leave_fraction).run(batch)
 
     def plan_ahead(self, batches: list[list[SimTrajectory]]) -> None:
-        """Called once before the run with every step's batch; only a clairvoyant policy looks."""
+        """Called once before the run with every step's batch; only a clairvoyant system looks."""
 
     def observe(self, trajectories: list[SimTrajectory]) -> None:
         if self._router is not None:
@@ -153,7 +153,7 @@ class SystemPolicy:
         return best.config
 
 
-class VerlColocated(SystemPolicy):
+class VerlColocated(System):
     name = "verl-colocated"
 
     def configure(self, step, previous, upcoming, times):
@@ -165,7 +165,7 @@ class VerlColocated(SystemPolicy):
         return self.config
 
 
-class StaticUniform(SystemPolicy):
+class StaticUniform(System):
     name = "static-uniform"
 
     def configure(self, step, previous, upcoming, times):
@@ -178,7 +178,7 @@ class StaticUniform(SystemPolicy):
         return self.config
 
 
-class GreedyHeuristic(SystemPolicy):
+class GreedyHeuristic(System):
     """Every K steps move one node's GPUs from the stage that finished first to the slower one."""
 
     name = "greedy-heuristic"
@@ -206,7 +206,7 @@ class GreedyHeuristic(SystemPolicy):
         return self.config
 
 
-class Planned(SystemPolicy):
+class Planned(System):
     """The planner-driven family: +planner, +hetero-tp, +cmlfq, libra, areal-static-optimal."""
 
     def __init__(self, cost, planner, trigger, *, name: str, uniform: bool, router: str, hybrids: bool,
@@ -295,7 +295,7 @@ class Planned(SystemPolicy):
         return self._router
 
 
-class OraclePolicy(SystemPolicy):
+class OracleSystem(System):
     """Knows every step's trajectories before the run. For each step it plans on that step's batch
     with every planner variant Libra searches, keeps the `candidates` distinct plans the cost model
     ranks best, and runs each through the rollout physics (routing on true lengths, hybrids leaving
@@ -396,7 +396,7 @@ class OraclePolicy(SystemPolicy):
         return self._router
 
 
-def make_policy(name: str, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings) -> SystemPolicy:
+def make_system(name: str, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings) -> System:
     planned = {
         "+planner": dict(uniform=True, router="least-load", hybrids=False),
         "+hetero-tp": dict(uniform=False, router="mlfq", hybrids=False),
@@ -407,7 +407,7 @@ def make_policy(name: str, cost: CostModel, planner: PlannerSettings, trigger: T
     if name in planned:
         return Planned(cost, planner, trigger, name=name, **planned[name])
     simple = {"verl-colocated": VerlColocated, "static-uniform": StaticUniform, "greedy-heuristic": GreedyHeuristic,
-              "oracle": OraclePolicy}
+              "oracle": OracleSystem}
     if name not in simple:
-        raise ValueError(f"unknown policy {name!r}")
+        raise ValueError(f"unknown system {name!r}")
     return simple[name](cost, planner, trigger)

@@ -4,7 +4,7 @@ from libra.scheduler.causal_tree import CausalTree, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
 from libra.scheduler.libra_router import LibraRouter
 from libra.scheduler.metrics import DecisionRecord, accuracy, balanced_accuracy, rank_correlation, spearman
-from libra.scheduler.policies import (
+from libra.scheduler.routers import (
     CMLFQ,
     MLFQ,
     Buckets,

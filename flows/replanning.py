@@ -8,7 +8,7 @@ plan in force predicted), re-plan the run from its own statistics and move its w
     rebuild-tree     the router's causal trees from the same recent steps, swapped in
     record-plan      the plan, moves and rebuild into the store and MLflow
 
-The training flow (`flows/train.py`) runs it for runs whose placement policy is `libra`.
+The training flow (`flows/train.py`) runs it for runs whose placement strategy is `libra`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.planning_tasks import apply_task, plan_task, read_stats_task, rebuild_tree_task, record_plan_task
+from tasks.replanning_tasks import apply_task, plan_task, read_stats_task, rebuild_tree_task, record_plan_task
 from tasks.run_context import RunContext
 
 

@@ -1,4 +1,4 @@
-"""Prefect tasks of the planning flow (`flows/planning.py`). Like the training tasks, each takes the
+"""Prefect tasks of the planning flow (`flows/replanning.py`). Like the training tasks, each takes the
 run's context (`tasks.run_context.RunContext`); the live objects (the session's engines, trainer,
 router, the plan controller) stay in its session. Results are small records.
 """
@@ -56,7 +56,7 @@ def planning_due_task(context: RunContext, step: int) -> str | None:
     the measured rollout time of the last iteration first corrects the plan in force's prediction.
     The run's plan controller is made here on first use (`new_controller`)."""
     s = context.session
-    if s.config.placement.policy != "libra" or s.last_record is None:
+    if s.config.placement.strategy != "libra" or s.last_record is None:
         return None
     from libra.rl.planning import step_times
 

@@ -41,7 +41,7 @@ def test_drifting_lengths_are_planned_from_the_runs_statistics_and_every_step_is
     # iterations, resumed as a 5-step one (a run's step count may change: it is not in its digest)
     config["trainer"] |= {"steps": PLANNED, "eval_every": 10}
     config["planner"] = {"warmup_steps": 2, "period_steps": 40, "recent_steps": 0}
-    config["placement"] = {"policy": "libra"}
+    config["placement"] = {"strategy": "libra"}
     path.write_text(yaml.safe_dump(config))
 
     proc = libra(path)
