@@ -155,6 +155,10 @@ class RolloutConfig(_Section):
     max_context: int = Field(1536, ge=64, le=10_000_000, description="context tokens a trajectory may reach")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature (the trainer scales logits by it too)")
     tool_threads: int = Field(16, ge=1, le=1_024, description="tool calls in flight at once")
+    tool_timeout_s: float = Field(300.0, gt=0.0, le=86_400.0, description="a tool call whose host side has not "
+                                  "returned by then fails its trajectory (the sandbox's own limits end the code sooner)")
+    trajectory_timeout_s: float = Field(3_600.0, gt=0.0, le=604_800.0, description="a trajectory still running then "
+                                        "fails; failed trajectories are left out of training with their whole group")
     min_tokens_per_turn: int = Field(0, ge=0, le=1_000_000, description="a load knob: a training turn generates at "
                                      "least this many tokens before it may stop (0: the policy stops when it will)")
     turn_growth: float = Field(0.0, ge=0.0, le=1.0, description="a drift knob: min_tokens_per_turn and "

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from libra.config import RolloutConfig, TrainerConfig
 from libra.trainer.samples import TrainingSample
+
+if TYPE_CHECKING:
+    from libra.rollout.agent import TrajectoryRun
 
 EVAL_SEED = 0  # held-out tasks (`libra rollout`'s default seed); the policy was warm-started on seeds >= 10000
 TRAIN_SEED_BASE = 1_000_000  # training tasks: seeds far from the held-out and the warm-start ones
@@ -96,3 +100,11 @@ def rollout_spec(trainer: TrainerConfig, rollout: RolloutConfig, step: int, eval
         if rollout.min_tokens_per_turn else 0
     return RolloutSpec(trainer.prompts_per_step, train_task_seed(trainer.seed, step), trainer.samples_per_prompt,
                        per_turn, floor, rollout.temperature, trainer.seed * 1_000_003 + step)
+
+
+def whole_groups(runs: Sequence[TrajectoryRun]) -> list[TrajectoryRun]:
+    """The trajectories of the groups none of whose samples failed, in their order: GRPO's baseline
+    is the mean of a whole group, so a group that lost a sample is left out whole (never trained on
+    with a baseline of the samples that happened to survive, nor with a failure scored 0)."""
+    broken = {r.prompt_id for r in runs if r.failed}
+    return [r for r in runs if r.prompt_id not in broken]

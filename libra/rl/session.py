@@ -39,7 +39,7 @@ from libra.rl.records import (  # (also where older checkpoints' pickles find th
     advanced,
 )
 from libra.rl.routes import router_for
-from libra.rl.schedule import admit, hybrids_wanted, rollout_spec
+from libra.rl.schedule import admit, hybrids_wanted, rollout_spec, whole_groups
 from libra.rl.trainers import Reshard, layout_of
 from libra.trainer.checkpoint import CheckpointState, rng_state, save_checkpoint
 from libra.trainer.protocol import ElasticTrainer, Trainer
@@ -166,7 +166,8 @@ class TrainingSession:
                              self.router, self.tokenizer, max_turns=r.max_turns, max_tokens_per_turn=spec.max_tokens_per_turn,
                              min_tokens_per_turn=spec.min_tokens_per_turn, max_context=r.max_context,
                              temperature=spec.temperature, seed=spec.seed, workroot=workroot, tool_threads=r.tool_threads,
-                             model_version=self.engine_version, score=False)
+                             model_version=self.engine_version, score=False, tool_timeout_s=r.tool_timeout_s,
+                             trajectory_timeout_s=r.trajectory_timeout_s)
         except BaseException:
             discard_tree(workroot)
             raise
@@ -185,10 +186,15 @@ class TrainingSession:
             score_rewards(rolled.result.trajectories)
         finally:
             discard_tree(rolled.workroot)
-        runs = rolled.result.trajectories
-        stats = RolloutStats.of(rolled.result, self.engine_version)
-        batch = Batch(step, tuple(to_samples(runs, self.config.trainer.normalize_std)), tuple(rolled.result.records()), stats,
-                      rolled.decode)
+        kept = whole_groups(rolled.result.trajectories)  # a group that lost a sample to a failure is left out
+        if not kept:
+            failed = rolled.result.failed
+            raise LibraError(f"{'the evaluation' if step == EVALUATION else f'iteration {step}'}: every group lost a "
+                             f"sample to a failure ({len(failed)} of {len(rolled.result.trajectories)} trajectories "
+                             f"failed; the first: {failed[0].failure})")
+        stats = RolloutStats.of(rolled.result, kept, self.engine_version)
+        batch = Batch(step, tuple(to_samples(kept, self.config.trainer.normalize_std)), tuple(r.record() for r in kept),
+                      stats, rolled.decode)
         self.batches.scored(batch)
         return batch
 

@@ -72,6 +72,11 @@ class TrajectoryRun:
     migrated_tokens: int = 0
     started: float = 0.0
     finished: float = 0.0
+    failure: str = ""  # why it failed (its environment or tool failed, or it ran past a limit); '' if it did not
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failure)
 
     @property
     def generated_tokens(self) -> int:
@@ -100,6 +105,11 @@ class RolloutResult:
         return sum(t.generated_tokens for t in self.trajectories)
 
     @property
+    def failed(self) -> list[TrajectoryRun]:
+        """The trajectories that failed (never scored as if they had ended: a batch leaves them out)."""
+        return [t for t in self.trajectories if t.failed]
+
+    @property
     def migrations(self) -> int:
         return sum(turn.migrated for t in self.trajectories for turn in t.turns)
 
@@ -120,12 +130,15 @@ class Limits:
     max_context: int = 1536
     temperature: float = 1.0
     min_tokens_per_turn: int = 0  # a turn may not stop before this many tokens (a load knob)
+    tool_timeout_s: float = 300.0  # a tool call whose host side has not returned by then fails its trajectory
+    trajectory_timeout_s: float = 3600.0  # a trajectory still running then fails (an engine or tool that hangs)
 
 
 def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Engine], router: Router, tokenizer, *,
             max_turns: int = 8, max_tokens_per_turn: int = 96, max_context: int = 1536, temperature: float = 1.0,
             min_tokens_per_turn: int = 0, seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
-            score: bool = True, clock: Clock | None = None) -> RolloutResult:
+            score: bool = True, clock: Clock | None = None, tool_timeout_s: float = 300.0,
+            trajectory_timeout_s: float = 3600.0) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)
@@ -140,14 +153,20 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     `score`: reward each trajectory at the end; with False the rewards are left to `score_rewards`,
     which needs the episodes' working directories: pass `workroot` and remove it after scoring.
     `clock` times the batch, its trajectories, the engines' busy time and the tool calls (monotonic
-    wall time unless another is injected)."""
+    wall time unless another is injected).
+    A trajectory fails, with the reason in `failure`, when its environment raises (a tool's host side
+    or the episode itself: not the model's error, which the tool reports as its output), when a tool
+    call's host side has not returned after `tool_timeout_s`, or when it is still running after
+    `trajectory_timeout_s`; it ends there, the others go on, and the batch never waits on it. A
+    failed trajectory gets no reward: callers leave it (and its group) out of training."""
     if not score and not workroot:
         raise ValueError("rollout(score=False) leaves rewards to score_rewards, which needs the working directories: "
                          "pass workroot")
     clock = clock or WallClock()
     batch = Stopwatch(clock)
     root = Path(workroot) if workroot else make_workroot("libra-rollout-")  # removed at the end if made here
-    limits = Limits(max_turns, max_tokens_per_turn, max_context, temperature, min(min_tokens_per_turn, max_tokens_per_turn))
+    limits = Limits(max_turns, max_tokens_per_turn, max_context, temperature, min(min_tokens_per_turn, max_tokens_per_turn),
+                    tool_timeout_s, trajectory_timeout_s)
     try:
         runs = start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock)
         busy, steps, prefill = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock)
@@ -223,37 +242,68 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
     for d in drivers:
         d.start()
     active, prefill = len(runs), 0
+    calling: dict[str, tuple[float, str]] = {}  # trajectory -> when its tool call started (host side), the tool
+    watched = clock.now()  # when hung calls and trajectories were last looked for
+
+    def end(run: TrajectoryRun, failure: str = "") -> None:
+        nonlocal active
+        run.done, run.finished, run.failure = True, clock.now(), failure
+        calling.pop(run.trajectory_id, None)
+        router.finish(run.trajectory_id, len(run.ids))
+        active -= 1
+
+    tools = ThreadPoolExecutor(max_workers=tool_threads)
     try:
-        with ThreadPoolExecutor(max_workers=tool_threads) as tools:
-            while active:
-                kind, tid, payload = events.get()
-                if kind == "error":
-                    raise payload
+        while active:
+            try:
+                kind, tid, payload = events.get(timeout=_WATCH_S)
+            except queue.Empty:
+                kind = ""
+            if kind == "error":
+                raise payload
+            if kind:
                 run = runs[tid]
-                if kind == "gen":
-                    future = tools.submit(_act, env, run.episode, payload, clock)
-                    future.add_done_callback(lambda f, tid=tid, gen=payload: events.put(("tool", tid, (gen, f))))
-                    continue
+            if kind == "gen" and not run.done:
+                calling[tid] = (clock.now(), parse(payload.text, env.tools).name or "tool")
+                future = tools.submit(_act, env, run.episode, payload, clock)
+                future.add_done_callback(lambda f, tid=tid, gen=payload: events.put(("tool", tid, (gen, f))))
+            elif kind == "tool" and not run.done:
+                calling.pop(tid, None)
                 gen, future = payload
                 prefill += gen.prefill_tokens
-                if _record_turn(run, gen, future.result(), tokenizer, limits):
-                    run.done, run.finished = True, clock.now()
-                    router.finish(tid, len(run.ids))
-                    active -= 1
-                    continue
-                decision = router.on_return(tid, ToolReturn(run.turns[-1].tool_name, run.turns[-1].tool_payload_tokens,
-                                                            run.turns[-1].tool_status), len(run.ids))
-                run.bucket = decision.bucket
-                instance = min(decision.bucket, len(engines) - 1)
-                if instance != run.instance:
-                    run.migrated_tokens += len(run.ids)
-                    run.instance = instance
-                submit(run)
+                acted = future.result()
+                if acted[0] == "failed":
+                    end(run, acted[2])
+                elif _record_turn(run, gen, acted, tokenizer, limits):
+                    end(run)
+                else:
+                    decision = router.on_return(tid, ToolReturn(run.turns[-1].tool_name, run.turns[-1].tool_payload_tokens,
+                                                                run.turns[-1].tool_status), len(run.ids))
+                    run.bucket = decision.bucket
+                    instance = min(decision.bucket, len(engines) - 1)
+                    if instance != run.instance:
+                        run.migrated_tokens += len(run.ids)
+                        run.instance = instance
+                    submit(run)
+            now = clock.now()  # what hangs fails its trajectory; the batch goes on without it
+            if now - watched < _WATCH_S:
+                continue
+            watched = now
+            for waiting, (since, tool) in list(calling.items()):
+                if now - since > limits.tool_timeout_s:
+                    end(runs[waiting], f"a {tool} call did not return within {limits.tool_timeout_s:g} s "
+                                   "(rollout.tool_timeout_s)")
+            for late in [r for r in runs.values() if not r.done and now - r.started > limits.trajectory_timeout_s]:
+                end(late, f"still running after {limits.trajectory_timeout_s:g} s (rollout.trajectory_timeout_s)")
     finally:
         stop.set()
+        tools.shutdown(wait=False, cancel_futures=True)  # a hung tool's thread is left behind, not waited on
         for d in drivers:
             d.join()
     return sum(busy), sum(steps), prefill
+
+
+_WATCH_S = 0.5  # how often the loop looks for hung tool calls and trajectories when nothing arrives
 
 
 def _record_turn(run: TrajectoryRun, gen, acted: tuple[str, str, str, str, float], tokenizer, limits: Limits) -> bool:
@@ -283,9 +333,17 @@ def _record_turn(run: TrajectoryRun, gen, acted: tuple[str, str, str, str, float
 
 def score_rewards(runs) -> None:
     """Each finished trajectory's reward from its episode: the answer checked (or, for the repo
-    environment, the tests run in its working directory); 0 for one that ended without an answer."""
+    environment, the tests run in its working directory); 0 for one that ended without an answer.
+    A failed trajectory gets none; one whose reward raises fails (its environment failed, not it)."""
     for run in runs:
-        run.reward = run.episode.reward(run.answer) if run.answer is not None else 0.0
+        if run.failed:  # no reward: it is left out of training, never scored 0
+            continue
+        try:
+            run.reward = run.episode.reward(run.answer) if run.answer is not None else 0.0
+        except SandboxUnavailable:
+            raise
+        except Exception as exc:  # the reward's environment failed: the trajectory did not
+            run.failure = f"its reward could not be computed: {type(exc).__name__}: {exc}"
 
 
 def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: float, steps: int,
@@ -309,6 +367,7 @@ def _act(env: Env, episode, gen, clock: Clock | None = None) -> tuple[str, str, 
         output, status = episode.call(action.name, action.argument)
     except SandboxUnavailable:  # the machine cannot isolate tools: never carry on without them
         raise
-    except Exception as exc:  # a tool bug must not stop the batch
-        output, status = f"tool failed: {type(exc).__name__}: {exc}", "error"
+    except Exception as exc:  # the environment failed, not the model: its trajectory fails, the batch goes on
+        return "failed", action.name, f"the {action.name} tool's environment failed: {type(exc).__name__}: {exc}", \
+            "error", call.seconds()
     return "tool", action.name, observation(output, status), status, call.seconds()

@@ -88,3 +88,29 @@ def test_runs_checkpointed_before_layouts_were_planned_resume_and_a_planned_one_
                                                       "backend": "megatron", "layout": "planned"},
                                           "placement": {"strategy": "colocated"}, "rollout": {"engine": "vllm"}})
     assert config_digest(planned) != config_digest(planned.model_copy(update={"trainer": replace_trainer(planned, layout="fixed")}))
+
+
+def test_no_failed_trajectory_and_no_group_that_lost_one_reaches_an_update(policy_dir, tmp_path):  # noqa: F811
+    from libra.rl.schedule import train_task_seed
+    from tests.libra.rollout.test_failures import Flaky
+
+    config = small(tmp_path, policy_dir, pipeline="sync", prompts_per_step=3, samples_per_prompt=2)
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"max_tokens_per_turn": 96,
+                                                                                    "max_context": 1024})})
+    session = open_session(config)
+    try:
+        tasks = session.env.tasks(3, seed=train_task_seed(0, 0))
+        session.env = Flaky(session.env, {tasks[0].task_id}, set())
+        session.rollout(0)
+        rolled = session.batches.rolled_batch(0).result
+        failed = {r.prompt_id for r in rolled.failed}
+        batch = session.score(0)
+        assert batch.stats.failed == len(rolled.failed) and batch.stats.dropped_groups == len(failed)
+        trained = {s.trajectory_id.rsplit("/", 1)[0] for s in batch.samples}
+        assert not trained & failed and {t.prompt_id for t in batch.trajectories} == trained
+        assert failed == {tasks[0].task_id}  # the policy calls its python tool on these tasks
+        assert batch.stats.trajectories == 4 and len(batch.samples) == 4
+        update = session.update(0)
+        assert update.admitted == len(batch.samples)
+    finally:
+        session.close()
