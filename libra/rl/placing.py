@@ -263,6 +263,12 @@ class Placer:
             self.trainer.save_weights(directory)
             return self.apply(placement, Path(directory), engines, step, time_s, force)
 
+    def restart_engine(self, index: int, weights: Path) -> Engine:
+        """Engine `index` of the placement in force started again on its workers from `weights` (the
+        one that failed; the caller has closed it)."""
+        assert self.placement is not None
+        return self.site.start_engine(index, self.placement.engines[index], weights)
+
     def host_of_rank(self, rank: int) -> str | None:
         """The host of the trainer's core rank `rank`, when losing a rank means losing a host."""
         if not self.site.spans_hosts or self.placement is None:

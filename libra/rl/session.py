@@ -17,12 +17,13 @@ in `libra.rl.schedule`; what an iteration produced is in `libra.rl.records`; whi
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from libra.clock import Clock, WallClock
+from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import LibraConfig
 from libra.errors import HostLostError, LibraError, RankLostError
 from libra.files import discard_tree
@@ -79,6 +80,7 @@ class TrainingSession:
     plan_events: dict[int, list[dict]] = field(default_factory=dict)  # a step's planning rows (pool_events)
     replaced: str = ""  # why the run was placed anew on the hosts there are (hosts lost or back), until recorded
     reshard: Reshard | None = None  # the megatron trainer's last layout change, until recorded
+    dead_engines: tuple[int, ...] = ()  # engines that failed in a rollout, started again at the next sync
 
     # -- where it runs -----------------------------------------------------------------------
 
@@ -172,7 +174,9 @@ class TrainingSession:
             discard_tree(workroot)
             raise
         seconds = self.clock.now() - began
-        decode = tuple(EngineTiming(engine.size, timing) for engine in self.engines for timing in engine.timer.drain())
+        self.dead_engines = tuple(sorted(set(self.dead_engines) | set(result.dead_engines)))
+        decode = tuple(EngineTiming(engine.size, timing) for i, engine in enumerate(self.engines)
+                       if i not in self.dead_engines for timing in engine.timer.drain())
         self.batches.rolled_out(EVALUATION if evaluation else step, Rolled(result, workroot, decode))
         return seconds
 
@@ -228,10 +232,27 @@ class TrainingSession:
         began = self.clock.now()
         with tempfile.TemporaryDirectory(prefix="libra-sync-", dir=self.root) as directory:  # every host reads it
             self.trainer.save_weights(directory)
-            for engine in self.engines:
-                engine.update_weights(directory)
+            for i, engine in enumerate(self.engines):
+                if i not in self.dead_engines:
+                    engine.update_weights(directory)
+            self._restart_dead(Path(directory))
         self.engine_version = self.trainer.updates
         return self.clock.now() - began
+
+    def _restart_dead(self, weights: Path) -> None:
+        """The engines that failed in a rollout, started again from `weights` (the trainer's, which the
+        live engines have just loaded) on their workers; the restarts count as engine starts."""
+        from libra.rollout.engines import make_share_engine
+
+        r = self.config.rollout
+        for i in self.dead_engines:
+            with contextlib.suppress(Exception):  # what is left of it
+                self.engines[i].close()
+            watch = Stopwatch(self.clock)
+            self.engines[i] = self.placer.restart_engine(i, weights) if self.placer is not None else \
+                make_share_engine(r.engine, weights, len(self.engines), i, r.device, r.max_context)
+            self.engine_starts.append(EngineStart(1, watch.seconds()))
+        self.dead_engines = ()
 
     def evaluate(self) -> float:
         """Mean reward on the held-out tasks (one sample each, greedy by default) with the engines' weights."""

@@ -73,6 +73,7 @@ class TrajectoryRun:
     started: float = 0.0
     finished: float = 0.0
     failure: str = ""  # why it failed (its environment or tool failed, or it ran past a limit); '' if it did not
+    retried: bool = False  # its turn was lost with a failed engine once and ran again on another
 
     @property
     def failed(self) -> bool:
@@ -99,6 +100,7 @@ class RolloutResult:
     generate_s: float  # time the instances spent stepping, summed over instances
     engine_steps: int  # engine steps (vLLM) or batched generate calls (HF), summed over instances
     prefill_tokens: int = 0  # prompt tokens the engines computed over all turns (prefix-cache hits excluded)
+    dead_engines: tuple[int, ...] = ()  # engines that failed during the batch (the caller restarts them)
 
     @property
     def generated_tokens(self) -> int:
@@ -169,13 +171,13 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
                     tool_timeout_s, trajectory_timeout_s)
     try:
         runs = start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock)
-        busy, steps, prefill = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock)
+        busy, steps, prefill, dead = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock)
         if score:
             score_rewards(runs.values())
     finally:
         if not workroot:
             discard_tree(root)
-    return finish(runs, router, batch.seconds(), busy, steps, prefill)
+    return finish(runs, router, batch.seconds(), busy, steps, prefill, dead)
 
 
 def start(env: Env, tasks: Sequence[Task], samples: int, router: Router, tokenizer, root: Path, instances: int,
@@ -227,10 +229,15 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                     steps[i] += 1
                     for tid, gen in finished:
                         events.put(("gen", tid, gen))
-        except Exception as exc:  # surface engine failures on the calling thread
-            events.put(("error", "", exc))
+        except Exception as exc:  # the engine failed: the calling thread moves its trajectories
+            events.put(("engine", str(i), exc))
+
+    dead: dict[int, BaseException] = {}  # failed engines: their turns in flight run again elsewhere, once
 
     def submit(run: TrajectoryRun) -> None:
+        if run.instance in dead:  # the router's instance failed: the nearest live one serves the turn
+            run.instance = min((i for i in range(len(engines)) if i not in dead),
+                               key=lambda i: (abs(i - run.instance), i))
         inboxes[run.instance].put((run.trajectory_id, list(run.ids), limits.max_tokens_per_turn, STOPS,
                                    limits.temperature, request_seed(seed, run.trajectory_id, len(run.turns)),
                                    limits.min_tokens_per_turn))
@@ -261,6 +268,19 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 kind = ""
             if kind == "error":
                 raise payload
+            if kind == "engine":
+                lost = int(tid)
+                dead[lost] = payload
+                if len(dead) == len(engines):
+                    raise payload
+                for run in runs.values():  # its turns in flight (not those at their tools): once more elsewhere
+                    if not run.done and run.instance == lost and run.trajectory_id not in calling:
+                        if run.retried:
+                            end(run, f"lost with engine {lost} twice ({type(payload).__name__}: {payload})")
+                        else:
+                            run.retried = True
+                            submit(run)
+                continue
             if kind:
                 run = runs[tid]
             if kind == "gen" and not run.done:
@@ -300,7 +320,7 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
         tools.shutdown(wait=False, cancel_futures=True)  # a hung tool's thread is left behind, not waited on
         for d in drivers:
             d.join()
-    return sum(busy), sum(steps), prefill
+    return sum(busy), sum(steps), prefill, tuple(sorted(dead))
 
 
 _WATCH_S = 0.5  # how often the loop looks for hung tool calls and trajectories when nothing arrives
@@ -347,11 +367,11 @@ def score_rewards(runs) -> None:
 
 
 def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: float, steps: int,
-           prefill: int) -> RolloutResult:
+           prefill: int, dead: tuple[int, ...] = ()) -> RolloutResult:
     """The batch's result; the router learns from its finished trajectories, as after an RL step."""
     trajectories = list(runs.values())
     router.observe_step([path_of(r.record()) for r in trajectories], {r.prompt_id: r.prompt_tokens for r in trajectories})
-    return RolloutResult(trajectories, wall_s, busy, steps, prefill)
+    return RolloutResult(trajectories, wall_s, busy, steps, prefill, dead)
 
 
 def _act(env: Env, episode, gen, clock: Clock | None = None) -> tuple[str, str, str, str, float]:

@@ -543,6 +543,14 @@ def split_gpus(instances: int) -> list[list[int]]:
 def make_engines(kind: str, policy: str | Path, instances: int, device: str = "cpu",
                  max_context: int = 2048) -> list[Engine]:
     """`instances` engines of `kind` on equal shares of the cores (cpu) or the GPUs (cuda)."""
+    return [make_share_engine(kind, policy, instances, i, device, max_context) for i in range(instances)]
+
+
+def make_share_engine(kind: str, policy: str | Path, instances: int, index: int, device: str = "cpu",
+                      max_context: int = 2048) -> Engine:
+    """Engine `index` of `make_engines`' `instances`, alone (one that failed, started again)."""
     if device == "cuda":
-        return [make_engine(kind, policy, len(gpus), gpus=gpus, max_context=max_context) for gpus in split_gpus(instances)]
-    return [make_engine(kind, policy, len(cores), cores, max_context=max_context) for cores in split_cores(instances)]
+        gpus = split_gpus(instances)[index]
+        return make_engine(kind, policy, len(gpus), gpus=gpus, max_context=max_context)
+    cores = split_cores(instances)[index]
+    return make_engine(kind, policy, len(cores), cores, max_context=max_context)

@@ -114,3 +114,24 @@ def test_no_failed_trajectory_and_no_group_that_lost_one_reaches_an_update(polic
         assert update.admitted == len(batch.samples)
     finally:
         session.close()
+
+
+def test_an_engine_that_died_in_a_rollout_is_started_again_at_the_next_sync(policy_dir, tmp_path):  # noqa: F811
+    from tests.libra.rollout.test_failures import Dying
+
+    config = small(tmp_path, policy_dir, pipeline="sync")
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"instances": 2, "router": "least-load"})})
+    session = open_session(config)
+    try:
+        dying = session.engines[0] = Dying(session.engines[0], after=2)
+        session.rollout(0)
+        assert session.dead_engines == (0,)
+        session.score(0)
+        session.update(0)
+        session.sync()
+        assert dying.closed and session.engines[0] is not dying and session.dead_engines == ()
+        assert session.engine_starts[-1].workers == 1
+        session.rollout(1)  # both engines serve again
+        assert session.dead_engines == ()
+    finally:
+        session.close()

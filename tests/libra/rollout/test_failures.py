@@ -101,3 +101,48 @@ def test_only_whole_groups_are_kept_and_the_statistics_count_the_rest():
     result = SimpleNamespace(trajectories=runs, failed=[runs[2]], generated_tokens=60, wall_s=3.0, migrations=0)
     stats = RolloutStats.of(result, kept, 4)
     assert (stats.trajectories, stats.failed, stats.dropped_groups, stats.reward_mean) == (4, 1, 1, 0.75)
+
+
+class Dying:
+    """An engine that fails at its `after`-th step (an engine process killed mid-batch)."""
+
+    def __init__(self, engine, after: int) -> None:
+        self.engine, self.after, self.steps, self.closed = engine, after, 0, False
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def poll(self):
+        self.steps += 1
+        if self.steps >= self.after:
+            raise RuntimeError("engine process died")
+        return self.engine.poll()
+
+    def close(self):
+        self.closed = True
+
+
+def test_an_engine_that_dies_mid_batch_hands_its_turns_to_another_once(policy_dir, engine, tmp_path):
+    env = make_env("search")
+    spare = HFEngine(policy_dir, size=1)
+    try:
+        router = LeastLoad(Buckets((60, 10**6)))  # two buckets, one an instance
+        result = rollout(env, env.tasks(4, seed=5), 2, [Dying(spare, after=2), engine], router, engine.tokenizer,
+                         temperature=0.0, workroot=tmp_path, max_turns=3)
+    finally:
+        spare.close()
+    assert result.dead_engines == (0,)
+    assert not result.failed and all(r.done for r in result.trajectories)
+    moved = [r for r in result.trajectories if r.retried]
+    assert moved and all(t.instance == 1 for r in moved for t in r.turns[-1:])
+
+
+def test_when_every_engine_dies_the_batch_fails_with_the_engines_error(policy_dir, tmp_path):
+    env = make_env("search")
+    only = HFEngine(policy_dir, size=1)
+    try:
+        with pytest.raises(RuntimeError, match="engine process died"):
+            rollout(env, env.tasks(2, seed=5), 1, [Dying(only, after=1)], LeastLoad(Buckets((10**6,))), only.tokenizer,
+                    temperature=0.0, workroot=tmp_path)
+    finally:
+        only.close()
