@@ -105,7 +105,7 @@ class TrainingSession:
             raise RuntimeError("cannot move workers while a rollout awaits its rewards")
         assert self.placer is not None
         restarted = self.took(self.placer.move(placement, self.policy, self.root, self.engines, self.state.step,
-                                                  self.elapsed_s(), force))
+                                               self.elapsed_s(), force))
         if restarted:
             self.engine_version = self.trainer.updates
         return restarted
@@ -119,6 +119,8 @@ class TrainingSession:
     def took(self, placed: Placed) -> bool:
         """Take what a placing did: the engines (and the router over them), their start, a reshard, the events."""
         self.engines = placed.engines
+        if placed.restarted:  # every engine is new, those that had failed included
+            self.dead_engines = ()
         if placed.start is not None:
             self.engine_start_s = placed.start.seconds
             self.engine_starts.append(placed.start)
