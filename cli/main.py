@@ -41,22 +41,6 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"libra: error: {one_line(message)} (see `{self.prog} --help`)\n")
 
 
-class RenamedFlag(argparse.Action):
-    """An old flag that still works: its value goes where the new flag's goes, and each use prints
-    one line naming the new flag (`libra.renames.deprecated`)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new: str, **kwargs) -> None:
-        super().__init__(option_strings, dest, **{"default": argparse.SUPPRESS, "help": argparse.SUPPRESS, **kwargs})
-        self.new = new
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
-        from libra.renames import deprecated
-
-        deprecated(option_string or self.option_strings[0], self.new)
-        setattr(namespace, self.dest, values)
-
-
 def one_line(text: str) -> str:
     """`text` with control characters escaped (a newline in a quoted file name stays on the line), cut
     to MAX_MESSAGE_CHARS."""

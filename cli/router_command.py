@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cli.main import RenamedFlag
+from cli.renamed import RenamedFlag
 from libra.config import LibraConfig
 
 

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from cli.main import RenamedFlag
+from cli.renamed import RenamedFlag
 from libra.config import LibraConfig
 
 

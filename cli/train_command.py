@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from cli.main import RenamedFlag
+from cli.renamed import RenamedFlag
 from libra.config import LibraConfig
 from libra.errors import LibraError
 
