@@ -15,7 +15,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from libra.config import StoreConfig
-from libra.errors import LibraError
 from storage.catalog import Catalog
 from storage.ingest import ImportSummary
 from storage.queries import NAMED_QUERIES, NamedQuery
@@ -64,14 +63,11 @@ def runs(store: StoreConfig) -> tuple[list[str], list[str]]:
 def require_run(store: StoreConfig, run: str) -> None:
     """A LibraError naming the runs there are when `run` has nothing committed in the store (checked
     before a command starts anything that would create files)."""
-    from storage.catalog import list_runs
+    from storage.catalog import list_runs, no_such_run
     from storage.writer import check_run_name
 
-    check_run_name(run)
-    known = list_runs(store.root) if Path(store.root).is_dir() else []
-    if run not in known:
-        hint = f"runs in the store: {', '.join(known)}" if known else "the store is empty; import or run something first"
-        raise LibraError(f"no run named {run!r} in store {store.root}; {hint}")
+    if check_run_name(run) not in list_runs(store.root):
+        raise no_such_run(store.root, run)
 
 
 def tables() -> dict[str, TableSchema]:

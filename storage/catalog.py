@@ -63,6 +63,13 @@ def uncommitted_runs(root: str | Path) -> list[str]:
     return sorted(found - committed)
 
 
+def no_such_run(root: str | Path, run: str) -> LibraError:
+    """The error for a run with nothing committed in the store at `root`, naming the runs there are."""
+    known = committed_runs(root)
+    hint = f"runs in the store: {', '.join(known)}" if known else "the store is empty; import or run something first"
+    return LibraError(f"no run named {run!r} in store {root}; {hint}")
+
+
 def check_read_only(sql: str) -> None:
     """Refuse `sql` unless it is exactly one SELECT, or an EXPLAIN of one (DuckDB parses it)."""
     try:
@@ -123,9 +130,7 @@ class Catalog:
             return [m for m in found if m is not None]
         manifest = read_manifest(self.root, self.run)
         if manifest is None:
-            known = committed_runs(self.root)
-            hint = f"runs in the store: {', '.join(known)}" if known else "the store is empty; import or run something first"
-            raise LibraError(f"no run named {self.run!r} in store {self.root}; {hint}")
+            raise no_such_run(self.root, self.run)
         return [manifest]
 
     def _open(self) -> None:

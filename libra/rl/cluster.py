@@ -106,6 +106,11 @@ class LocalCluster:
         """The cores (or GPUs) of `workers`, in order (on their host)."""
         return tuple(unit for w in workers for unit in self.workers[w])
 
+    def cores_and_gpus(self, workers: tuple[int, ...]) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        """The units of `workers` as an engine takes them: (cores, None) on CPU workers, (None, GPUs) on GPU ones."""
+        units = self.units(workers)
+        return (None, units) if self.device == "cuda" else (units, None)
+
     def planner_cluster(self) -> Cluster:
         """These workers as a cluster the planner plans, one device per worker: a node per host when
         every host has as many workers (the planner's nodes are alike), else one node."""

@@ -110,10 +110,8 @@ class LocalSite:
     def start_engine(self, index: int, workers: tuple[int, ...], weights: Path) -> Engine:
         from libra.rollout.engines import make_engine
 
-        r, units = self.config.rollout, self.cluster.units(workers)
-        gpu = self.cluster.device == "cuda"
-        return make_engine(r.engine, weights, len(units), None if gpu else units, units if gpu else None,
-                           r.max_context)
+        r, (cores, gpus) = self.config.rollout, self.cluster.cores_and_gpus(workers)
+        return make_engine(r.engine, weights, len(cores or gpus), cores, gpus, r.max_context)
 
     def engines_stopped(self, before: int, after: int) -> None:
         if self.cluster.device == "cpu" and self.config.rollout.engine == "vllm":  # engines inherit these cores
@@ -165,10 +163,9 @@ class RaySite:
         self.spans_hosts = True
 
     def start_engine(self, index: int, workers: tuple[int, ...], weights: Path) -> Engine:
-        r, units = self.config.rollout, self.cluster.units(workers)
-        gpu = self.cluster.device == "cuda"
-        return self.ray.engine(f"engine-{index}", self.cluster.host_of(workers[0]), r.engine, weights, len(units),
-                               None if gpu else units, units if gpu else None, r.max_context)
+        r, (cores, gpus) = self.config.rollout, self.cluster.cores_and_gpus(workers)
+        return self.ray.engine(f"engine-{index}", self.cluster.host_of(workers[0]), r.engine, weights,
+                               len(cores or gpus), cores, gpus, r.max_context)
 
     def engines_stopped(self, before: int, after: int) -> None:
         for i in range(after, before):  # the groups of engines that do not start again
