@@ -39,7 +39,12 @@ def remove_tree(top: str | Path) -> None:
     directories without write or search permission (made the owner's again first), FIFOs, sockets,
     devices, links (removed, never followed) and files of any mode. Nothing outside `top` is touched:
     the walk goes down by name under the directory it holds open and comes back up through `..`,
-    checked to be the directory it came from."""
+    checked to be the directory it came from. Mounts at or below `top` (a trajectory's own tmpfs)
+    are detached first, never emptied."""
+    from libra.mounts import unmount_below
+
+    if os.path.isdir(top) and not os.path.islink(top):
+        unmount_below(top)
     try:
         info = os.lstat(top)
     except FileNotFoundError:

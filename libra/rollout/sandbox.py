@@ -25,7 +25,12 @@ not from checks inside the interpreter. What a call's code gets:
 - limits that bind, set before the code runs and not raisable by it: CPU seconds, address space per
   process, process count (per call: its user namespace counts them), file size (which also caps
   what it writes to its output), no core dumps; wall time (the call's namespaces are torn down);
-  stdout and stderr cut at `max_output_bytes` when read back.
+  stdout and stderr cut at `max_output_bytes` when read back;
+- where Libra runs as root (`libra.mounts`, `libra.rollout.cgroups`): the memory of all of a call's
+  processes together (a memory cgroup per call, its /tmp included), and a working directory that is
+  a tmpfs of the trajectory's own, mounted nosuid,nodev and capped at `sandbox.workdir_bytes` for
+  all its calls together (`Sandbox.prepare`). Elsewhere a warning says once what holds instead:
+  memory per process times the process count, bytes per file.
 
 Two ways to start a call, the same isolation:
 - the sandbox server (`sandbox_server.py`; default, `sandbox.server: true`): one bwrap sandbox per process and
@@ -51,6 +56,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import shutil
 import signal
@@ -68,7 +74,9 @@ from libra.clock import Clock, Deadline, Stopwatch, WallClock, sleep
 from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.files import discard_tree
-from libra.rollout.sandbox_server import INSIDE, ROOTS, SERVE, TOOL_RUNNER, Server, ServerStopped
+from libra.mounts import MountError, can_mount, mount_tmpfs, share
+from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
+from libra.rollout.sandbox_server import CGROUPS, INSIDE, ROOTS, SERVE, TOOL_RUNNER, Server, ServerStopped
 from libra.rollout.seccomp import filter_program
 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
@@ -93,6 +101,7 @@ class SandboxLimits:
     processes: int = 16  # processes and threads of the sandbox's user (RLIMIT_NPROC)
     max_output_bytes: int = 16_384  # stdout and stderr, each, as read back
     tmp_bytes: int = 16 * 2**20  # size of its private /tmp
+    call_memory_bytes: int = 2**30  # memory of all its processes together, /tmp's included (a cgroup, where there is one)
 
 
 @dataclass(frozen=True)
@@ -124,17 +133,17 @@ class Launcher:
     setpriv: str | None = None  # with the caller root: setpriv, which starts bwrap as `uid`
     uid: int | None = None  # the host uid the sandbox runs as when the caller is root (None: the caller's)
 
-    def server_argv(self, root: Path, fd: int) -> list[str]:
-        """The command that starts the sandbox server with the working-directory root at ROOTS and
-        its socket at descriptor `fd`."""
+    def server_argv(self, root: Path, fd: int, cgroups: Path | None = None) -> list[str]:
+        """The command that starts the sandbox server with the working-directory root at ROOTS, the
+        directory of calls' memory cgroups (if any) at CGROUPS and its socket at descriptor `fd`."""
         assert self.bwrap is not None
         drop = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"] if self.uid is not None else []
         options = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
                    "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
                    *_system_dirs(), *_interpreter_dirs(self.python), "--proc", "/proc", "--dev", "/dev",
                    "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--bind", str(root), ROOTS,
-                   "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
-        script = f"ROOTS, INSIDE = {ROOTS!r}, {INSIDE!r}\n" + SERVE
+                   *(["--bind", str(cgroups), CGROUPS] if cgroups is not None else []), "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
+        script = f"ROOTS, INSIDE, CGROUPS = {ROOTS!r}, {INSIDE!r}, {CGROUPS!r}\n" + SERVE
         return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV),
                                  filter_program().hex()]
 
@@ -220,6 +229,7 @@ class Sandbox:
         self._launcher: Launcher | None = None
         self._lock = threading.Lock()
         self._host: Server | None = None
+        self._cgroups: tuple[int, CallCgroups | None] | None = None  # (the process that made it, its calls' cgroups)
 
     def launcher(self) -> Launcher:
         """Resolve (once) how sandboxes start here; a probe call must succeed, else
@@ -269,6 +279,23 @@ class Sandbox:
             "or set `sandbox.python` to an interpreter the sandbox's uid can run; or set `sandbox.isolation: none` "
             "to run tools without isolation")
 
+    def cgroups(self) -> CallCgroups | None:
+        """This process's memory cgroups for calls (made on first use), or None where the machine
+        allows none: a warning then says once which guarantee holds."""
+        launcher = self.launcher()
+        with self._lock:
+            if self._cgroups is None or self._cgroups[0] != os.getpid():
+                made = None
+                if launcher.isolation == "bwrap":
+                    try:
+                        made = CallCgroups.open(launcher.uid if launcher.uid is not None else os.geteuid(), self.clock)
+                        atexit.register(made.close)
+                    except CgroupUnavailable as exc:
+                        _warn_once(f"tool calls get no memory cgroup ({exc}): the memory a call holds is capped per "
+                                   "process (its address space) times its process limit, not as a whole")
+                self._cgroups = (os.getpid(), made)
+            return self._cgroups[1]
+
     def _server(self, launcher: Launcher) -> Server:
         """This process's sandbox server for the configuration (started on first use, and again
         after it stopped or in a forked copy of the process)."""
@@ -278,12 +305,37 @@ class Sandbox:
                 if host is not None:
                     host.close()
                 base = workroot_base()
+                cgroups = self._cgroups[1] if self._cgroups is not None and self._cgroups[0] == os.getpid() else None
+                top = cgroups.top if cgroups is not None else None
                 try:
-                    self._host = host = Server(lambda fd: launcher.server_argv(base, fd))
+                    self._host = host = Server(lambda fd: launcher.server_argv(base, fd, top))
                 except ServerStopped as exc:
                     raise SandboxUnavailable(f"the sandbox server did not start: {exc}") from None
                 atexit.register(host.close)
             return host
+
+    def prepare(self, workdir: str | Path) -> bool:
+        """Give a trajectory's working directory, new and still empty, a filesystem of its own where
+        this machine allows it (Libra runs as root): a tmpfs mounted nosuid,nodev and capped at
+        `sandbox.workdir_bytes` for everything its calls write together. Call it before the task's
+        files are written there. Whether it was mounted; where it cannot be, a warning says once
+        which guarantees do not hold."""
+        workdir = Path(os.path.abspath(workdir))
+        if not workdir.is_dir() or any(workdir.iterdir()):
+            raise ValueError(f"{workdir}: prepare a working directory when it is made, before anything is written in it")
+        launcher = self.launcher()
+        if launcher.isolation != "bwrap" or not can_mount():
+            return False
+        if workdir.is_relative_to(workroot_base()) and not _base_shared():
+            return False  # the sandbox server would not see the mount (workroot_base warned)
+        size = self.config.workdir_bytes
+        try:
+            mount_tmpfs(workdir, size, max(1_024, size // 4_096), launcher.uid if launcher.uid is not None else os.geteuid())
+        except MountError as exc:
+            _warn_once(f"working directories stay on the host's filesystem ({exc}): a tool's files are not on a "
+                       "nosuid,nodev filesystem and the bytes a trajectory writes are capped per file only")
+            return False
+        return True
 
     def run(self, code: str, workdir: str | Path, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
         """Run Python source `code` with `workdir` as its working directory, under the limits."""
@@ -299,21 +351,32 @@ class Sandbox:
         served = launcher.isolation == "bwrap" and self.config.server and workdir.is_relative_to(base) and workdir != base
         # bwrap enters the directory itself (as INSIDE); without isolation the code runs in it
         cwd, env = (Path("/"), {}) if launcher.isolation == "bwrap" else (workdir, {**_ENV, "HOME": str(workdir), "PWD": str(workdir)})
+        cgroups = self.cgroups()
+        cgroup = cgroups.make(limits.call_memory_bytes, launcher.uid if served else None) if cgroups is not None else None
         call = Stopwatch(self.clock)
-        with tempfile.TemporaryFile(prefix="libra-sandbox-") as out, tempfile.TemporaryFile(prefix="libra-sandbox-") as err:
-            if served:
-                try:
-                    exit_code, timed_out = self._server(launcher).run(code, workdir.relative_to(base), _rlimits(limits),
-                                                                      limits.tmp_bytes, limits.timeout_s, out, err)
-                except ServerStopped as exc:  # the tool may or may not have run: report it, do not run it again
-                    return SandboxResult("error", None, "", f"sandbox: {exc}", call.seconds(), False,
-                                         launcher.isolation)
-            else:
-                exit_code, timed_out = _launch(launcher, limits, workdir, cwd, env, code, out, err, self.clock)
-            seconds = call.seconds()
-            stdout, cut_out = _read(out, limits.max_output_bytes)
-            stderr, cut_err = _read(err, limits.max_output_bytes)
-        status = "timeout" if timed_out else "ok" if exit_code == 0 else "error"
+        try:
+            with tempfile.TemporaryFile(prefix="libra-sandbox-") as out, tempfile.TemporaryFile(prefix="libra-sandbox-") as err:
+                if served:
+                    try:
+                        exit_code, timed_out = self._server(launcher).run(code, workdir.relative_to(base), _rlimits(limits),
+                                                                          limits.tmp_bytes, limits.timeout_s, out, err, cgroup)
+                    except ServerStopped as exc:  # the tool may or may not have run: report it, do not run it again
+                        return SandboxResult("error", None, "", f"sandbox: {exc}", call.seconds(), False,
+                                             launcher.isolation)
+                else:
+                    join = cgroups.procs(cgroup) if cgroups is not None and cgroup is not None else None
+                    exit_code, timed_out = _launch(launcher, limits, workdir, cwd, env, code, out, err, self.clock, join)
+                seconds = call.seconds()
+                stdout, cut_out = _read(out, limits.max_output_bytes)
+                stderr, cut_err = _read(err, limits.max_output_bytes)
+            out_of_memory = cgroups is not None and cgroup is not None and cgroups.oom_killed(cgroup)
+        finally:
+            if cgroups is not None and cgroup is not None and not cgroups.remove(cgroup):
+                _warn_once(f"a tool call's memory cgroup could not be removed under {cgroups.top}")
+        if out_of_memory:
+            stderr = (stderr + "\n" if stderr else "") + (f"[killed: the call's processes held more than "
+                                                          f"{limits.call_memory_bytes} bytes together]")
+        status = "timeout" if timed_out else "ok" if exit_code == 0 and not out_of_memory else "error"
         if status == "error" and exit_code in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU,
                                                128 + signal.SIGKILL) and seconds >= limits.cpu_s * 0.9:
             status = "timeout"  # its CPU time ran out
@@ -342,7 +405,7 @@ def _give(workdir: Path, uid: int) -> None:
         os.chown(workdir, uid, uid, follow_symlinks=False)
 
 
-_BASE: tuple[int, Path] | None = None  # (the process that made it, the directory)
+_BASE: tuple[int, Path, bool] | None = None  # (the process that made it, the directory, whether it is a shared mount)
 BASE_PREFIX = "libra-sandbox-"  # then the making process's pid and a dash
 _BASE_LOCK = threading.Lock()
 
@@ -351,7 +414,8 @@ def workroot_base() -> Path:
     """The directory under which this process makes working directories (mode 711, removed when
     the process exits): the sandbox server sees it whole, and shows each call only its own. Its name
     carries the process's pid, so the first one a process makes removes those of processes that
-    died without removing theirs (a training killed with SIGKILL)."""
+    died without removing theirs (a training killed with SIGKILL). Where this process may mount, it
+    is a shared mount, so that trajectories' own filesystems mounted in it later reach the server."""
     global _BASE
     with _BASE_LOCK:
         if _BASE is None or _BASE[0] != os.getpid():
@@ -359,8 +423,31 @@ def workroot_base() -> Path:
             base = Path(tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-")).resolve()
             os.chmod(base, 0o711)
             atexit.register(discard_tree, base)
-            _BASE = (os.getpid(), base)
+            shared = False
+            if can_mount():
+                try:
+                    share(base)
+                    shared = True
+                except MountError as exc:
+                    _warn_once(f"working directories stay on the host's filesystem ({exc}): a tool's files are not "
+                               "on a nosuid,nodev filesystem and the bytes a trajectory writes are capped per file only")
+            _BASE = (os.getpid(), base, shared)
         return _BASE[1]
+
+
+def _base_shared() -> bool:
+    workroot_base()
+    assert _BASE is not None
+    return _BASE[2]
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logging.getLogger("libra").warning("%s", message)
 
 
 def remove_orphaned_bases(directory: Path) -> list[Path]:
@@ -404,13 +491,17 @@ def make_workroot(prefix: str = "libra-work-") -> Path:
 
 
 def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path, env: dict, code: str,
-            out, err, clock: Clock) -> tuple[int, bool]:
-    """(exit code, timed out) of one call started on its own; whatever it started is gone when this
-    returns (with bwrap: its init has exited, and the kernel ends a PID namespace's other processes
-    before its init's exit completes)."""
+            out, err, clock: Clock, join: Path | None = None) -> tuple[int, bool]:
+    """(exit code, timed out) of one call started on its own, in the memory cgroup whose
+    `cgroup.procs` is `join` (if any: a shell moves itself there, then becomes the call); whatever
+    it started is gone when this returns (with bwrap: its init has exited, and the kernel ends a PID
+    namespace's other processes before its init's exit completes)."""
     info_r, info_w = os.pipe() if launcher.isolation == "bwrap" else (None, None)
+    argv = launcher.argv(limits, workdir, info_w)
+    if join is not None:
+        argv = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', str(join), *argv]
     try:
-        proc = subprocess.Popen(launcher.argv(limits, workdir, info_w), cwd=cwd, env=env, stdin=subprocess.PIPE,
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
                                 stdout=out, stderr=err, start_new_session=True,
                                 pass_fds=() if info_w is None else (info_w,))
     finally:

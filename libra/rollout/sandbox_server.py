@@ -21,9 +21,10 @@ from pathlib import Path
 
 INSIDE = "/workspace"  # where the task's working directory appears inside the sandbox
 ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hidden from every call)
+CGROUPS = "/cgroups"  # where it sees its directory of calls' memory cgroups, if any (hidden too)
 
 # The sandbox server: runs inside a bwrap sandbox (uid 65534, no capabilities), reads one request a
-# message from its socket (fd argv[1]; {"id", "rel", "limits", "tmp_bytes"} with three descriptors
+# message from its socket (fd argv[1]; {"id", "rel", "limits", "tmp_bytes", "cgroup"} with three descriptors
 # attached: the code to run (an anonymous file the server never reads), the call's stdout and its
 # stderr; or {"kill": id}) and answers {"id", "status"} (the wait
 # status of the call's first child) when a call has ended. Per call: child C makes the namespaces,
@@ -138,6 +139,11 @@ def call(request, fds, alive):  # C, forked from the server
         for target, fd in ((0, null), (1, out), (2, err), (3, source_fd)):
             os.dup2(fd, target)
         os.closerange(4, 1 << 16)  # the server's socket included
+        cgroup = request.get("cgroup")
+        if cgroup:  # the call's memory cgroup: joined before anything else, so all it starts is counted
+            if os.path.basename(cgroup) != cgroup or cgroup in (".", ".."):
+                raise OSError(f"not a cgroup name: {cgroup!r}")
+            write(os.path.join(CGROUPS, cgroup, "cgroup.procs"), "0")
         source = os.path.join(ROOTS, request["rel"])
         if os.path.realpath(source) != source or not os.path.isdir(source):
             raise OSError(f"the working directory {request['rel']} is not a plain directory under the root")
@@ -150,6 +156,8 @@ def call(request, fds, alive):  # C, forked from the server
         check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private")
         check(libc.mount(source.encode(), INSIDE.encode(), None, MS_BIND | MS_REC, None), "bind")
         check(libc.mount(b"none", ROOTS.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "cover")
+        if os.path.isdir(CGROUPS):
+            check(libc.mount(b"none", CGROUPS.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "cover cgroups")
         alive, holder = os.pipe()
         init = os.fork()
         if init == 0:
@@ -369,26 +377,29 @@ class Server:
             pass
         self.proc.wait()
 
-    def run(self, code: str, rel: Path, rlimits: list, tmp_bytes: int, timeout_s: float, out, err) -> tuple[int, bool]:
+    def run(self, code: str, rel: Path, rlimits: list, tmp_bytes: int, timeout_s: float, out, err,
+            cgroup: str | None = None) -> tuple[int, bool]:
         """(exit code, timed out) of one call in the working directory `rel` under the root, with
-        the resource limits `rlimits` ([(name, (soft, hard)), ...]), a /tmp of `tmp_bytes`, killed
-        after `timeout_s`; its stdout and stderr go to the files `out` and `err`."""
+        the resource limits `rlimits` ([(name, (soft, hard)), ...]), a /tmp of `tmp_bytes`, in the
+        memory cgroup `cgroup` of the server's directory of calls (if any), killed after
+        `timeout_s`; its stdout and stderr go to the files `out` and `err`."""
         source = os.memfd_create("libra-tool-code", os.MFD_CLOEXEC)  # the server never holds the code
         try:
             os.write(source, code.encode())
             os.lseek(source, 0, os.SEEK_SET)
-            return self._call(source, rel, rlimits, tmp_bytes, timeout_s, out, err)
+            return self._call(source, rel, rlimits, tmp_bytes, timeout_s, out, err, cgroup)
         finally:
             os.close(source)
 
-    def _call(self, source: int, rel: Path, rlimits: list, tmp_bytes: int, timeout_s: float, out, err) -> tuple[int, bool]:
+    def _call(self, source: int, rel: Path, rlimits: list, tmp_bytes: int, timeout_s: float, out, err,
+              cgroup: str | None) -> tuple[int, bool]:
         box: queue.SimpleQueue = queue.SimpleQueue()
         with self.lock:
             if not self.alive:
                 raise ServerStopped("the tool server stopped before the call; it restarts for the next one")
             ident, self.next_id = self.next_id, self.next_id + 1
             self.waiting[ident] = box
-            request = {"id": ident, "rel": str(rel), "limits": rlimits, "tmp_bytes": tmp_bytes}
+            request = {"id": ident, "rel": str(rel), "limits": rlimits, "tmp_bytes": tmp_bytes, "cgroup": cgroup}
             try:
                 socket.send_fds(self.sock, [json.dumps(request).encode()], [source, out.fileno(), err.fileno()])
             except OSError as exc:

@@ -51,6 +51,7 @@ class MathEnv:
         return out
 
     def open(self, task: Task, workdir: Path) -> _Episode:
+        self.sandbox.prepare(workdir)
         return _Episode(task, workdir, self.sandbox, self.limits)
 
     def expert(self, task: Task) -> Callable[[str], str]:

@@ -127,6 +127,7 @@ class RepoEnv:
         return out
 
     def open(self, task: Task, workdir: Path) -> _Episode:
+        self.sandbox.prepare(workdir)
         write_work_file(workdir, "code.py", task.data["code"])
         return _Episode(workdir, task.data["tests"], task.data["names"], self.sandbox, self.limits)
 

@@ -1,4 +1,3 @@
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,9 @@ def policy_dir() -> Path:
 def tmp_path():
     """The rollout tests' working directories are the sandbox's: its unprivileged uid must reach
     them, and pytest's own tmp_path lies under a directory only the test's user may enter."""
+    from libra.files import discard_tree
     from libra.rollout.sandbox import make_workroot
 
     root = make_workroot("libra-test-")
     yield root
-    shutil.rmtree(root, ignore_errors=True)
+    discard_tree(root)  # the trajectories' own filesystems unmounted too

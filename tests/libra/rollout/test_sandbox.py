@@ -89,7 +89,7 @@ def test_only_the_system_the_interpreter_and_the_working_directory_are_visible(e
                                       "print(sorted(os.environ))")
     root, cwd, env = output.splitlines()
     assert set(eval(root)) <= {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "proc", "dev", "tmp", "workspace",
-                               "root", "home", "opt", "roots"}  # root/home/opt only on the way to the interpreter; roots empty
+                               "root", "home", "opt", "roots", "cgroups"}  # root/home/opt only on the way to the interpreter; roots, cgroups empty
     assert "etc" not in root and cwd == "/workspace"
     assert set(eval(env)) == {"PATH", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "HOME", "TMPDIR", "PWD"}
 
@@ -296,6 +296,67 @@ def test_a_killed_runs_working_directories_go_when_the_next_process_makes_its_ow
         os.chmod(base / "libra-train-x", 0o500)
     assert sandbox.remove_orphaned_bases(tmp_path) == [orphan]
     assert not orphan.exists() and live.is_dir()
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a working directory of its own (a tmpfs) is mounted only where Libra runs as root")
+def test_a_setuid_file_a_tool_leaves_gives_no_privilege_on_the_host(tmp_path, config):
+    episode = open_episode("math", config, tmp_path / "work")
+    code = "import os, shutil, sys\nshutil.copy(sys.executable, 'py')\nos.chmod('py', 0o4755)\nprint(oct(os.stat('py').st_mode))"
+    assert episode.call("python", code) == ("0o104755", "ok")
+    work = tmp_path / "work"
+    assert os.statvfs(work).f_flag & os.ST_NOSUID and os.statvfs(work).f_flag & os.ST_NODEV
+    os.chmod(work, 0o755)  # let another host user reach it, as a careless host script might
+    ran = subprocess.run(["setpriv", "--reuid=1000", "--regid=1000", "--clear-groups", str(work / "py"), "-I", "-S", "-c",
+                          "import os; print(os.geteuid())"], capture_output=True, text=True, timeout=30)
+    assert ran.stdout.strip() == "1000"  # not the sandbox's uid 65534: the setuid bit does nothing there
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a working directory of its own (a tmpfs) is mounted only where Libra runs as root")
+def test_the_bytes_a_trajectory_writes_are_capped_as_a_whole(tmp_path, config):
+    config = config.model_copy(update={"workdir_bytes": 4 * 2**20})
+    episode = open_episode("math", config, tmp_path / "work")
+    code = ("n = 0\ntry:\n    for i in range(10):\n        open(f'f{i}', 'wb').write(b'x' * 3 * 2**19)\n        n += 1\n"
+            "except OSError as exc:\n    print('stopped', exc.errno)\nprint('files', n)")
+    output, status = episode.call("python", code)
+    assert (output, status) == ("stopped 28\nfiles 2", "ok")  # ENOSPC in the third file of 1.5 MiB (of a 4 MiB cap)
+    assert sum(p.stat().st_size for p in (tmp_path / "work").iterdir()) <= 4 * 2**20
+    assert episode.call("python", "import os; os.remove('f0'); print(6 * 7)") == ("42", "ok")
+
+
+def test_the_memory_of_all_a_calls_processes_is_capped_together(episode, host, config):
+    if Sandbox(config).cgroups() is None:
+        pytest.skip("this machine gives tool calls no memory cgroup (not root, or no writable memory controller)")
+    episode.limits = SandboxLimits(timeout_s=20.0, cpu_s=10, call_memory_bytes=256 * 2**20)
+    code = ("import os, time\nkids = []\nfor _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
+            "        block = bytearray(200 * 2**20)\n        block[::4096] = b'x' * len(block[::4096])\n"
+            "        time.sleep(2)\n        os._exit(0)\n    kids.append(pid)\n"
+            "print([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids])")
+    output, status = attack(episode, host, code)  # each child is far below its own address-space limit (512 MiB)
+    codes = eval(output.splitlines()[0])  # noqa: S307 - a list of ints the test's own code printed
+    assert status == "error" and codes.count(0) <= 1 and codes.count(-9) >= 2
+    assert output.endswith("[killed: the call's processes held more than 268435456 bytes together]")
+
+
+def test_a_working_directory_is_prepared_before_anything_is_written_in_it(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "task.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match="before anything is written"):
+        Sandbox(SandboxConfig()).prepare(tmp_path / "work")
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="mounts need root")
+def test_a_killed_runs_mounted_working_directories_are_unmounted_then_removed(tmp_path):
+    from libra.mounts import mount_tmpfs
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = tmp_path / f"{sandbox.BASE_PREFIX}{gone.pid}-abc"
+    (orphan / "t0").mkdir(parents=True)
+    mount_tmpfs(orphan / "t0", 2**20, 64, 65534)
+    (orphan / "t0" / "f").write_text("left by a tool")
+    assert sandbox.remove_orphaned_bases(tmp_path) == [orphan]
+    assert not orphan.exists()
+    assert str(orphan) not in Path("/proc/self/mountinfo").read_text()
 
 
 # -- network -------------------------------------------------------------------------------------
