@@ -210,7 +210,8 @@ def _define_view(con: duckdb.DuckDBPyConnection, schema: TableSchema, files: lis
         listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
         con.execute(
             f"CREATE VIEW {schema.name} AS SELECT * FROM read_parquet([{listed}], "
-            "hive_partitioning = true, hive_types = {'run': VARCHAR, 'step': BIGINT})"
+            "hive_partitioning = true, hive_types = {'run': VARCHAR, 'step': BIGINT}"
+            f"{', union_by_name = true' if schema.grown else ''})"
         )
     else:  # an empty table with the schema's columns, so that queries of it work on every run
         con.register(f"_empty_{schema.name}", pa.Table.from_batches([], schema=schema.arrow))

@@ -3,7 +3,9 @@
 Every table carries `run` and `step` as real columns (the directory layout repeats them for pruning
 only), so a file read on its own is still self-describing. A schema's version is part of its
 directory name (`turns/v1/...`); a change that is not purely additive bumps the version, and the
-catalog only reads the version it knows.
+catalog only reads the version it knows. A schema that gained columns within its version says so
+(`grown`): the catalog then matches its files' columns by name, and the files written before read
+null there (only then, since matching by name reads every file's schema first).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class TableSchema:
     version: int
     doc: str
     columns: tuple[Column, ...]
+    grown: bool = False  # columns were added to this version: older files lack them (read as null)
 
     @property
     def arrow(self) -> pa.Schema:
@@ -118,7 +121,12 @@ STEPS = TableSchema(
         Column("train_gpus", pa.int32(), "GPUs training in the step", "GPUs"),
         Column("rollout_gpus", pa.int32(), "GPUs rolling out in the step", "GPUs"),
         Column("hybrid_gpus", pa.int32(), "GPUs in the hybrid pool", "GPUs"),
+        Column("failed_trajectories", pa.int64(), "trajectories that failed (environment, tool, a limit or an engine) "
+               "and were left out of training; null where not counted (simulated steps, older runs)", "trajectories"),
+        Column("dropped_groups", pa.int64(), "groups left out whole because a sample of theirs failed; null where not "
+               "counted", "groups"),
     ),
+    grown=True,
 )
 
 PLANS = TableSchema(

@@ -122,7 +122,8 @@ class IterationRecord:
         return placed | {"run": run, "step": self.step, "policy": self.strategy, "start_s": self.start_s,
                 "rollout_s": b.wall_s, "train_s": self.seconds["train"],
                 "step_s": self.seconds["iteration"], "trajectories": b.trajectories, "gen_tokens": b.generated_tokens,
-                "trained_tokens": self.update.stats.tokens, "reward_mean": b.reward_mean, "reward_std": b.reward_std}
+                "trained_tokens": self.update.stats.tokens, "reward_mean": b.reward_mean, "reward_std": b.reward_std,
+                "failed_trajectories": b.failed, "dropped_groups": b.dropped_groups}
 
     def timing_rows(self, hardware: str, model: str) -> list[dict]:
         """The iteration's measured decode and training samples, as `timings` rows."""

@@ -271,3 +271,17 @@ def test_every_table_has_documented_columns() -> None:
         assert schema.column_names[:2] == ("run", "step")
         for column in schema.columns:
             assert column.doc, f"{schema.name}.{column.name} lacks a doc"
+
+
+def test_a_column_added_to_a_schema_reads_as_null_in_files_written_before_it(tmp_path: Path) -> None:
+    writer = StoreWriter(tmp_path)
+    steps = TABLES["steps"]
+    [shard] = writer.write_step("steps", "r1", 0, pa.Table.from_pylist([{"run": "r1", "step": 0, "trajectories": 64}],
+                                                                         schema=steps.arrow))
+    pq.write_table(pq.read_table(shard).drop_columns(["failed_trajectories", "dropped_groups"]), shard)  # as written before
+    writer.write_step("steps", "r1", 1, pa.Table.from_pylist(
+        [{"run": "r1", "step": 1, "trajectories": 62, "failed_trajectories": 2, "dropped_groups": 1}], schema=steps.arrow))
+    with Catalog(tmp_path, "r1") as catalog:
+        rows = catalog.query("select step, trajectories, failed_trajectories, dropped_groups from steps order by step")
+    assert rows.to_pylist() == [{"step": 0, "trajectories": 64, "failed_trajectories": None, "dropped_groups": None},
+                                {"step": 1, "trajectories": 62, "failed_trajectories": 2, "dropped_groups": 1}]

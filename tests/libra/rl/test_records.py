@@ -25,3 +25,10 @@ def test_a_record_pickled_with_the_old_field_name_loads() -> None:
 
 def test_a_record_pickles_and_loads_unchanged() -> None:
     assert pickle.loads(pickle.dumps(record("libra"))) == record("libra")
+
+
+def test_a_steps_row_counts_the_failed_trajectories_and_dropped_groups() -> None:
+    stats = UpdateStats(0.5, 1.0, 0.0, 2.0, 0.1, 0.01, 64, 4, 80, 1e-5, 0.2)
+    batch = Batch(3, (), (), RolloutStats(6, 900, 2.0, 0.5, 0.5, 0.5, 1.0, 150.0, 0, 0, failed=1, dropped_groups=1))
+    row = IterationRecord(3, batch, Update(stats, 4, 0, 1, 0.5), {"iteration": 1.0, "train": 0.5}).steps_row("r")
+    assert (row["trajectories"], row["failed_trajectories"], row["dropped_groups"]) == (6, 1, 1)
