@@ -135,3 +135,37 @@ def test_an_engine_that_died_in_a_rollout_is_started_again_at_the_next_sync(poli
         assert session.dead_engines == ()
     finally:
         session.close()
+
+
+def test_tools_that_fail_or_hang_and_an_engine_killed_mid_batch_never_stall_a_step_or_reach_an_update(policy_dir, tmp_path):  # noqa: F811
+    """One task in ten has a tool that raises (step 0) or hangs (step 1), and one of two engines dies
+    in step 0's batch: both steps complete, the failures are counted in the record's row, and no
+    sample of a group that lost a trajectory is trained on."""
+    from libra.rl.schedule import train_task_seed
+    from tests.libra.rollout.test_failures import Dying, Flaky
+
+    config = small(tmp_path, policy_dir, pipeline="sync", prompts_per_step=10, samples_per_prompt=2)
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={
+        "instances": 2, "router": "least-load", "max_tokens_per_turn": 96, "max_context": 1024, "tool_timeout_s": 2.0})})
+    session = open_session(config)
+    flaky = None
+    try:
+        step_tasks = [session.env.tasks(10, seed=train_task_seed(0, step)) for step in (0, 1)]
+        flaky = session.env = Flaky(session.env, {step_tasks[0][0].task_id}, {step_tasks[1][3].task_id})
+        dying = session.engines[0] = Dying(session.engines[0], after=3)
+        for step, task in ((0, step_tasks[0][0]), (1, step_tasks[1][3])):
+            session.rollout(step)
+            rolled = session.batches.rolled_batch(step).result
+            batch = session.score(step)
+            update = session.update(step)
+            session.sync()
+            failed = {r.prompt_id for r in rolled.failed}
+            assert failed == {task.task_id}  # the policy calls its python tool on this task
+            trained = {s.trajectory_id.rsplit("/", 1)[0] for s in batch.samples}
+            assert not trained & failed and len(trained) == 9 and update.admitted == len(batch.samples) == 18
+            assert (batch.stats.failed, batch.stats.dropped_groups) == (len(rolled.failed), 1)
+        assert dying.closed and session.dead_engines == ()  # started again at step 0's sync
+    finally:
+        if flaky is not None:
+            flaky.release.set()
+        session.close()
