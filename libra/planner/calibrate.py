@@ -7,16 +7,19 @@ non-negative coefficients:
 
     train_step   seconds = train_compute * compute + train_comm * comm + train_step_s
     prefill      seconds = prefill_compute * flops_time
-    decode_step  seconds = max(decode_compute * compute, decode_memory * memory) + rollout_comm * comm
+    decode_step  seconds = max(decode_compute * gemm, decode_memory * weights) + decode_kv * kv
+                           + decode_kv_tail * one sequence's kv + rollout_comm * comm
                            + decode_step_s + decode_seq_s * batch
 
-The max() of the decode roofline is fitted by alternating: label each sample with the bound that
-binds under the current coefficients, solve the linear problem, repeat until the labels settle.
+The max() of the GEMM phase is fitted by alternating: label each sample with the bound that binds
+under the current coefficients, solve the linear problem, repeat until the labels settle.
 Decode samples are weighted by the fitted time rather than the measured one (iteratively), and a
 sample more than 3x off the fit is set aside (at most a quarter of them), so that a few near-empty
 engine steps do not decide the fit. The terms that shrink with the instance's size (compute,
 memory, all-reduces) are told apart from the host's overheads, which do not, only by samples of more
-than one instance size; with one size, only the overheads are fitted and the rest keep their values.
+than one instance size. With one size, the weights' read and the all-reduces (the same at every
+batch) keep their values and the terms that vary with the batch and the context are fitted (the
+GEMMs, the KV reads, the overheads); where the samples cannot separate those, only the overheads.
 Coefficients of a kind with too few samples keep their current values.
 """
 
@@ -96,8 +99,8 @@ def features(cost: CostModel, sample: TimingSample) -> tuple[float, ...]:
         return estimate.compute_ideal_s, estimate.comm_ideal_s, 1.0
     if sample.kind == "prefill":
         return (cost.prefill_ideal_s(sample.tp, sample.tokens, sample.context_tokens),)
-    compute, memory, comm = cost.decode_step_features(sample.tp, sample.batch, sample.context_tokens)
-    return compute, memory, comm, 1.0, sample.batch
+    gemm, weights, kv, one, comm = cost.decode_step_features(sample.tp, sample.batch, sample.context_tokens)
+    return gemm, weights, kv, one, comm, 1.0, sample.batch
 
 
 def predict(cost: CostModel, sample: TimingSample) -> float:
@@ -106,8 +109,8 @@ def predict(cost: CostModel, sample: TimingSample) -> float:
         return c.train_compute * f[0] + c.train_comm * f[1] + c.train_step_s * f[2]
     if sample.kind == "prefill":
         return c.prefill_compute * f[0]
-    return (max(c.decode_compute * f[0], c.decode_memory * f[1]) + c.rollout_comm * f[2] + c.decode_step_s * f[3]
-            + c.decode_seq_s * f[4])
+    return (max(c.decode_compute * f[0], c.decode_memory * f[1]) + c.decode_kv * f[2] + c.decode_kv_tail * f[3]
+            + c.rollout_comm * f[4] + c.decode_step_s * f[5] + c.decode_seq_s * f[6])
 
 
 def samples_from_rows(rows: Sequence[dict]) -> list[TimingSample]:
@@ -182,15 +185,16 @@ def fit(cost: CostModel, samples: Sequence[TimingSample], max_rounds: int = 50) 
     decode = by_kind["decode_step"]
     outliers: set[int] = set()
     if len(decode) >= MIN_SAMPLES["decode_step"]:
-        names = ["decode_compute", "decode_memory", "rollout_comm", "decode_step_s", "decode_seq_s"]
+        names = ["decode_compute", "decode_memory", "decode_kv", "decode_kv_tail", "rollout_comm", "decode_step_s",
+                 "decode_seq_s"]
         start = [values[n] for n in names]
         raw, seconds = [features(cost, s) for s in decode], [s.seconds for s in decode]
-        free = [0, 1, 2, 3, 4] if len({s.tp for s in decode}) > 1 else [3, 4]
+        free = [0, 1, 2, 3, 4, 5, 6] if len({s.tp for s in decode}) > 1 else [0, 2, 3, 5, 6]
         try:
             current, outliers = _fit_decode(raw, seconds, start, free, max_rounds)
         except Underdetermined:
-            try:  # the sizes measured cannot separate the device's terms: fit the host's alone
-                current, outliers = _fit_decode(raw, seconds, start, [3, 4], max_rounds)
+            try:  # the samples cannot separate the device's terms: fit the host's alone
+                current, outliers = _fit_decode(raw, seconds, start, [5, 6], max_rounds)
             except Underdetermined:
                 current = start
                 kept.append("decode_step")
@@ -222,15 +226,18 @@ def _fit_decode(raw: list[tuple[float, ...]], seconds: list[float], start: list[
     state = None
     for _ in range(max_rounds):
         compute_bound = [current[0] * r[0] >= current[1] * r[1] for r in raw]
-        rows = [(r[0] if cb else 0.0, 0.0 if cb else r[1], r[2], r[3], r[4]) for r, cb in zip(raw, compute_bound, strict=True)]
+        rows = [(r[0] if cb else 0.0, 0.0 if cb else r[1], *r[2:]) for r, cb in zip(raw, compute_bound, strict=True)]
         kept_rows = [row for row, k in zip(rows, keep, strict=True) if k]
         active = [i for i in free if any(row[i] > 0 for row in kept_rows)]
         current = _solve(kept_rows, list(y[keep]), active, current, scale[keep])
         fitted = np.array(rows, dtype=float) @ np.array(current)
         ratio = np.where(fitted > 0, y / np.maximum(fitted, 1e-300), np.inf)
         off = (ratio > OUTLIER_RATIO) | (ratio < 1 / OUTLIER_RATIO)
+        kept_before = keep
         keep = ~off if off.mean() <= MAX_SET_ASIDE else np.ones(len(raw), dtype=bool)
         scale = np.where(fitted > 0, fitted, y)
+        if (keep != kept_before).any():  # other samples: start again from the first labels (the set aside ones may
+            current = list(start)  # have pulled a term to zero, whose labels would then never come back)
         settled = (tuple(compute_bound), tuple(keep), tuple(round(v, 12) for v in current))
         if settled == state:
             break

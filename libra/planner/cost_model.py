@@ -3,8 +3,10 @@
 No search happens here (the solvers are `training_search` and `rollout_search`). Every time is a
 sum of *ideal* terms computed from the profiles (FLOPs at peak, bytes at link or HBM bandwidth)
 multiplied by a `Coefficients` entry, so calibration can fit the multipliers to measured timings
-(`calibrate`). Defaults come from published efficiencies: training MFU ~40%, prefill at ~55% of peak,
-decode at ~85% of HBM bandwidth, collectives at ~70% of link bandwidth.
+(`calibrate`). Training's and the collectives' defaults come from published efficiencies (training
+MFU ~40%, collectives at ~70% of link bandwidth); prefill's and decode's are `calibrate.fit` of
+one H200's measured decode steps and prefills (`data/gpu/h200_qwen3_14b_tp1.json`: a Qwen3-14B-shaped
+model at TP1, whole steps in CUDA graphs), the weights' read at that GPU's measured HBM ceiling.
 
 Training (one RL step over all its tokens, Megatron-style layout: TP inside a node, then DP, then PP):
     compute  = FLOPs(fwd + bwd + recompute + log-prob passes) / (GPUs * peak), stretched by the
@@ -13,8 +15,16 @@ Training (one RL step over all its tokens, Megatron-style layout: TP inside a no
 Rollout (a group of `count` instances of TP `tp` serving some length buckets, continuous batching):
     batch    = KV pool (HBM left after weights and activations, over the instance's GPUs) / mean
                resident context, capped by `max_batch` and by the trajectories each instance holds
-    step     = max(compute, weight + KV bytes / bandwidth) + TP all-reduces + per-step overhead
-               + per-sequence overhead * batch; the all-reduces are small messages, run as
+    step     = GEMM phase + attention phase + TP all-reduces + per-step overhead
+               + per-sequence overhead * batch, the phases one after the other as the GPU runs them
+               (separate kernels, not overlapped):
+               GEMM phase = max(the batch's matmul FLOPs at peak, the weights' bytes over HBM)
+               attention  = the batch's KV bytes over HBM, plus one sequence's KV bytes over HBM
+                            again (`decode_kv_tail`: the share of a long sequence's attention that
+                            no batch parallelism hides, which is what makes a lone long-context
+                            straggler slow); attention's FLOPs (2 x the GQA group per KV byte) are
+                            far below any GPU's ridge point and never bind;
+               the all-reduces are small messages, run as
                inference engines run them inside a node (one-shot or two-shot: one or two hops of
                latency, not the ring's 2(n-1)); the overheads are the host's work (scheduling,
                sampling, output processing), which no instance size shrinks; where one process
@@ -45,16 +55,19 @@ class Coefficients:
     train_compute: float = 1 / 0.40  # 1 / training MFU
     train_comm: float = 1 / 0.70  # actual / ideal collective time
     train_step_s: float = 2.0  # fixed seconds per training step (optimizer, launches, bookkeeping)
-    prefill_compute: float = 1 / 0.55
-    decode_compute: float = 1 / 0.55
-    decode_memory: float = 1 / 0.85
+    # prefill and decode: `calibrate.fit` of one H200's measurements (module docstring); every decode row
+    # within 5% of the fit and every prefill within 6%
+    prefill_compute: float = 1.5344  # 0.65 of peak
+    decode_compute: float = 1.6021  # the GEMMs' FLOPs: 0.62 of peak where they bind
+    decode_memory: float = 1.1443  # the weights' read: the measured HBM read ceiling (4.19 of 4.8 TB/s), held in the fit
+    decode_kv: float = 1.1007  # the batch's KV read: 0.91 of HBM bandwidth
+    decode_kv_tail: float = 0.9700  # one sequence's KV read again per step (flash decoding's tail)
     rollout_comm: float = 1 / 0.70
-    decode_step_s: float = 0.0005  # fixed seconds per decode step of an instance (scheduling, sampling, launches
-    # under CUDA graphs); with it Qwen3-14B on A800 decodes a lone sequence in 17.6 / 9.6 / 5.4 / 3.3 ms at
-    # TP 1/2/4/8, against 17-19 / 9-10 / 5 / 3-4 ms from weights over HBM bandwidth plus NVLink all-reduces
-    decode_seq_s: float = 0.0  # host seconds per sequence per decode step (sampling, output processing), at
-    # any instance size; none by default (a GPU engine overlaps it with the device), fitted where it shows:
-    # a small model on CPU cores decodes in 10 ms + 0.5 ms per sequence at one core or two alike
+    decode_step_s: float = 0.003039  # fixed seconds per decode step of an instance: launches, norms and the LM
+    # head's sampling under CUDA graphs (measured: a graphed 40-layer step pays about 3 ms over its weights' read)
+    decode_seq_s: float = 1.03e-5  # seconds per sequence per decode step at any instance size (on the H200:
+    # its sampling and KV writes); a host's sampling and output processing where they show: a small model
+    # on CPU cores decodes in 10 ms + 0.5 ms per sequence at one core or two alike
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -261,31 +274,30 @@ class CostModel:
         asks for the same few hundred batch sizes millions of times)."""
         return {}
 
-    def decode_step_features(self, tp: int, batch: float, context: float) -> tuple[float, float, float]:
-        """Ideal (compute, memory, comm) seconds of one decode step of `batch` sequences whose
-        mean context is `context` tokens."""
+    def decode_step_features(self, tp: int, batch: float, context: float) -> tuple[float, float, float, float, float]:
+        """Ideal seconds of one decode step of `batch` sequences whose mean context is `context`
+        tokens: (the GEMMs' FLOPs at peak, the weights' bytes over HBM, the batch's KV bytes over
+        HBM, one sequence's KV bytes over HBM, the all-reduces)."""
         m, hw, memo = self.model, self.hw, self._decode_memo
         terms = memo.get(tp)
         if terms is None:  # the same arithmetic as written out below, done once per TP
-            terms = memo[tp] = (2 * m.matmul_params, 4 * m.layers * m.heads * m.head_dim, tp * hw.peak_flops,
-                                self.weights_per_gpu_bytes(tp), m.kv_bytes_per_token(tp))
-        matmul, attention, peak, weights, kv = terms
-        flops = batch * (matmul + attention * context)  # 2 FLOPs per weight, 4 per head dim per token of context
-        compute = flops / peak
-        memory = (weights + batch * context * kv) / hw.hbm_bandwidth
+            terms = memo[tp] = (2 * m.matmul_params / (tp * hw.peak_flops), self.weights_per_gpu_bytes(tp) / hw.hbm_bandwidth,
+                                m.kv_bytes_per_token(tp) / hw.hbm_bandwidth)
+        matmul, weights, kv = terms  # 2 FLOPs per weight and token; KV bytes per token of context
+        one = context * kv
         key = (tp, batch)
         comm = memo.get(key) if isinstance(batch, int) else None
         if comm is None:
             comm = self._engine_all_reduce_s(batch * m.hidden * BF16_BYTES, tp, calls=2 * m.layers)
             if isinstance(batch, int):
                 memo[key] = comm
-        return compute, memory, comm
+        return batch * matmul, weights, batch * one, one, comm
 
     def decode_step_s(self, tp: int, batch: float, context: float) -> float:
-        compute, memory, comm = self.decode_step_features(tp, batch, context)
+        gemm, weights, kv, one, comm = self.decode_step_features(tp, batch, context)
         c = self.coefficients
-        return (max(c.decode_compute * compute, c.decode_memory * memory) + c.rollout_comm * comm + c.decode_step_s
-                + c.decode_seq_s * batch)
+        return (max(c.decode_compute * gemm, c.decode_memory * weights) + c.decode_kv * kv + c.decode_kv_tail * one
+                + c.rollout_comm * comm + c.decode_step_s + c.decode_seq_s * batch)
 
     def host_wait_s(self, sequences_elsewhere: float) -> float:
         """What a decode step also waits for when one process drives every instance

@@ -4,15 +4,18 @@ finish the same steps sooner in this physics (the rollout simulator and the cost
 Two facts of the physics give it.
 
 Work. A GPU does one thing at a time, so a step lasts at least the GPU-seconds of work in it over
-the cluster's GPUs. A step of a TP-`tp` instance decoding `batch` sequences costs `tp` GPUs for
-max(compute, memory) + all-reduces + a fixed cost + a host cost per sequence, where compute is the
-batch's FLOPs over the instance's peak and memory is the weights' share plus the batch's KV over HBM
-bandwidth. Over any set of steps the sum of maxima is at least the larger of the two sums, and each
-sum splits into per-token terms that do not depend on the TP: a token decoded at context c costs at
-least its FLOPs at peak, and at least (weights / `max_batch` + c tokens of KV at TP1) over bandwidth
-plus fixed / `max_batch`, plus its host cost (on one GPU at least). Prefill costs its FLOPs at the
-prefill efficiency on any TP. Training a batch
-costs at least its FLOPs at the modelled MFU (no pipeline bubble, no communication).
+the cluster's GPUs. A step of a TP-`tp` instance decoding `batch` sequences at mean context c costs
+`tp` GPUs for its GEMM phase, max(the batch's matmul FLOPs at peak, the weights' share over HBM),
+then its attention phase (the batch's KV over HBM, and one sequence's KV again), then all-reduces,
+a fixed cost and a cost per sequence (`cost_model`). Each splits into per-token terms that no TP or
+batch makes smaller, since `tp` GPUs times a GPU's share is at least the whole (KV heads are split
+or replicated, never fewer in total) and a batch holds at most `max_batch` sequences:
+    GEMM      batch x max(FLOPs, weights / batch) >= batch x max(FLOPs, weights / max_batch)
+    KV        c tokens of KV at TP1 per token
+    tail      one sequence's KV per step: c tokens of KV at TP1 / `max_batch` per token
+    fixed     fixed / `max_batch` per token; per sequence: its cost (on one GPU at least)
+Prefill costs its FLOPs at the prefill efficiency on any TP. Training a batch costs at least its
+FLOPs at the modelled MFU (no pipeline bubble, no communication).
 
 The longest trajectory. Its turns run one after another: each prompt or tool result is prefilled,
 each token decoded at least as slowly as a batch of one at its context (a step only grows with the
@@ -84,21 +87,17 @@ def _turns(trajectory: SimTrajectory):
 def rollout_gpu_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> float:
     """Least GPU-seconds any set of instances spends rolling the trajectories out (module docstring)."""
     m, hw, c = cost.model, cost.hw, cost.coefficients
-    per_token_flops = 2 * m.matmul_params
-    attention_flops = 4 * m.layers * m.heads * m.head_dim  # per token per token of context
-    weights_per_token = m.weight_bytes / cost.rollout.max_batch
-    kv = m.kv_bytes_per_token(1)
-    prefill = tokens = flops = traffic = 0.0
+    most = cost.rollout.max_batch
+    gemm = max(c.decode_compute * 2 * m.matmul_params / hw.peak_flops, c.decode_memory * m.weight_bytes / most / hw.hbm_bandwidth)
+    kv = m.kv_bytes_per_token(1) / hw.hbm_bandwidth  # seconds per token of context read once
+    prefill = tokens = kv_read = 0.0
     for trajectory in trajectories:
         for new, context, gen, _ in _turns(trajectory):
             prefill += cost.prefill_s(1, new, context)
             tokens += gen
-            flops += gen * (per_token_flops + attention_flops * context)
-            traffic += gen * (weights_per_token + kv * context)
-    compute = c.decode_compute * flops / hw.peak_flops
-    memory = c.decode_memory * traffic / hw.hbm_bandwidth
-    # the host's per-sequence work takes its time on an instance of one GPU at least, whatever the batch
-    return prefill + max(compute, memory) + tokens * (c.decode_step_s / cost.rollout.max_batch + c.decode_seq_s)
+            kv_read += gen * context * kv
+    return (prefill + tokens * gemm + (c.decode_kv + c.decode_kv_tail / most) * kv_read
+            + tokens * (c.decode_step_s / most + c.decode_seq_s))
 
 
 def longest_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> float:

@@ -41,7 +41,8 @@ def test_one_sequence_alone_runs_exactly_at_the_longest_term() -> None:
 def test_rollout_work_is_below_what_any_layout_spends() -> None:
     """Busy GPU-seconds of real layouts, uniform and heterogeneous, exceed the rollout work bound;
     256 equal sequences decoding side by side on one TP1 instance reach it exactly (the bound's
-    ideal: a full batch, with weight and KV traffic equal to compute at this batch)."""
+    ideal: every step a full batch of `max_batch` sequences on one GPU, its GEMM phase, its KV
+    reads, its one sequence's tail and its fixed cost shared by all of them)."""
     batch = WorkloadGenerator(workload_spec("search-r1"), seed=0).step(0)
     work = rollout_gpu_s(COST, batch)
     truth = {t.trajectory_id: path_of(t).remaining_at_decisions for t in batch}
