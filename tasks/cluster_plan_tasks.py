@@ -114,6 +114,7 @@ def plan_json(plan: Any, cluster: Any, model: Any, workload: Any, source: str) -
                     "instances": [{"tp": g.tp, "count": g.count, "max_tokens": g.max_tokens,
                                    "seconds": round(g.seconds, 3)} for g in plan.rollout.groups]},
         "hybrid": {"gpus": plan.hybrid_gpus, "rollout_share": plan.hybrid_rollout_share},
+        "idle_gpus": plan.idle_gpus,
         "t_train_s": round(plan.t_train_s, 3),
         "t_rollout_s": round(plan.t_rollout_s, 3),
         "t_sync_s": round(plan.t_sync_s, 3),

@@ -80,6 +80,7 @@ class Plan:
     mode: Mode
     search_ms: float = 0.0
     stats: SearchStats | None = field(default=None, compare=False)
+    idle_gpus: int = 0  # GPUs neither pool can use without a longer iteration, counted in neither
 
     @property
     def gpus(self) -> int:
@@ -175,7 +176,8 @@ class Planner:
             for hybrid in self.hybrid_sizes():
                 for share in self.shares() if hybrid else [0.0]:
                     core = total - hybrid
-                    for train in self._train_candidates(core, hybrid, share):
+                    for candidate in self._train_candidates(core, hybrid, share):
+                        train = self._used(candidate)  # what training leaves of its pool goes to rollout
                         splits += 1
                         t_iter, t_train, t_rollout = self.iteration_time(train, core - train, hybrid, share)
                         key = (t_iter, t_train + t_rollout, train, hybrid, share)
@@ -194,6 +196,12 @@ class Planner:
             raise LibraError(f"a split needs 1 to {self.cost.cluster.gpus - hybrid - 1} training GPUs, got {train}")
         t_iter, t_train, t_rollout = self.iteration_time(train, self.cost.cluster.gpus - train - hybrid, hybrid, share)
         return self._build((t_iter, t_train + t_rollout, train, hybrid, share), None, 0.0, 1)
+
+    def _used(self, train: int) -> int:
+        """The GPUs the best training configuration on `train` GPUs uses (fewer where that is faster:
+        the rest then roll out rather than idle)."""
+        best = self.training.best(train)
+        return train if best is None else best.config.gpus
 
     def _train_candidates(self, core: int, hybrid: int, share: float) -> list[int]:
         """Train-pool sizes to evaluate: every multiple of the granularity (sync), or the two around
@@ -224,6 +232,17 @@ class Planner:
         colocated = self.settings.mode == "colocated"
         train_estimate = self.training.best(train)
         layout = self.rollout(train if colocated else rollout)
+        idle = 0 if colocated else rollout - layout.gpus
+        if idle and not hybrid:  # GPUs no rollout instance can use: training takes them where it can, at no loss
+            whole = self.training.exact(train + idle)
+            if whole is not None:
+                sync = self.cost.weight_sync_s()
+                t_whole = (layout.seconds + whole.seconds if self.settings.mode == "sync"
+                           else max(layout.seconds, whole.seconds)) + sync
+                if t_whole <= t_iter * (1 + 1e-12):
+                    train, rollout, train_estimate, t_train, t_iter = train + idle, rollout - idle, whole, whole.seconds, t_whole
+                    idle = 0
+        rollout -= idle  # what is left idle is counted in neither pool
         stats = SearchStats(
             splits, self.training.stats.enumerated, self.training.stats.memory_pruned, self.training.stats.costed,
             len(self._rollout), self.rollout_search.dp_evaluations, self.rollout_search.group_evaluations,
@@ -233,7 +252,7 @@ class Planner:
             train=train_estimate, train_gpus=train, rollout=layout, rollout_gpus=0 if colocated else rollout,
             hybrid_gpus=hybrid, hybrid_rollout_share=share, t_train_s=t_train, t_rollout_s=t_rollout,
             t_sync_s=self.cost.weight_sync_s(), t_iter_s=t_iter, mode=self.settings.mode, search_ms=elapsed_ms,
-            stats=stats,
+            stats=stats, idle_gpus=idle,
         )
 
 

@@ -144,19 +144,44 @@ class RolloutSearch:
 
     def _fill(self, layout: RolloutLayout, gpus: int) -> RolloutLayout:
         """Give GPUs the optimum left unused to the slowest group that can take an instance (more
-        instances never slow a group down, and usually shorten its tail)."""
+        instances never slow a group down, and usually shorten its tail); GPUs fewer than any group's
+        TP open a group of their own, of the largest TP they make, for the first group's shortest
+        bucket where that makes the makespan no longer. The layout then uses all `gpus` wherever an
+        instance size fits in what is left."""
         groups = list(layout.groups)
         spare = gpus - layout.gpus
-        while groups:
+        while groups and spare:
             takers = [i for i, g in enumerate(groups) if g.tp <= spare]
-            if not takers:
+            if takers:
+                i = max(takers, key=lambda k: (groups[k].seconds, -groups[k].tp))
+                g = groups[i]
+                groups[i] = InstanceGroup(g.tp, g.count + 1, g.first_bucket, g.last_bucket, g.max_tokens,
+                                          self.group_time(g.first_bucket, g.last_bucket, g.tp, g.count + 1))
+                spare -= g.tp
+                continue
+            split = self._split_first(groups, spare, layout.seconds)
+            if split is None:
                 break
-            i = max(takers, key=lambda k: (groups[k].seconds, -groups[k].tp))
-            g = groups[i]
-            groups[i] = InstanceGroup(g.tp, g.count + 1, g.first_bucket, g.last_bucket, g.max_tokens,
-                                      self.group_time(g.first_bucket, g.last_bucket, g.tp, g.count + 1))
-            spare -= g.tp
+            groups, spare = split, spare - split[0].gpus
         return RolloutLayout(tuple(groups), max((g.seconds for g in groups), default=0.0))
+
+    def _split_first(self, groups: list[InstanceGroup], spare: int, makespan: float) -> list[InstanceGroup] | None:
+        """The groups with a new group of the largest TP that `spare` GPUs make (as many instances
+        as fit) serving the first group's shortest bucket, if that group keeps another bucket and
+        both finish within `makespan`; else None."""
+        first = groups[0]
+        if first.first_bucket == first.last_bucket:
+            return None
+        bucket = first.first_bucket
+        for tp in sorted((tp for tp in self.tps if tp <= spare and tp < first.tp), reverse=True):
+            count = spare // tp
+            seconds = self.group_time(bucket, bucket, tp, count)
+            rest_seconds = self.group_time(bucket + 1, first.last_bucket, first.tp, first.count)
+            if max(seconds, rest_seconds) <= makespan:
+                rest = InstanceGroup(first.tp, first.count, bucket + 1, first.last_bucket, first.max_tokens, rest_seconds)
+                new = InstanceGroup(tp, count, bucket, bucket, self.buckets[bucket].max_tokens, seconds)
+                return [new, rest, *groups[1:]]
+        return None
 
     def _feasible_upper(self, gpus: int) -> float | None:
         """A makespan some layout achieves: the best single-group layout, or None."""
