@@ -22,7 +22,7 @@ from libra.errors import LibraError
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate
 from libra.planner.training_search import TrainingTable
-from libra.planner.trigger import Decision, StepTimes, TriggerSettings, decide, replan_reason
+from libra.planner.trigger import Decision, StepTimes, TriggerSettings, decide, drift_of, in_episode, replan_reason
 from libra.planner.workload import Workload
 
 
@@ -63,16 +63,33 @@ class PlanController:
         self.probe = probe
         self.probe_candidates = probe_candidates
         self.probe_correction = [1.0] * len(self.variants)
+        self.fired_drift: float | None = None  # the drift pressure last fired at, in the episode under way
+        self._asked: tuple[tuple[int, StepTimes | None, bool], str | None] | None = None  # `due`'s last answer
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling a controller checkpointed before drift episodes were tracked."""
+        state.setdefault("fired_drift", None)
+        state.setdefault("_asked", None)
+        self.__dict__.update(state)
 
     def due(self, step: int, times: StepTimes | None = None, force: bool = False) -> str | None:
         """Why to plan at `step` (the trigger's reason), or None. `force`: plan now if there is no
         plan yet, even during warm-up (a run must start somewhere)."""
         expected = 1.0
         if self.current is not None and self.current.t_train_s > 0 and not math.isinf(self.current.t_train_s):
-            expected = self.current.t_rollout_s / self.current.t_train_s
-        reason = replan_reason(step, self.last_plan_step, times, self.trigger, expected)
+            assert self.current_variant is not None  # the prediction as corrected by the rollouts measured under it
+            expected = corrected(self.current, self.rollout_correction[self.current_variant]).t_rollout_s / self.current.t_train_s
+        if self._asked is not None and self._asked[0] == (step, times, force):
+            return self._asked[1]  # asked again for the same step (the planning flow, then `observe`)
+        drift = drift_of(times, expected)
+        if not in_episode(drift, self.trigger):
+            self.fired_drift = None  # the stages are back in balance: a later drift is a new episode
+        reason = replan_reason(step, self.last_plan_step, times, self.trigger, expected, self.fired_drift)
+        if reason is not None and reason.startswith("pressure"):
+            self.fired_drift = drift
         if reason is None and self.current is None and force:
             reason = "initial"
+        self._asked = ((step, times, force), reason)
         return reason
 
     def observe(self, step: int, workload: Workload, times: StepTimes | None = None,
@@ -133,6 +150,7 @@ class PlanController:
         if event.applied:
             self.current = raw  # kept as predicted; corrections are applied when plans are compared
             self.current_variant = variant
+            self.fired_drift = None  # a new plan predicts anew
         self.events.append(event)
         return event
 

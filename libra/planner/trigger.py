@@ -1,7 +1,8 @@
 """When to re-plan, and whether to apply the new plan.
 
-Re-plan after warm-up every `period_steps` steps, and earlier on pressure: when one stage's measured
-time exceeds the other's by `pressure_ratio` (the stages are out of balance). A new plan is applied
+Re-plan after warm-up every `period_steps` steps, and earlier on pressure: when the measured ratio
+of the stages' times has drifted by `pressure_ratio` from the one the plan in force predicted
+(corrected by what its rollouts have measured), once per drift episode. A new plan is applied
 only if it differs from the current one, the gain per step times the steps it can still pay off (until
 the next periodic plan, or the end of the run when that comes first) exceeds the cost of moving, and the relative gain passes `min_relative_gain` (hysteresis: noise
 does not move GPUs back and forth).
@@ -54,23 +55,39 @@ class Decision:
     horizon_steps: int  # steps the gain is counted over
 
 
+def drift_of(times: StepTimes | None, expected_ratio: float) -> float | None:
+    """A step's measured rollout/train time ratio over the one the plan in force predicted (> 1:
+    rollout slower than planned), or None when it cannot be measured."""
+    if times is None or min(times.t_rollout_s, times.t_train_s) <= 0 or expected_ratio <= 0:
+        return None
+    return (times.t_rollout_s / times.t_train_s) / expected_ratio
+
+
 def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None, settings: TriggerSettings,
-                  expected_ratio: float = 1.0) -> str | None:
+                  expected_ratio: float = 1.0, fired_drift: float | None = None) -> str | None:
     """Why to re-plan at `step`, or None. Pressure compares the measured rollout/train time ratio with
     `expected_ratio`, the one the plan in force predicted (a plan may be unbalanced on purpose, e.g.
-    in sync mode), and fires at most once per `pressure_ratio` drift."""
+    in sync mode), and fires once per drift episode: `fired_drift` is the drift it last fired at
+    in the episode still under way (None: none), and it fires again only when the drift has moved
+    another `pressure_ratio` from there (a drift that persists is planned for once, not every step)."""
     if step < settings.warmup_steps:
         return None
     if last_plan_step is None:
         return "initial"
     if step - last_plan_step >= settings.period_steps:
         return "periodic"
-    if times is not None and min(times.t_rollout_s, times.t_train_s) > 0 and expected_ratio > 0:
-        drift = (times.t_rollout_s / times.t_train_s) / expected_ratio
-        if max(drift, 1 / drift) >= settings.pressure_ratio:
+    drift = drift_of(times, expected_ratio)
+    if drift is not None and max(drift, 1 / drift) >= settings.pressure_ratio:
+        moved = drift if fired_drift is None else drift / fired_drift
+        if max(moved, 1 / moved) >= settings.pressure_ratio:
             slow = "rollout" if drift > 1 else "train"
             return f"pressure: {slow} {max(drift, 1 / drift):.2f}x slower than planned"
     return None
+
+
+def in_episode(drift: float | None, settings: TriggerSettings) -> bool:
+    """Whether a step's drift keeps a drift episode going (it is beyond the pressure ratio)."""
+    return drift is not None and max(drift, 1 / drift) >= settings.pressure_ratio
 
 
 def same_plan(a: Plan, b: Plan) -> bool:

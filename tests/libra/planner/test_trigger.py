@@ -128,3 +128,49 @@ def test_a_held_move_is_recorded_unapplied_and_keeps_the_plan_in_force() -> None
     assert (event.step, event.applied, event.held) == (first_move.step, False, "calibrating: not yet")
     assert event.decision is not None and event.decision.apply  # the move paid; the hold kept it back
     assert asked == [event.candidate] and held.current is held.events[0].candidate  # the plan in force stays
+
+
+def _planned(controller: PlanController, workload) -> None:
+    controller.observe(2, workload, None, force=True)
+    assert controller.current is not None
+
+
+def test_pressure_compares_with_the_prediction_as_the_measured_rollouts_corrected_it() -> None:
+    """Rollouts measured 1.5x the plan's raw prediction: the correction has learnt it, so steps that
+    keep running at 1.5x are as expected, not pressure (the raw prediction fired on every one)."""
+    workload = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    controller = PlanController(a800_14b(), trigger=TriggerSettings(period_steps=100, warmup_steps=2))
+    _planned(controller, workload)
+    plan = controller.current
+    controller.rollout_correction[controller.current_variant] = 1.5
+    times = StepTimes(3, 1.5 * plan.t_rollout_s, plan.t_train_s)
+    assert controller.due(3, times) is None
+    assert controller.due(4, StepTimes(4, 1.5 * 1.3 * plan.t_rollout_s, plan.t_train_s)) == (
+        "pressure: rollout 1.30x slower than planned")
+
+
+def test_pressure_fires_once_per_drift_episode() -> None:
+    """A drift of 1.4x that persists fires once; one that grows another 1.25x (to 1.75x) fires again;
+    back in balance, then 1.4x again: a new episode, which fires."""
+    workload = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    controller = PlanController(a800_14b(), trigger=TriggerSettings(period_steps=100, warmup_steps=2))
+    _planned(controller, workload)
+    plan = controller.current
+    drifts = [1.4, 1.4, 1.4, 1.5, 1.75, 1.75, 1.0, 1.4, 1.4]
+    reasons = [controller.due(3 + i, StepTimes(3 + i, d * plan.t_rollout_s, plan.t_train_s)) for i, d in enumerate(drifts)]
+    assert reasons == ["pressure: rollout 1.40x slower than planned", None, None, None,
+                       "pressure: rollout 1.75x slower than planned", None, None,
+                       "pressure: rollout 1.40x slower than planned", None]
+    again = StepTimes(11, 1.4 * plan.t_rollout_s, plan.t_train_s)
+    assert controller.due(11, again) is None and controller.due(11, again) is None  # asked twice: one answer
+
+
+def test_a_controller_checkpointed_before_drift_episodes_loads() -> None:
+    import pickle
+
+    controller = PlanController(a800_14b())
+    state = pickle.dumps(controller)
+    old = pickle.loads(state)
+    del old.__dict__["fired_drift"], old.__dict__["_asked"]
+    restored = pickle.loads(pickle.dumps(old))
+    assert restored.fired_drift is None and restored.due(0) is None
