@@ -22,7 +22,15 @@ from libra.errors import LibraError
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate
 from libra.planner.training_search import TrainingTable
-from libra.planner.trigger import Decision, StepTimes, TriggerSettings, decide, drift_of, in_episode, replan_reason
+from libra.planner.trigger import (
+    Decision,
+    StepTimes,
+    TriggerSettings,
+    decide,
+    drift_of,
+    in_episode,
+    replan_reason,
+)
 from libra.planner.workload import Workload
 
 
