@@ -213,6 +213,12 @@ class MegatronRank:
         self.dp_rank = ps.get_data_parallel_rank()
         self.first, self.last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
         torch.manual_seed(config.seed)
+        if device.type == "cuda":  # megatron's parallel layers draw their initialisation from its CUDA RNG
+            # tracker (a data-parallel, a tensor-parallel and an expert stream), which must be seeded
+            # after the parallel groups exist; on the CPU the shim makes its forks no-ops
+            from megatron.core import tensor_parallel
+
+            tensor_parallel.model_parallel_cuda_manual_seed(config.seed)
         self.model, tc = gpt_model(self.arch, layout, device, self.first, self.last)
         self.load_weights(read_hf_weights(policy_dir))
         self.ddp = DistributedDataParallel(tc, DistributedDataParallelConfig(overlap_grad_reduce=False,
