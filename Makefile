@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.libra-installed
 
-.PHONY: setup run test test-slow bench lint clean
+.PHONY: setup run test test-slow bench lint clean gpu-check
 
 setup: $(STAMP)
 
@@ -46,6 +46,13 @@ bench: setup
 	$(PY) -m benchmarks.bench_store
 	$(PY) -m benchmarks.bench_planner
 	$(PY) -m benchmarks.report
+
+# on a GPU machine, in an environment made with `pip install -e '.[gpu,dev]'` (not make setup, which installs
+# the CPU build of torch): every gpu-marked test, then decode and prefill timed on the GPU beside the cost model
+GPU_PY ?= python3
+gpu-check:
+	$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider
+	$(GPU_PY) -m benchmarks.gpu_physics
 
 lint: setup
 	$(VENV)/bin/ruff check .
