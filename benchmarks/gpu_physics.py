@@ -67,7 +67,6 @@ class Model:
     def _layer(self, x, layer, k_cache, v_cache, position):
         """One decoder layer over x [B, T, H]; with caches [B, KVH, C, D], the new keys and values
         are written at `position` and attention reads the whole cache (decode), else causal."""
-        import torch
         import torch.nn.functional as F
 
         p = self.p
