@@ -72,7 +72,8 @@ class PlanController:
         self.probe_candidates = probe_candidates
         self.probe_correction = [1.0] * len(self.variants)
         self.fired_drift: float | None = None  # the drift pressure last fired at, in the episode under way
-        self._asked: tuple[tuple[int, StepTimes | None, bool], str | None] | None = None  # `due`'s last answer
+        # `due`'s last question (step, times, force, the plan in force) and its answer
+        self._asked: tuple[tuple[int, StepTimes | None, bool, Plan | None], str | None] | None = None
 
     def __setstate__(self, state: dict) -> None:
         """Unpickling a controller checkpointed before drift episodes were tracked."""
@@ -87,8 +88,11 @@ class PlanController:
         if self.current is not None and self.current.t_train_s > 0 and not math.isinf(self.current.t_train_s):
             assert self.current_variant is not None  # the prediction as corrected by the rollouts measured under it
             expected = corrected(self.current, self.rollout_correction[self.current_variant]).t_rollout_s / self.current.t_train_s
-        if self._asked is not None and self._asked[0] == (step, times, force):
-            return self._asked[1]  # asked again for the same step (the planning flow, then `observe`)
+        question = (step, times, force, self.current)
+        if self._asked is not None and self._asked[0][:3] == question[:3] and self._asked[0][3] is self.current:
+            # asked again for the same step under the same plan (the planning flow, then `observe`);
+            # a plan adopted in between (the run's own placement) asks anew
+            return self._asked[1]
         drift = drift_of(times, expected)
         if not in_episode(drift, self.trigger):
             self.fired_drift = None  # the stages are back in balance: a later drift is a new episode
@@ -97,7 +101,7 @@ class PlanController:
             self.fired_drift = drift
         if reason is None and self.current is None and force:
             reason = "initial"
-        self._asked = ((step, times, force), reason)
+        self._asked = (question, reason)
         return reason
 
     def observe(self, step: int, workload: Workload, times: StepTimes | None = None,

@@ -165,6 +165,19 @@ def test_pressure_fires_once_per_drift_episode() -> None:
     assert controller.due(11, again) is None and controller.due(11, again) is None  # asked twice: one answer
 
 
+def test_a_placement_adopted_between_two_questions_is_asked_anew() -> None:
+    """The planning flow asks before a run has a plan (forced: "initial"), then adopts the run's own
+    placement and asks again for the same step: during warm-up that is no reason to plan."""
+    workload = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    controller = PlanController(a800_14b(), trigger=TriggerSettings(period_steps=100, warmup_steps=2))
+    times = StepTimes(0, 10.0, 10.0)
+    assert controller.due(1, times, force=True) == "initial"
+    controller.adopt(Planner(controller.cost, workload, controller.planner_settings).plan_at(16), 0)
+    assert controller.due(1, times, force=True) is None
+    assert controller.observe(1, workload, times, force=True) is None
+    assert controller.due(2, times, force=True) == "initial"  # warm-up over: the first plan
+
+
 def test_a_controller_checkpointed_before_drift_episodes_loads() -> None:
     import pickle
 
