@@ -20,7 +20,7 @@ import argparse
 import time
 from dataclasses import replace
 
-from benchmarks.common import save
+from benchmarks.common import DECODE_FIT, save
 from libra.planner.cost_model import CostModel
 from libra.planner.profiles import MODELS, parse_cluster
 from libra.sim.bound import run_bound
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"libra layout {c['layouts']['libra']} hybrids {c['hybrid_gpus']}  oracle {c['oracle_over_libra']:+.1%} "
                       f"{c['oracle_layout']}  ({c['wall_s']:.0f} s)")
     if not args.no_save:
-        print(f"wrote {save('regimes', {'model': 'Qwen3-14B', 'hardware': 'A800', 'steps': args.steps, 'cells': cells})}")
+        print(f"wrote {save('regimes', {'model': 'Qwen3-14B', 'hardware': 'A800', 'steps': args.steps, 'decode_fit': DECODE_FIT, 'cells': cells})}")
     return 0
 
 

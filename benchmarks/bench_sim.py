@@ -22,7 +22,7 @@ import argparse
 import json
 import time
 
-from benchmarks.common import OUT, save
+from benchmarks.common import DECODE_FIT, OUT, save
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scale: {cluster.gpus} GPUs, {spec.prompts_per_step * spec.group_size} trajectories/step: "
               f"{per_step:.2f} s per simulated step ({per_step * 200:.0f} s for 200 steps, libra)")
     if not args.no_save:
-        print(f"wrote {save('sim', {'model': 'Qwen3-14B', 'cluster': '6x8:a800', 'tables': tables, 'routing': routed, 'scale': scale})}")
+        print(f"wrote {save('sim', {'model': 'Qwen3-14B', 'cluster': '6x8:a800', 'decode_fit': DECODE_FIT, 'tables': tables, 'routing': routed, 'scale': scale})}")
     return 0
 
 

@@ -32,6 +32,11 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}){memory}, Python {platform.python_version()}"
 
 
+# the measurements the simulator's default decode coefficients are fitted to (libra/planner/cost_model.py):
+# simulator benchmarks record it, so a table measured under an earlier physics says so
+DECODE_FIT = "data/gpu/h200_qwen3_14b_tp1.json"
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     value = fn()

@@ -178,7 +178,9 @@ def regimes_section(result: dict) -> list[str]:
         f"{result['steps']} steps per cell, a search agent's tool-calling shapes with generated tokens scaled, without "
         f"and with a heavy-tailed reasoning phase, the batch grown with the cluster; {result['machine']}). Gain of each "
         "stage over the one before in the same cell, Libra's share of the proven bound, and the oracle's gain over Libra "
-        "(it knows every length: what routing on true lengths to heterogeneous instances could buy).",
+        "(it knows every length: what routing on true lengths to heterogeneous instances could buy)."
+        + ("" if result.get("decode_fit") else " Measured before the decode step was fitted to the H200's measured "
+           "steps (the earlier physics), and not re-run since."),
         "",
         "| GPUs | length scale | tail | p50 / p99 tokens | +hetero-tp | +cmlfq | libra (+elastic) | libra / bound | Libra's instances (TP x count) | oracle over libra | oracle's instances |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
