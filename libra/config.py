@@ -192,7 +192,15 @@ class TrainerConfig(_Section):
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="ratio clip below: 1 - clip_low")
     clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio clip above: 1 + clip_high")
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of KL to the frozen initial policy (0: no reference model)")
+    track_kl: bool = Field(False, description="measure the KL to the frozen initial policy (the `kl` metric) even "
+                           "when kl_coef is 0: a diagnostic that costs a reference forward pass per micro-batch")
     normalize_std: bool = Field(True, description="divide advantages by the group's reward standard deviation")
+    dynamic_sampling: bool = Field(False, description="leave out of the update every group whose samples' rewards are "
+                                   "all equal (its advantages are 0: no gradient, only a thinner token mean), and "
+                                   "fill the batch from the over-sampled groups (DAPO's dynamic sampling)")
+    oversample: float = Field(1.0, ge=1.0, le=8.0, description="groups rolled out per iteration, as a multiple of "
+                              "prompts_per_step; with dynamic_sampling the update takes the first prompts_per_step "
+                              "groups whose rewards differ")
     micro_batch_tokens: int = Field(8192, ge=64, le=10_000_000, description="padded tokens per forward/backward pass")
     pipeline: Literal["one_step_off", "sync"] = Field("one_step_off", description="one_step_off: rollout k+1 runs "
                                                       "while k trains (this run's; `libra plan` plans for planner.mode)")
@@ -226,6 +234,13 @@ class TrainerConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _oversampled_for_dynamic_sampling(self) -> TrainerConfig:
+        if self.oversample > 1.0 and not self.dynamic_sampling:
+            raise ValueError(f"trainer.oversample {self.oversample:g} rolls out groups that only dynamic sampling "
+                             "uses; set trainer.dynamic_sampling: true, or oversample: 1")
+        return self
+
+    @model_validator(mode="after")
     def _layout_is_megatrons(self) -> TrainerConfig:
         if self.backend == "torch" and (self.tp, self.pp, self.dp) != (1, 1, 1):
             raise ValueError(f"trainer.tp/pp/dp ({self.tp}/{self.pp}/{self.dp}) are the megatron backend's layout; "
@@ -240,6 +255,11 @@ class TrainerConfig(_Section):
 
     def run_name(self) -> str:
         return self.run or f"train-{self.env}-seed{self.seed}"
+
+    @property
+    def wants_reference(self) -> bool:
+        """Whether the trainer loads the frozen initial policy (the KL term, or its measure)."""
+        return self.kl_coef > 0 or self.track_kl
 
 
 class PlacementConfig(_Section):

@@ -7,8 +7,12 @@ records here (plans, pool events) when more than one package needs them.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 from enum import StrEnum
+
+_UNSET = object()
 
 
 class ToolStatus(StrEnum):
@@ -58,6 +62,13 @@ class Trajectory:
     reward: float | None  # final reward; None when unknown
     model_version: int | None = None  # the policy weights that generated it; None for imported traces
     rollout_s: float | None = None  # wall time from its first prefill to its last token; None for imported traces
+    category: str | None = None  # the task's kind within its environment (a math template); None when unknown
+    outcome: str | None = None  # solved | wrong | unanswered (no answer in the expected form); None for imported traces
+
+    def __setstate__(self, state: tuple) -> None:
+        """Unpickling (a checkpoint's batches): one pickled before the later fields existed gets their defaults."""
+        for f, value in itertools.zip_longest(dataclasses.fields(self), state, fillvalue=_UNSET):
+            object.__setattr__(self, f.name, f.default if value is _UNSET else value)
 
     @property
     def gen_tokens(self) -> int:

@@ -217,10 +217,32 @@ REWARD_BY_STEP = NamedQuery(
     {},
 )
 
+LEARNING_BY_STEP = NamedQuery(
+    "learning_by_step",
+    "Per step and task category of a training run (why it learns or not): trajectories, mean reward, "
+    "the shares solved, answered wrong and left unanswered (no answer in the expected form), mean "
+    "generated tokens, and the step's groups: scored, with all rewards equal (no gradient), trained on.",
+    """
+    SELECT t.step, coalesce(t.category, '') AS category,
+           count(*) AS trajectories,
+           avg(t.reward) AS reward_mean,
+           avg(CASE WHEN t.outcome = 'solved' THEN 1.0 ELSE 0.0 END) AS solved,
+           avg(CASE WHEN t.outcome = 'wrong' THEN 1.0 ELSE 0.0 END) AS wrong,
+           avg(CASE WHEN t.outcome = 'unanswered' THEN 1.0 ELSE 0.0 END) AS unanswered,
+           avg(t.gen_tokens) AS gen_tokens_mean,
+           any_value(s.uniform_groups) AS step_uniform_groups,
+           any_value(s.trained_groups) AS step_trained_groups
+    FROM trajectories t LEFT JOIN steps s USING (step)
+    GROUP BY t.step, t.category
+    ORDER BY t.step, category
+    """,
+    {},
+)
+
 NAMED_QUERIES: dict[str, NamedQuery] = {
     q.name: q
     for q in (LENGTH_HISTOGRAM, REMAINING_LENGTH_PATHS, TOOL_STATISTICS, PER_STEP_DRIFT, RUN_SUMMARY,
-              TRAJECTORY_LENGTHS, TIMING_SAMPLES, REWARD_BY_STEP)
+              TRAJECTORY_LENGTHS, TIMING_SAMPLES, REWARD_BY_STEP, LEARNING_BY_STEP)
 }
 
 

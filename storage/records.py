@@ -29,6 +29,8 @@ def trajectories_table(run: str, trajectories: Sequence[Trajectory], step_of: Ma
         "reward": [t.reward for t in trajectories],
         "model_version": [t.model_version for t in trajectories],
         "rollout_s": [t.rollout_s for t in trajectories],
+        "category": [t.category for t in trajectories],
+        "outcome": [t.outcome for t in trajectories],
     }
     return _table(TRAJECTORIES.arrow, columns)
 

@@ -71,7 +71,11 @@ TRAJECTORIES = TableSchema(
         Column("reward", pa.float64(), "final reward; null when unknown"),
         Column("model_version", pa.int64(), "policy version that generated it; null for imported traces", "version"),
         Column("rollout_s", pa.float64(), "wall time from first prefill to last token; null for imported traces", "s"),
+        Column("category", pa.string(), "the task's kind within its environment (a math template); null when unknown"),
+        Column("outcome", pa.string(), "solved / wrong / unanswered (no answer in the expected form); null for "
+               "imported traces"),
     ),
+    grown=True,
 )
 
 TURNS = TableSchema(
@@ -125,6 +129,12 @@ STEPS = TableSchema(
                "and were left out of training; null where not counted (simulated steps, older runs)", "trajectories"),
         Column("dropped_groups", pa.int64(), "groups left out whole because a sample of theirs failed; null where not "
                "counted", "groups"),
+        Column("uniform_groups", pa.int64(), "whole groups whose samples' rewards were all equal (advantage 0: no "
+               "gradient); null where not counted", "groups"),
+        Column("trained_groups", pa.int64(), "groups the update trained on (dynamic sampling leaves uniform groups "
+               "out); null where not counted", "groups"),
+        Column("unanswered", pa.int64(), "trajectories that ended without an answer in the expected form; null "
+               "where not counted", "trajectories"),
     ),
     grown=True,
 )

@@ -42,10 +42,12 @@ def config_digest(config: LibraConfig) -> str:
     for key in ("tool_threads", "tool_timeout_s", "trajectory_timeout_s"):  # how tools run, not what is trained
         rollout.pop(key)
     trainer = config.trainer.model_dump(mode="json")
-    for key in ("run", "eval_every", "checkpoint_dir", "keep_checkpoints") + (("steps",) if config.trainer.schedule != "cosine" else ()):
+    for key in ("run", "eval_every", "checkpoint_dir", "keep_checkpoints", "track_kl") + (("steps",) if config.trainer.schedule != "cosine" else ()):
         trainer.pop(key)
-    if trainer["layout"] == "fixed":  # the default, which runs from before layouts were planned left out
-        trainer.pop("layout")
+    # defaults of settings added later are left out, so runs from before them resume
+    for key, default in (("layout", "fixed"), ("dynamic_sampling", False), ("oversample", 1.0)):
+        if trainer[key] == default:
+            trainer.pop(key)
     trainer["policy"] = str(Path(config.trainer.policy).resolve())
     data = {"run": config.trainer.run_name(), "rollout": rollout, "trainer": trainer,
             "scheduler": config.scheduler.model_dump(mode="json"), "placement": config.placement.strategy}

@@ -11,6 +11,7 @@ started from) is 1 stale.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -98,8 +99,50 @@ def rollout_spec(trainer: TrainerConfig, rollout: RolloutConfig, step: int, eval
     per_turn = tokens_per_turn(rollout.max_tokens_per_turn, rollout.turn_growth, step, rollout.max_context)
     floor = tokens_per_turn(rollout.min_tokens_per_turn, rollout.turn_growth, step, per_turn) \
         if rollout.min_tokens_per_turn else 0
-    return RolloutSpec(trainer.prompts_per_step, train_task_seed(trainer.seed, step), trainer.samples_per_prompt,
+    return RolloutSpec(rolled_prompts(trainer), train_task_seed(trainer.seed, step), trainer.samples_per_prompt,
                        per_turn, floor, rollout.temperature, trainer.seed * 1_000_003 + step)
+
+
+def rolled_prompts(trainer: TrainerConfig) -> int:
+    """Prompts (groups) an iteration rolls out: prompts_per_step, over-sampled for dynamic sampling."""
+    return math.ceil(trainer.prompts_per_step * trainer.oversample - 1e-9)
+
+
+@dataclass(frozen=True)
+class GroupSelection:
+    """Which scored groups an update trains on (`select_groups`)."""
+
+    trained: tuple[TrajectoryRun, ...]  # the trajectories of the groups trained on, in their order
+    groups: int  # whole groups scored
+    uniform: int  # of those, groups whose samples' rewards are all equal (advantage 0: no gradient)
+    trained_groups: int
+
+
+def select_groups(runs: Sequence[TrajectoryRun], dynamic: bool, wanted: int) -> GroupSelection:
+    """The groups of `runs` (whole groups, in order) an update trains on. Without dynamic sampling,
+    every one; with it, the first `wanted` groups whose rewards differ, the groups whose rewards are
+    all equal left out (DAPO). When no group's rewards differ, every group is trained on: its
+    advantages are all 0, and the step is counted as such (`uniform` == `trained_groups`)."""
+    groups = _groups(runs)
+    uniform = {pid for pid, members in groups.items() if len({m.reward for m in members}) == 1}
+    chosen = list(groups)
+    if dynamic:
+        informative = [pid for pid in groups if pid not in uniform]
+        chosen = informative[:wanted] or chosen
+    keep = set(chosen)
+    return GroupSelection(tuple(r for r in runs if r.prompt_id in keep), len(groups), len(uniform), len(chosen))
+
+
+def uniform_groups(runs: Sequence[TrajectoryRun]) -> int:
+    """Groups of `runs` whose samples' rewards are all equal."""
+    return sum(len({m.reward for m in members}) == 1 for members in _groups(runs).values())
+
+
+def _groups(runs: Sequence[TrajectoryRun]) -> dict[str, list[TrajectoryRun]]:
+    groups: dict[str, list[TrajectoryRun]] = {}
+    for r in runs:
+        groups.setdefault(r.prompt_id, []).append(r)
+    return groups
 
 
 def whole_groups(runs: Sequence[TrajectoryRun]) -> list[TrajectoryRun]:

@@ -40,7 +40,7 @@ from libra.rl.records import (  # (also where older checkpoints' pickles find th
     advanced,
 )
 from libra.rl.routes import router_for
-from libra.rl.schedule import admit, hybrids_wanted, rollout_spec, whole_groups
+from libra.rl.schedule import admit, hybrids_wanted, rollout_spec, select_groups, whole_groups
 from libra.rl.trainers import Reshard, layout_of
 from libra.trainer.checkpoint import CheckpointState, rng_state, save_checkpoint
 from libra.trainer.protocol import ElasticTrainer, Trainer
@@ -198,8 +198,12 @@ class TrainingSession:
             raise LibraError(f"{'the evaluation' if step == EVALUATION else f'iteration {step}'}: every group lost a "
                              f"sample to a failure ({len(failed)} of {len(rolled.result.trajectories)} trajectories "
                              f"failed; the first: {failed[0].failure})")
-        stats = RolloutStats.of(rolled.result, kept, self.engine_version)
-        batch = Batch(step, tuple(to_samples(kept, self.config.trainer.normalize_std)), tuple(r.record() for r in kept),
+        t = self.config.trainer
+        # the groups the update takes (dynamic sampling leaves those whose rewards are all equal out);
+        # the store records every whole group, trained on or not
+        selection = select_groups(kept, t.dynamic_sampling and step != EVALUATION, t.prompts_per_step)
+        stats = RolloutStats.of(rolled.result, kept, self.engine_version, selection)
+        batch = Batch(step, tuple(to_samples(selection.trained, t.normalize_std)), tuple(r.record() for r in kept),
                       stats, rolled.decode)
         self.batches.scored(batch)
         return batch

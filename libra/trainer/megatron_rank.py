@@ -229,7 +229,7 @@ class MegatronRank:
         self.params = [p for _, p in self.model.named_parameters()]
         self.optimizer = make_optimizer(self.params, config.lr, config.weight_decay)
         self.reference = None
-        if config.kl_coef > 0 and self.last:
+        if config.wants_reference and self.last:
             self.reference = load_reference(reference_dir or policy_dir, device)
         self.hf_order = hf_parameter_names(policy_dir)
         self.pad = self.arch.pad_token

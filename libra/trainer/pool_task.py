@@ -116,7 +116,7 @@ class GRPOTask:
     def accumulate(self, model: nn.Module, step: int, rows: range) -> Shard:
         mine = self.samples(step)[rows.start:rows.stop]
         device = next(model.parameters()).device
-        reference = _reference(self.reference_dir or self.policy_dir, str(device)) if self.trainer.kl_coef > 0 else None
+        reference = _reference(self.reference_dir or self.policy_dir, str(device)) if self.trainer.wants_reference else None
         grpo = GRPOStep(self.trainer, self.temperature, device, reference)
         grpo.run(micro_batches(mine, self.trainer.micro_batch_tokens), self.pad(model), self.forward(model, device))
         return Shard(float(sum(s.policy_tokens for s in mine)), (*(float(v) for v in grpo.sums), float(grpo.padded)))

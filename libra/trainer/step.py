@@ -68,7 +68,8 @@ def losses_from_logits(logits: torch.Tensor, reference: torch.Tensor | None, bat
     per_token, kl = surrogate.loss, torch.zeros_like(surrogate.loss)
     if reference is not None:
         kl = kl_k3(logprobs, token_logprobs(reference, targets))
-        per_token = per_token + config.kl_coef * kl
+        if config.kl_coef > 0:  # else measured only (trainer.track_kl)
+            per_token = per_token + config.kl_coef * kl
     return TokenLosses(per_token, kl, logits, logprobs, surrogate.clipped)
 
 

@@ -31,7 +31,7 @@ class UpdateStats:
 
     loss: float
     grad_norm: float  # before clipping
-    kl: float  # k3 estimate against the reference (0 when kl_coef is 0)
+    kl: float  # k3 estimate against the reference (0 without one: kl_coef 0 and track_kl off)
     entropy: float  # nats per policy token
     clip_fraction: float  # policy tokens whose clipped term was taken
     logprob_gap: float  # mean |trainer log p - engine log p| before the update
@@ -114,7 +114,7 @@ class PolicyTrainer:
         self.clock = clock or WallClock()
         torch.manual_seed(trainer.seed)
         self.model = load_policy(policy_dir, self.device)
-        self.reference = load_reference(reference_dir or policy_dir, self.device) if trainer.kl_coef > 0 else None
+        self.reference = load_reference(reference_dir or policy_dir, self.device) if trainer.wants_reference else None
         self.rank, self.world = _world()
         self.module: torch.nn.Module = self.model
         if self.world > 1:

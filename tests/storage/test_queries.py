@@ -96,3 +96,36 @@ def test_named_query_errors(catalog: Catalog) -> None:
 def test_unknown_run(tmp_path: Path) -> None:
     with pytest.raises(LibraError, match="the store is empty"):
         Catalog(tmp_path, "ghost")
+
+
+def test_learning_by_step_breaks_a_training_run_down_by_category(tmp_path: Path) -> None:
+    """Per step and category: reward, solved / wrong / unanswered shares and the step's groups; a
+    trajectories file written before `category` and `outcome` existed reads them as null."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from libra.types import Trajectory
+    from storage.records import trajectories_table
+    from storage.schemas import STEPS
+    from storage.writer import StoreWriter
+
+    def trajectory(tid: str, category: str | None, outcome: str | None, reward: float) -> Trajectory:
+        return Trajectory(tid, tid.split("/")[0], tid.split("/")[1], "math", 10, (), reward, 0, 1.0, category, outcome)
+
+    writer = StoreWriter(tmp_path)
+    old = [trajectory("p0/0", None, None, 1.0)]
+    [shard] = writer.write_step("trajectories", "r", 0, trajectories_table("r", old, {"p0": 0}))
+    pq.write_table(pq.read_table(shard).drop_columns(["category", "outcome"]), shard)  # as written before
+    new = [trajectory("p1/0", "tank", "solved", 1.0), trajectory("p1/1", "tank", "wrong", 0.0),
+           trajectory("p2/0", "pens", "unanswered", 0.0), trajectory("p2/1", "pens", "unanswered", 0.0)]
+    writer.write_step("trajectories", "r", 1, trajectories_table("r", new, {"p1": 1, "p2": 1}))
+    writer.write_step("steps", "r", 1, pa.Table.from_pylist(
+        [{"run": "r", "step": 1, "uniform_groups": 1, "trained_groups": 1}], schema=STEPS.arrow))
+    with Catalog(tmp_path, "r") as catalog:
+        rows = run_named(catalog, "learning_by_step").to_pylist()
+    assert [(r["step"], r["category"], r["trajectories"], r["reward_mean"], r["solved"], r["wrong"], r["unanswered"],
+             r["step_uniform_groups"], r["step_trained_groups"]) for r in rows] == [
+        (0, "", 1, 1.0, 0.0, 0.0, 0.0, None, None),
+        (1, "pens", 2, 0.0, 0.0, 0.0, 1.0, 1, 1),
+        (1, "tank", 2, 0.5, 0.5, 0.5, 0.0, 1, 1),
+    ]

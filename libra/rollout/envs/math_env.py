@@ -9,7 +9,8 @@ from libra.config import SandboxConfig
 from libra.rollout.envs.base import Task, rng_for
 from libra.rollout.sandbox import Sandbox, SandboxLimits, sandbox_for
 
-# (problem, expression, the reasoning from the one to the other)
+# (problem, expression, the reasoning from the one to the other); CATEGORIES names each (a task's
+# `category`, by which a run's rewards are broken down)
 TEMPLATES = [
     ("{n} has {a} marbles and buys {b} bags of {c} marbles. How many marbles does {n} have now?", "{a} + {b} * {c}",
      "{n} starts with {a} marbles. The {b} bags of {c} marbles add {b} * {c} marbles, so the total is {a} + {b} * {c}."),
@@ -24,6 +25,7 @@ TEMPLATES = [
     ("A box has {a} pens. {n} gives away {b} pens to each of {c} friends. How many pens are left?", "{a} - {b} * {c}",
      "{n} gives {b} pens to each of {c} friends, {b} * {c} pens in all, so {a} - {b} * {c} pens are left."),
 ]
+CATEGORIES = ("marbles", "tank", "teams", "times-plus", "pages", "pens")
 NAMES = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jon"]
 
 
@@ -41,13 +43,14 @@ class MathEnv:
         out = []
         for i in range(count):
             r = rng_for(seed, i, "math")
-            template, expression, reasoning = TEMPLATES[r.randrange(len(TEMPLATES))]
+            which = r.randrange(len(TEMPLATES))
+            template, expression, reasoning = TEMPLATES[which]
             b, c = r.randint(2, 9), r.randint(2, 9)
             a = r.randint(b * c + 1, b * c + 90)
             values = {"a": a, "b": b, "c": c, "n": r.choice(NAMES)}
             expr = expression.format(**values)
             out.append(Task("math", f"math-{seed}-{i}", template.format(**values), str(eval(expr)),  # noqa: S307 - our own template
-                            {"expression": expr, "reasoning": reasoning.format(**values)}))
+                            {"expression": expr, "reasoning": reasoning.format(**values), "category": CATEGORIES[which]}))
         return out
 
     def open(self, task: Task, workdir: Path) -> _Episode:

@@ -1,8 +1,19 @@
 """The training run's pure decisions."""
 
+from types import SimpleNamespace
+
 import pytest
 
-from libra.rl.schedule import admit, evaluate_after, hybrids_wanted, rolled_ahead, train_task_seed
+from libra.config import TrainerConfig
+from libra.rl.schedule import (
+    admit,
+    evaluate_after,
+    hybrids_wanted,
+    rolled_ahead,
+    rolled_prompts,
+    select_groups,
+    train_task_seed,
+)
 from libra.trainer.samples import TrainingSample
 
 
@@ -50,3 +61,33 @@ def test_drifting_turn_limits_compound_per_iteration_up_to_the_context():
 def test_hybrids_follow_the_schedule_from_the_last_iteration_it_names_else_the_placement():
     assert [hybrids_wanted({2: 1, 5: 0}, 3, step) for step in range(7)] == [0, 0, 1, 1, 1, 0, 0]
     assert [hybrids_wanted({}, 2, step) for step in range(3)] == [2, 2, 2]
+
+
+def run(prompt: str, reward: float) -> SimpleNamespace:
+    return SimpleNamespace(prompt_id=prompt, reward=reward)
+
+
+def test_dynamic_sampling_trains_on_the_first_groups_whose_rewards_differ():
+    rewards = {"a": [0, 0], "b": [1, 0], "c": [1, 1], "d": [0, 1], "e": [1, 0]}
+    runs = [run(p, r) for p, rs in rewards.items() for r in rs]
+    chosen = select_groups(runs, dynamic=True, wanted=2)
+    assert [r.prompt_id for r in chosen.trained] == ["b", "b", "d", "d"]
+    assert (chosen.groups, chosen.uniform, chosen.trained_groups) == (5, 2, 2)
+    everything = select_groups(runs, dynamic=False, wanted=2)  # without it every group is trained on
+    assert everything.trained == tuple(runs) and (everything.uniform, everything.trained_groups) == (2, 5)
+    short = select_groups(runs, dynamic=True, wanted=10)  # fewer groups differ than wanted: those there are
+    assert [r.prompt_id for r in short.trained] == ["b", "b", "d", "d", "e", "e"]
+
+
+def test_a_batch_whose_groups_all_have_equal_rewards_is_trained_on_whole_and_counted():
+    runs = [run("a", 0.0), run("a", 0.0), run("b", 1.0), run("b", 1.0)]
+    chosen = select_groups(runs, dynamic=True, wanted=1)
+    assert chosen.trained == tuple(runs) and chosen.uniform == chosen.trained_groups == 2
+
+
+def test_over_sampling_rolls_out_more_prompts_and_needs_dynamic_sampling():
+    assert rolled_prompts(TrainerConfig(prompts_per_step=8)) == 8
+    assert rolled_prompts(TrainerConfig(prompts_per_step=8, oversample=1.5, dynamic_sampling=True)) == 12
+    assert rolled_prompts(TrainerConfig(prompts_per_step=7, oversample=1.5, dynamic_sampling=True)) == 11
+    with pytest.raises(ValueError, match="trainer.oversample 2 rolls out groups that only dynamic sampling uses"):
+        TrainerConfig(oversample=2.0)

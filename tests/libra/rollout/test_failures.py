@@ -93,7 +93,7 @@ def test_only_whole_groups_are_kept_and_the_statistics_count_the_rest():
 
     def run(prompt, reward, failure=""):
         return SimpleNamespace(prompt_id=prompt, reward=reward, failure=failure, failed=bool(failure), turns=[1],
-                               ids=[0] * 12, prompt_tokens=2)
+                               ids=[0] * 12, prompt_tokens=2, answer="7", task=SimpleNamespace(data={}))
 
     runs = [run("a", 1.0), run("a", 0.0), run("b", 0.0, "tool failed"), run("b", 1.0), run("c", 1.0), run("c", 1.0)]
     kept = whole_groups(runs)
@@ -101,6 +101,7 @@ def test_only_whole_groups_are_kept_and_the_statistics_count_the_rest():
     result = SimpleNamespace(trajectories=runs, failed=[runs[2]], generated_tokens=60, wall_s=3.0, migrations=0)
     stats = RolloutStats.of(result, kept, 4)
     assert (stats.trajectories, stats.failed, stats.dropped_groups, stats.reward_mean) == (4, 1, 1, 0.75)
+    assert (stats.groups, stats.uniform_groups, stats.trained_groups, stats.unanswered) == (2, 1, 2, 0)
 
 
 class Dying:

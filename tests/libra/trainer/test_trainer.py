@@ -75,6 +75,24 @@ def test_kl_to_the_reference_is_zero_before_training_and_grows_after(tiny_policy
     assert first.kl == pytest.approx(0.0, abs=1e-7) and last.kl > 1e-4
 
 
+def test_tracking_the_kl_measures_it_without_changing_the_update(tiny_policy):
+    """track_kl loads the reference for the `kl` metric alone: with kl_coef 0 the updates are the
+    same, to the bit, as without it, and the KL it reports grows from 0 as the policy moves."""
+    def run(track: bool):
+        trainer = PolicyTrainer(tiny_policy, TrainerConfig(lr=0.05, warmup_steps=0, track_kl=track, seed=0))
+        generator = torch.Generator().manual_seed(2)
+        stats = [trainer.train_step(to_samples(sample(trainer, 2, 8, generator))) for _ in range(4)]
+        return trainer, stats
+
+    tracked, with_kl = run(True)
+    plain, without = run(False)
+    assert plain.reference is None and tracked.reference is not None
+    assert [s.loss for s in with_kl] == [s.loss for s in without]
+    assert all(torch.equal(a, b) for a, b in zip(tracked.model.parameters(), plain.model.parameters(), strict=True))
+    assert with_kl[0].kl == pytest.approx(0.0, abs=1e-7) and with_kl[-1].kl > 1e-4
+    assert all(s.kl == 0.0 for s in without)
+
+
 # The key projection's bias has no gradient in exact arithmetic (a shift of every key by the same
 # vector shifts a query's scores alike, which softmax ignores), so what it gets is rounding noise,
 # and summing over two ranks instead of one changes that noise; AdamW's step lr * g / (|g| + eps)
