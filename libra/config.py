@@ -192,6 +192,8 @@ class TrainerConfig(_Section):
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="ratio clip below: 1 - clip_low")
     clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio clip above: 1 + clip_high")
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of KL to the frozen initial policy (0: no reference model)")
+    epochs: int = Field(1, ge=1, le=64, description="optimizer steps per update over the same samples (PPO's epochs; "
+                        "the clipped ratio keeps later passes near the sampling policy); the torch trainer's")
     track_kl: bool = Field(False, description="measure the KL to the frozen initial policy (the `kl` metric) even "
                            "when kl_coef is 0: a diagnostic that costs a reference forward pass per micro-batch")
     normalize_std: bool = Field(True, description="divide advantages by the group's reward standard deviation")
@@ -343,6 +345,10 @@ class LibraConfig(_Section):
         if self.cluster.ray_address and self.placement.strategy == "none":
             raise ValueError(f"cluster.ray_address {self.cluster.ray_address!r}: a run on a Ray cluster is placed on its "
                              "hosts' workers; set placement.strategy to libra, static or colocated")
+        if self.trainer.epochs > 1 and (self.trainer.backend != "torch" or self.placement.hybrids or self.cluster.ray_address):
+            raise ValueError(f"trainer.epochs {self.trainer.epochs}: several optimizer steps per update are the torch "
+                             "trainer's in the run's process; megatron, hybrids and Ray clusters take one (set "
+                             "trainer.epochs 1)")
         if self.placement.hybrids and self.rollout.device == "cuda":
             raise ValueError(f"placement.hybrids {self.placement.hybrids} with rollout.device cuda: a live run's hybrids "
                              "are placed on CPU workers only so far (the pool puts its processes on GPUs by rank, not "

@@ -45,7 +45,8 @@ def config_digest(config: LibraConfig) -> str:
     for key in ("run", "eval_every", "checkpoint_dir", "keep_checkpoints", "track_kl") + (("steps",) if config.trainer.schedule != "cosine" else ()):
         trainer.pop(key)
     # defaults of settings added later are left out, so runs from before them resume
-    for key, default in (("layout", "fixed"), ("dynamic_sampling", False), ("oversample", 1.0)):
+    for key, default in (("layout", "fixed"), ("dynamic_sampling", False), ("oversample", 1.0),
+                         ("epochs", 1)):
         if trainer[key] == default:
             trainer.pop(key)
     trainer["policy"] = str(Path(config.trainer.policy).resolve())

@@ -126,27 +126,35 @@ class PolicyTrainer:
         self.pad = int(self.model.config.pad_token_id or 0)
 
     def train_step(self, samples: Sequence[TrainingSample]) -> UpdateStats:
-        """One update on the step's samples (every rank passes the same list)."""
+        """One update on the step's samples (every rank passes the same list): `trainer.epochs`
+        optimizer steps over them, each a full pass (PPO's epochs: the ratio to the behaviour
+        log-probs, clipped, keeps the later passes near the policy that sampled them). The update
+        counts once; its statistics are the first pass's (the policy as it sampled), its seconds and
+        padded tokens every pass's."""
         watch = Stopwatch(self.clock)
         cfg = self.config
         mine = list(samples[self.rank::self.world])
-        totals = torch.tensor([float(sum(s.policy_tokens for s in samples))], dtype=torch.float64)
-        step_tokens = float(totals.item())
-        self.optimizer.zero_grad(set_to_none=True)
-        # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
-        step = GRPOStep(cfg, self.temperature, self.device, self.reference, tokens=step_tokens, replicas=self.world)
-        groups = micro_batches(mine, cfg.micro_batch_tokens)
-        step.run(groups, self.pad, self._logits, self._sync)
-        if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
-            blank = torch.full((1, 2), self.pad, dtype=torch.int64, device=self.device)
-            (self.module(input_ids=blank).logits.sum() * 0.0).backward()
-        sums = step.sums
-        if self.world > 1:
-            dist.all_reduce(sums)
-        applied = take_update(self.model, self.optimizer, cfg, self.updates)
+        step_tokens = float(sum(s.policy_tokens for s in samples))
+        first: tuple[tuple[float, ...], AppliedUpdate] | None = None
+        padded = 0
+        for _ in range(cfg.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
+            step = GRPOStep(cfg, self.temperature, self.device, self.reference, tokens=step_tokens, replicas=self.world)
+            groups = micro_batches(mine, cfg.micro_batch_tokens)
+            step.run(groups, self.pad, self._logits, self._sync)
+            if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
+                blank = torch.full((1, 2), self.pad, dtype=torch.int64, device=self.device)
+                (self.module(input_ids=blank).logits.sum() * 0.0).backward()
+            sums = step.sums
+            if self.world > 1:
+                dist.all_reduce(sums)
+            applied = take_update(self.model, self.optimizer, cfg, self.updates)
+            padded += step.padded
+            first = first or (tuple(float(v) for v in sums), applied)
         self.updates += 1
-        return update_stats(tuple(float(v) for v in sums), step_tokens, len(samples), step.padded, applied,
-                            watch.seconds())
+        assert first is not None
+        return update_stats(first[0], step_tokens, len(samples), padded, first[1], watch.seconds())
 
     def _logits(self, batch: MicroBatch) -> torch.Tensor:
         """The policy's forward pass (through DDP when data parallel)."""

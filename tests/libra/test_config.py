@@ -263,3 +263,11 @@ def test_booleans_are_not_numbers(tmp_path: Path, yaml_text: str, key: str) -> N
     with pytest.raises(ConfigError, match="a number is needed here"):  # a command line's override the same
         resolve_config(None, {key.split(" = ")[0]: True})
     assert load_config(None, {"store.fsync": False}).store.fsync is False  # booleans stay booleans
+
+
+def test_epochs_beyond_one_are_the_torch_trainers() -> None:
+    assert LibraConfig.model_validate({"trainer": {"epochs": 4}}).trainer.epochs == 4
+    for other in ({"trainer": {"epochs": 2, "backend": "megatron"}},
+                  {"trainer": {"epochs": 2}, "placement": {"strategy": "static", "hybrids": 1}}):
+        with pytest.raises(ValueError, match="trainer.epochs 2: several optimizer steps per update are the torch"):
+            LibraConfig.model_validate(other)

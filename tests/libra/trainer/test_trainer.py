@@ -75,6 +75,27 @@ def test_kl_to_the_reference_is_zero_before_training_and_grows_after(tiny_policy
     assert first.kl == pytest.approx(0.0, abs=1e-7) and last.kl > 1e-4
 
 
+def test_epochs_are_optimizer_steps_over_the_same_samples_counted_as_one_update(tiny_policy):
+    """An update of 3 epochs is 3 one-epoch updates on the same samples, to the bit (constant
+    learning rate), counted as one; its statistics are its first pass's."""
+    def trainer(epochs: int) -> PolicyTrainer:
+        return PolicyTrainer(tiny_policy, TrainerConfig(lr=0.01, warmup_steps=0, epochs=epochs, seed=0))
+
+    three, one = trainer(3), trainer(1)
+    batch = sample(one, 2, 4, torch.Generator().manual_seed(1))
+    batch[0].reward, batch[4].reward = 1.0, 1.0
+    samples = to_samples(batch)
+    stats = three.train_step(samples)
+    passes = [one.train_step(samples) for _ in range(3)]
+    assert (three.updates, one.updates) == (1, 3)
+    assert all(torch.equal(a, b) for a, b in zip(three.model.parameters(), one.model.parameters(), strict=True))
+    first = passes[0]
+    assert (stats.loss, stats.grad_norm, stats.clip_fraction, stats.logprob_gap, stats.tokens) == (
+        first.loss, first.grad_norm, first.clip_fraction, first.logprob_gap, first.tokens)
+    assert stats.padded_tokens == sum(p.padded_tokens for p in passes)
+    assert passes[-1].clip_fraction > 0 or passes[-1].logprob_gap > 0  # the later passes ran off the sampling policy
+
+
 def test_tracking_the_kl_measures_it_without_changing_the_update(tiny_policy):
     """track_kl loads the reference for the `kl` metric alone: with kl_coef 0 the updates are the
     same, to the bit, as without it, and the KL it reports grows from 0 as the policy moves."""
