@@ -169,3 +169,42 @@ def test_tools_that_fail_or_hang_and_an_engine_killed_mid_batch_never_stall_a_st
         if flaky is not None:
             flaky.release.set()
         session.close()
+
+
+def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy_moves(policy_dir, tmp_path):  # noqa: F811
+    """A few updates with dynamic sampling over twice the groups on the HF engine: finite losses,
+    weights that changed, and no group whose rewards were all equal in an update."""
+    import math
+
+    import torch
+
+    from libra.rl.schedule import rolled_prompts
+
+    config = small(tmp_path, policy_dir, pipeline="sync", prompts_per_step=4, samples_per_prompt=4, lr=2e-4,
+                   dynamic_sampling=True, oversample=2.0)
+    # turns long enough for the policy's reasoning and its python call, so some samples solve their task
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"max_turns": 3,
+                                                                                    "max_tokens_per_turn": 96})})
+    informative = 0
+    session = open_session(config)
+    try:
+        before = [p.detach().clone() for p in session.trainer.model.parameters()]
+        for step in range(3):
+            session.rollout(step)
+            batch = session.score(step)
+            assert batch.stats.groups == rolled_prompts(config.trainer) - batch.stats.dropped_groups
+            groups = {}
+            for sample in batch.samples:
+                groups.setdefault(sample.prompt_id, []).append(sample)
+            assert len(groups) == batch.stats.trained_groups <= config.trainer.prompts_per_step
+            if batch.stats.uniform_groups < batch.stats.groups:  # some group's rewards differed
+                informative += 1
+                assert all(len({s.reward for s in members}) > 1 for members in groups.values())
+                assert all(any(s.advantage != 0 for s in members) for members in groups.values())
+            update = session.update(step)
+            assert math.isfinite(update.stats.loss) and update.stats.tokens > 0
+            session.sync()
+        changed = sum(not torch.equal(a, b.detach()) for a, b in zip(before, session.trainer.model.parameters(), strict=True))
+        assert informative > 0 and changed == len(before)
+    finally:
+        session.close()
