@@ -278,15 +278,12 @@ def train_section(result: dict) -> list[str]:
 
     rows = "; ".join(f"seed {k}: {curve(v)}" for k, v in seeds.items())
     pipeline, prefect, trainer = result["pipeline"], result["prefect"], result["trainer"]
-    least, spread = result.get("gain_min", result["gain_mean"]), result["gain_spread"]
-    recipe = result.get("recipe") or {"lr": result.get("lr")}
-    shown = ", ".join(f"{k} {v}" for k, v in recipe.items() if k in ("lr", "dynamic_sampling", "oversample",
-                                                                        "samples_per_prompt", "prompts_per_step"))
-    rollout_temperature = f", rollout temperature {recipe['temperature']}" if "temperature" in recipe else ""
-    end_min = result.get("end_min", min(v["reward_end"] for v in seeds.values()))
+    least, spread, end_min = result["gain_min"], result["gain_spread"], result["end_min"]
+    shown = ", ".join(f"{k} {v}" for k, v in result["recipe"].items() if k in ("lr", "dynamic_sampling", "oversample",
+                                                                                 "samples_per_prompt", "prompts_per_step"))
     return [
         f"**Training** (`python -m benchmarks.bench_train`; GRPO on the math tasks from the shipped policy, vLLM on "
-        f"the CPU, the main job's recipe (configs/demo.yaml: {shown}{rollout_temperature}); {result['machine']})",
+        f"the CPU, the main job's recipe (configs/demo.yaml: {shown}); {result['machine']})",
         "",
         "| measure | Libra | baseline in the same run | figure | goal |",
         "|---|---|---|---|---|",

@@ -133,11 +133,6 @@ def select_groups(runs: Sequence[TrajectoryRun], dynamic: bool, wanted: int) -> 
     return GroupSelection(tuple(r for r in runs if r.prompt_id in keep), len(groups), len(uniform), len(chosen))
 
 
-def uniform_groups(runs: Sequence[TrajectoryRun]) -> int:
-    """Groups of `runs` whose samples' rewards are all equal."""
-    return sum(len({m.reward for m in members}) == 1 for members in _groups(runs).values())
-
-
 def _groups(runs: Sequence[TrajectoryRun]) -> dict[str, list[TrajectoryRun]]:
     groups: dict[str, list[TrajectoryRun]] = {}
     for r in runs:

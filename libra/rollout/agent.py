@@ -89,10 +89,14 @@ class TrajectoryRun:
         turns = tuple(Turn(self.trajectory_id, self.prompt_id, self.sample_id, t.turn_idx, t.context_tokens, t.gen_tokens,
                            t.tool_name, t.tool_payload_tokens, ToolStatus(t.tool_status), str(t.instance), t.bucket,
                            t.migrated, t.gen_latency_s, t.tool_latency_s, self.model_version) for t in self.turns)
-        category = self.task.data.get("category")
         return Trajectory(self.trajectory_id, self.prompt_id, self.sample_id, self.task.env, self.prompt_tokens, turns,
-                          self.reward, self.model_version, self.finished - self.started,
-                          None if category is None else str(category), self.outcome)
+                          self.reward, self.model_version, self.finished - self.started, self.category, self.outcome)
+
+    @property
+    def category(self) -> str | None:
+        """Its task's kind within the environment (a math template), when the environment names one."""
+        category = self.task.data.get("category")
+        return None if category is None else str(category)
 
     @property
     def outcome(self) -> str:

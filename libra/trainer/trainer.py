@@ -137,11 +137,11 @@ class PolicyTrainer:
         step_tokens = float(sum(s.policy_tokens for s in samples))
         first: tuple[tuple[float, ...], AppliedUpdate] | None = None
         padded = 0
+        groups = micro_batches(mine, cfg.micro_batch_tokens)
         for _ in range(cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
             step = GRPOStep(cfg, self.temperature, self.device, self.reference, tokens=step_tokens, replicas=self.world)
-            groups = micro_batches(mine, cfg.micro_batch_tokens)
             step.run(groups, self.pad, self._logits, self._sync)
             if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
                 blank = torch.full((1, 2), self.pad, dtype=torch.int64, device=self.device)

@@ -89,17 +89,17 @@ def test_only_whole_groups_are_kept_and_the_statistics_count_the_rest():
     from types import SimpleNamespace
 
     from libra.rl.records import RolloutStats
-    from libra.rl.schedule import whole_groups
+    from libra.rl.schedule import select_groups, whole_groups
 
     def run(prompt, reward, failure=""):
         return SimpleNamespace(prompt_id=prompt, reward=reward, failure=failure, failed=bool(failure), turns=[1],
-                               ids=[0] * 12, prompt_tokens=2, answer="7", task=SimpleNamespace(data={}))
+                               ids=[0] * 12, prompt_tokens=2, answer="7", category=None)
 
     runs = [run("a", 1.0), run("a", 0.0), run("b", 0.0, "tool failed"), run("b", 1.0), run("c", 1.0), run("c", 1.0)]
     kept = whole_groups(runs)
     assert kept == [runs[0], runs[1], runs[4], runs[5]]
     result = SimpleNamespace(trajectories=runs, failed=[runs[2]], generated_tokens=60, wall_s=3.0, migrations=0)
-    stats = RolloutStats.of(result, kept, 4)
+    stats = RolloutStats.of(result, kept, 4, select_groups(kept, dynamic=False, wanted=2))
     assert (stats.trajectories, stats.failed, stats.dropped_groups, stats.reward_mean) == (4, 1, 1, 0.75)
     assert (stats.groups, stats.uniform_groups, stats.trained_groups, stats.unanswered) == (2, 1, 2, 0)
 
