@@ -166,6 +166,22 @@ class RolloutConfig(_Section):
                                      "least this many tokens before it may stop (0: the policy stops when it will)")
     turn_growth: float = Field(0.0, ge=0.0, le=1.0, description="a drift knob: min_tokens_per_turn and "
                                "max_tokens_per_turn grow by this fraction per training iteration (0: fixed)")
+    partial: bool = Field(False, description="partial rollouts: an iteration's batch closes once prompts_per_step "
+                          "groups are complete; the other groups are suspended whole (tokens, log-probs, each "
+                          "token's weights version, working files) and continued by later iterations under newer "
+                          "weights, unless more than trainer.max_staleness updates old (then dropped, counted)")
+    overprovision: float = Field(1.0, ge=1.0, le=8.0, description="with partial: groups in flight per iteration "
+                                 "(suspended ones continued, new ones started), as a multiple of prompts_per_step")
+    suspend_bytes: int = Field(16 * 2**20, ge=0, le=2**32, description="with partial: bytes of working-directory "
+                               "files a suspended trajectory may keep (checkpoints hold them); one with more fails, "
+                               "with its group")
+
+    @model_validator(mode="after")
+    def _overprovision_is_partials(self) -> RolloutConfig:
+        if self.overprovision > 1.0 and not self.partial:
+            raise ValueError(f"rollout.overprovision {self.overprovision:g} starts groups beyond the batch that only "
+                             "partial rollouts carry over; set rollout.partial: true, or overprovision: 1")
+        return self
 
     @model_validator(mode="after")
     def _floor_below_limit(self) -> RolloutConfig:
@@ -194,6 +210,10 @@ class TrainerConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of KL to the frozen initial policy (0: no reference model)")
     epochs: int = Field(1, ge=1, le=64, description="optimizer steps per update over the same samples (PPO's epochs; "
                         "the clipped ratio keeps later passes near the sampling policy); the torch trainer's")
+    decoupled_cap: float = Field(0.0, ge=0.0, le=1e6, description="decoupled PPO for stale tokens: clip the ratio "
+                                 "to the proximal policy (the weights the update starts from) and weight each token by "
+                                 "pi_proximal / pi_behaviour, truncated at this cap (0: off; the ratio is to the "
+                                 "behaviour policy, as generated)")
     track_kl: bool = Field(False, description="measure the KL to the frozen initial policy (the `kl` metric) even "
                            "when kl_coef is 0: a diagnostic that costs a reference forward pass per micro-batch")
     normalize_std: bool = Field(True, description="divide advantages by the group's reward standard deviation")
@@ -349,6 +369,9 @@ class LibraConfig(_Section):
             raise ValueError(f"trainer.epochs {self.trainer.epochs}: several optimizer steps per update are the torch "
                              "trainer's in the run's process; megatron, hybrids and Ray clusters take one (set "
                              "trainer.epochs 1)")
+        if self.rollout.partial and self.trainer.dynamic_sampling:
+            raise ValueError("rollout.partial closes the batch at prompts_per_step complete groups and "
+                             "trainer.dynamic_sampling picks among over-sampled ones: use one of them")
         if self.placement.hybrids and self.rollout.device == "cuda":
             raise ValueError(f"placement.hybrids {self.placement.hybrids} with rollout.device cuda: a live run's hybrids "
                              "are placed on CPU workers only so far (the pool puts its processes on GPUs by rank, not "

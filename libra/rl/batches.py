@@ -56,6 +56,7 @@ class Rolled:
     result: RolloutResult
     workroot: Path  # the trajectories' working directories (the reward may read them)
     decode: tuple[EngineTiming, ...]  # the engines' decode steps while it rolled out
+    stale_dropped: int = 0  # partial rollouts: suspended trajectories not continued, too stale
 
 
 @dataclass

@@ -39,16 +39,19 @@ def config_digest(config: LibraConfig) -> str:
     are written, how often it is evaluated or kept, nor its step count (a run may be extended;
     with a cosine schedule the count shapes the learning rate, so it counts there)."""
     rollout = config.rollout.model_dump(mode="json")
-    for key in ("tool_threads", "tool_timeout_s", "trajectory_timeout_s"):  # how tools run, not what is trained
+    for key in ("tool_threads", "tool_timeout_s", "trajectory_timeout_s", "suspend_bytes"):  # limits, not what is trained
         rollout.pop(key)
     trainer = config.trainer.model_dump(mode="json")
     for key in ("run", "eval_every", "checkpoint_dir", "keep_checkpoints", "track_kl") + (("steps",) if config.trainer.schedule != "cosine" else ()):
         trainer.pop(key)
     # defaults of settings added later are left out, so runs from before them resume
-    for key, default in (("layout", "fixed"), ("dynamic_sampling", False), ("oversample", 1.0),
-                         ("epochs", 1)):
-        if trainer[key] == default:
-            trainer.pop(key)
+    for section, key, default in (("trainer", "layout", "fixed"), ("trainer", "dynamic_sampling", False),
+                                  ("trainer", "oversample", 1.0), ("trainer", "epochs", 1),
+                                  ("trainer", "decoupled_cap", 0.0), ("rollout", "partial", False),
+                                  ("rollout", "overprovision", 1.0)):
+        values = trainer if section == "trainer" else rollout
+        if values[key] == default:
+            values.pop(key)
     trainer["policy"] = str(Path(config.trainer.policy).resolve())
     data = {"run": config.trainer.run_name(), "rollout": rollout, "trainer": trainer,
             "scheduler": config.scheduler.model_dump(mode="json"), "placement": config.placement.strategy}
@@ -165,6 +168,7 @@ def _open(config: LibraConfig, run: str, policy: Path, root: Path, lock: TextIO)
             session.trainer.load_optimizer_state(load_blob(latest, "trainer"))
             restore_rng(load_blob(latest, "rng"))
             session.batches = Batches.restored(load_blob(latest, "pending"))
+            session.suspended = tuple(load_blob(latest, "suspended") or ())
             session.last_record = load_blob(latest, "record")
     except BaseException:  # nothing started is left running (the caller releases the lock)
         session.lock = None

@@ -40,7 +40,15 @@ from libra.rl.records import (  # (also where older checkpoints' pickles find th
     advanced,
 )
 from libra.rl.routes import router_for
-from libra.rl.schedule import admit, hybrids_wanted, rollout_spec, select_groups, whole_groups
+from libra.rl.schedule import (
+    admit,
+    carry_over,
+    groups_to_start,
+    hybrids_wanted,
+    rollout_spec,
+    select_groups,
+    whole_groups,
+)
 from libra.rl.trainers import Reshard, layout_of
 from libra.trainer.checkpoint import CheckpointState, rng_state, save_checkpoint
 from libra.trainer.protocol import ElasticTrainer, Trainer
@@ -52,6 +60,7 @@ if TYPE_CHECKING:
     from libra.planner.controller import PlanController
     from libra.rollout.engines import Engine
     from libra.rollout.envs.base import Env
+    from libra.rollout.suspend import Suspended
     from libra.scheduler.routers import Router
 
 
@@ -81,6 +90,7 @@ class TrainingSession:
     replaced: str = ""  # why the run was placed anew on the hosts there are (hosts lost or back), until recorded
     reshard: Reshard | None = None  # the megatron trainer's last layout change, until recorded
     dead_engines: tuple[int, ...] = ()  # engines that failed in a rollout, started again at the next sync
+    suspended: tuple[Suspended, ...] = ()  # partial rollouts: the groups the last batch left to continue
 
     # -- where it runs -----------------------------------------------------------------------
 
@@ -155,32 +165,48 @@ class TrainingSession:
     # -- the stages of an iteration ------------------------------------------------------------
 
     def rollout(self, step: int, evaluation: bool = False) -> float:
-        """Roll out iteration `step`'s tasks (or the held-out ones) on the engines; seconds taken."""
+        """Roll out iteration `step`'s tasks (or the held-out ones) on the engines; seconds taken.
+        With partial rollouts (rollout.partial) the suspended groups fresh enough to be trained on
+        continue, new groups fill the over-provision, the batch closes at prompts_per_step complete
+        groups and the rest stay suspended for the next iteration."""
         from libra.rollout.agent import rollout
         from libra.rollout.sandbox import make_workroot
 
-        r = self.config.rollout
-        spec = rollout_spec(self.config.trainer, r, step, evaluation)
+        r, t = self.config.rollout, self.config.trainer
+        spec = rollout_spec(t, r, step, evaluation)
+        partial = r.partial and not evaluation
+        carried = carry_over(self.suspended if partial else (), self.trained_at(step), t.max_staleness)
+        prompts = groups_to_start(t.prompts_per_step, r.overprovision, len({s.prompt_id for s in carried.resumed})) \
+            if partial else spec.prompts
         workroot = make_workroot("libra-train-")
         for engine in self.engines:  # what the engines timed before (an evaluation's steps) is not this batch's
             engine.timer.drain()
         began = self.clock.now()
         try:
-            result = rollout(self.env, self.env.tasks(spec.prompts, seed=spec.task_seed), spec.samples, self.engines,
-                             self.router, self.tokenizer, max_turns=r.max_turns, max_tokens_per_turn=spec.max_tokens_per_turn,
-                             min_tokens_per_turn=spec.min_tokens_per_turn, max_context=r.max_context,
-                             temperature=spec.temperature, seed=spec.seed, workroot=workroot, tool_threads=r.tool_threads,
-                             model_version=self.engine_version, score=False, tool_timeout_s=r.tool_timeout_s,
-                             trajectory_timeout_s=r.trajectory_timeout_s)
+            result = rollout(self.env, self.env.tasks(prompts, seed=spec.task_seed) if prompts else [], spec.samples,
+                             self.engines, self.router, self.tokenizer, max_turns=r.max_turns,
+                             max_tokens_per_turn=spec.max_tokens_per_turn, min_tokens_per_turn=spec.min_tokens_per_turn,
+                             max_context=r.max_context, temperature=spec.temperature, seed=spec.seed, workroot=workroot,
+                             tool_threads=r.tool_threads, model_version=self.engine_version, score=False,
+                             tool_timeout_s=r.tool_timeout_s, trajectory_timeout_s=r.trajectory_timeout_s,
+                             resume=carried.resumed, close_after=t.prompts_per_step if partial else None,
+                             suspend_bytes=r.suspend_bytes)
         except BaseException:
             discard_tree(workroot)
             raise
         seconds = self.clock.now() - began
+        if partial:
+            self.suspended = result.suspended
         self.dead_engines = tuple(sorted(set(self.dead_engines) | set(result.dead_engines)))
         decode = tuple(EngineTiming(engine.size, timing) for i, engine in enumerate(self.engines)
                        if i not in self.dead_engines for timing in engine.timer.drain())
-        self.batches.rolled_out(EVALUATION if evaluation else step, Rolled(result, workroot, decode))
+        self.batches.rolled_out(EVALUATION if evaluation else step, Rolled(result, workroot, decode, len(carried.dropped)))
         return seconds
+
+    def trained_at(self, step: int) -> int:
+        """The weights version the update of batch `step` starts from: one update per iteration
+        after the last checkpoint's (batch k + 1 rolls out beside update k, one version behind)."""
+        return self.state.version + step - self.state.step
 
     def score(self, step: int) -> Batch:
         """Reward every trajectory of batch `step` with its environment's reward; the batch is then
@@ -202,7 +228,7 @@ class TrainingSession:
         # the groups the update takes (dynamic sampling leaves those whose rewards are all equal out);
         # the store records every whole group, trained on or not
         selection = select_groups(kept, t.dynamic_sampling and step != EVALUATION, t.prompts_per_step)
-        stats = RolloutStats.of(rolled.result, kept, self.engine_version, selection)
+        stats = RolloutStats.of(rolled.result, kept, self.engine_version, selection, rolled.stale_dropped)
         batch = Batch(step, tuple(to_samples(selection.trained, t.normalize_std)), tuple(r.record() for r in kept),
                       stats, rolled.decode)
         self.batches.scored(batch)
@@ -230,7 +256,8 @@ class TrainingSession:
                              max(len(s.token_ids) for s in admission.admitted),
                              layout_of(self.trainer, self.placement, stats.hybrids))
         return Update(stats, len(admission.admitted), len(admission.dropped), admission.staleness_max,
-                      admission.staleness_mean, timing)
+                      admission.staleness_mean, timing, admission.offpolicy_share, admission.token_gap_mean,
+                      admission.token_gap_max)
 
     def sync(self) -> float:
         """The trainer's weights into every engine, in place (through an HF-format directory that
@@ -281,12 +308,14 @@ class TrainingSession:
 
     def checkpoint(self, record: IterationRecord, mlflow_run_id: str = "") -> Path:
         """The state after iteration `record.step`: weights, optimizer, RNG, the batches rolled out
-        ahead, and the iteration's record (re-recorded on resume if the process died before)."""
+        ahead, the suspended trajectories (partial rollouts) and the iteration's record (re-recorded
+        on resume if the process died before)."""
         self.state = advanced(self.state, record, self.trainer.updates, mlflow_run_id)
         self.last_record = record
         return save_checkpoint(self.root, self.state, self.trainer.save_weights,
                                {"trainer": self.trainer.optimizer_state(), "rng": rng_state(), "pending": self.pending,
-                                "record": record, "planning": self.planning_state()}, copy_from=self.policy,
+                                "suspended": self.suspended, "record": record, "planning": self.planning_state()},
+                               copy_from=self.policy,
                                keep=self.config.trainer.keep_checkpoints)
 
     # -- what the records need -------------------------------------------------------------------

@@ -10,6 +10,15 @@ a trajectory whose instance changes is re-prefilled there (a migration: its whol
 as migrated tokens). Every turn is recorded with its tokens, tool, payload, status, instance,
 bucket, latencies and model version; at the end the router learns from the finished trajectories
 (`observe_step`), as after an RL step.
+
+Partial rollouts (`close_after`): the batch closes once that many groups are complete (every
+sample ended, none failed). Requests in the engines are then aborted with the tokens generated so
+far, a trajectory at its tool finishes that call, and every group not complete is suspended whole
+(`Suspended`: its finished samples too, since GRPO's baseline needs the whole group), with its
+tokens, behaviour log-probs, the weights version of every token and its working directory's files.
+A later `rollout(resume=...)` continues them where they stopped: a fresh working directory with
+those files, the instance the router picks, the prefix prefilled there and an interrupted turn
+continued from its last token.
 """
 
 from __future__ import annotations
@@ -24,10 +33,11 @@ from pathlib import Path
 
 from libra.clock import Clock, Stopwatch, WallClock
 from libra.files import discard_tree
-from libra.rollout.engines import Engine
+from libra.rollout.engines import Engine, Generation
 from libra.rollout.envs import Env, Task, prompt
 from libra.rollout.protocol import STOPS, observation, parse
 from libra.rollout.sandbox import SandboxUnavailable, make_workroot
+from libra.rollout.suspend import PartialTurn, Suspended, WorkdirTooLarge, restore_files, snapshot_files
 from libra.scheduler.causal_tree import path_of
 from libra.scheduler.keys import ToolReturn
 from libra.scheduler.routers import Router
@@ -48,6 +58,7 @@ class TurnRecord:
     gen_latency_s: float
     tool_latency_s: float
     finish: str  # stop | length
+    model_version: int = -1  # the weights that generated its first token (-1: the trajectory's)
 
 
 @dataclass
@@ -74,6 +85,11 @@ class TrajectoryRun:
     finished: float = 0.0
     failure: str = ""  # why it failed (its environment or tool failed, or it ran past a limit); '' if it did not
     retried: bool = False  # its turn was lost with a failed engine once and ran again on another
+    versions: list[int] = field(default_factory=list)  # the weights version of each token (-1 off the mask)
+    partial: PartialTurn | None = None  # an interrupted turn's tokens so far (partial rollouts)
+    suspended: bool = False  # interrupted when its batch closed; continued by a later rollout
+    suspensions: int = 0  # times it was suspended
+    new_tokens: int = 0  # tokens it generated in this rollout (a resumed one generated others before)
 
     @property
     def failed(self) -> bool:
@@ -85,10 +101,12 @@ class TrajectoryRun:
 
     def record(self) -> Trajectory:
         """The finished trajectory as every other part of Libra takes it (the store, the router's
-        tree, the trainer's bookkeeping): `libra.types.Trajectory`."""
+        tree, the trainer's bookkeeping): `libra.types.Trajectory`; its `model_version` is its
+        oldest token's, each turn's the version of the turn's first token."""
         turns = tuple(Turn(self.trajectory_id, self.prompt_id, self.sample_id, t.turn_idx, t.context_tokens, t.gen_tokens,
                            t.tool_name, t.tool_payload_tokens, ToolStatus(t.tool_status), str(t.instance), t.bucket,
-                           t.migrated, t.gen_latency_s, t.tool_latency_s, self.model_version) for t in self.turns)
+                           t.migrated, t.gen_latency_s, t.tool_latency_s,
+                           self.model_version if t.model_version < 0 else t.model_version) for t in self.turns)
         return Trajectory(self.trajectory_id, self.prompt_id, self.sample_id, self.task.env, self.prompt_tokens, turns,
                           self.reward, self.model_version, self.finished - self.started, self.category, self.outcome)
 
@@ -110,16 +128,15 @@ class TrajectoryRun:
 
 @dataclass
 class RolloutResult:
-    trajectories: list[TrajectoryRun]
+    trajectories: list[TrajectoryRun]  # those that ended (the suspended ones are in `suspended`)
     wall_s: float
     generate_s: float  # time the instances spent stepping, summed over instances
     engine_steps: int  # engine steps (vLLM) or batched generate calls (HF), summed over instances
     prefill_tokens: int = 0  # prompt tokens the engines computed over all turns (prefix-cache hits excluded)
     dead_engines: tuple[int, ...] = ()  # engines that failed during the batch (the caller restarts them)
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(t.generated_tokens for t in self.trajectories)
+    suspended: tuple[Suspended, ...] = ()  # the groups not complete when the batch closed (partial rollouts)
+    resumed: int = 0  # trajectories it continued from earlier rollouts
+    generated_tokens: int = 0  # tokens the engines generated in this rollout (suspended trajectories' included)
 
     @property
     def failed(self) -> list[TrajectoryRun]:
@@ -155,7 +172,8 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             max_turns: int = 8, max_tokens_per_turn: int = 96, max_context: int = 1536, temperature: float = 1.0,
             min_tokens_per_turn: int = 0, seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
             score: bool = True, clock: Clock | None = None, tool_timeout_s: float = 300.0,
-            trajectory_timeout_s: float = 3600.0) -> RolloutResult:
+            trajectory_timeout_s: float = 3600.0, resume: Sequence[Suspended] = (), close_after: int | None = None,
+            suspend_bytes: int = 16 << 20) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)
@@ -175,7 +193,12 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     or the episode itself: not the model's error, which the tool reports as its output), when a tool
     call's host side has not returned after `tool_timeout_s`, or when it is still running after
     `trajectory_timeout_s`; it ends there, the others go on, and the batch never waits on it. A
-    failed trajectory gets no reward: callers leave it (and its group) out of training."""
+    failed trajectory gets no reward: callers leave it (and its group) out of training.
+    `resume`: trajectories suspended by earlier rollouts, continued here beside `tasks`' (whose
+    trajectories are opened at `model_version`, the weights the engines serve). `close_after`: close
+    the batch once that many groups are complete and suspend the others (None: run every trajectory
+    to its end); a trajectory whose working directory holds more than `suspend_bytes` of files when
+    it is suspended fails instead, with the reason."""
     if not score and not workroot:
         raise ValueError("rollout(score=False) leaves rewards to score_rewards, which needs the working directories: "
                          "pass workroot")
@@ -185,14 +208,17 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     limits = Limits(max_turns, max_tokens_per_turn, max_context, temperature, min(min_tokens_per_turn, max_tokens_per_turn),
                     tool_timeout_s, trajectory_timeout_s)
     try:
-        runs = start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock)
-        busy, steps, prefill, dead = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock)
+        runs = resumed(env, resume, router, root, len(engines), clock)
+        runs |= start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock)
+        busy, steps, prefill, dead = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock,
+                                           model_version, close_after)
+        suspended = suspend_groups(runs, suspend_bytes, clock)
         if score:
             score_rewards(runs.values())
     finally:
         if not workroot:
             discard_tree(root)
-    return finish(runs, router, batch.seconds(), busy, steps, prefill, dead)
+    return finish(runs, router, batch.seconds(), busy, steps, prefill, dead, suspended, len(resume))
 
 
 def start(env: Env, tasks: Sequence[Task], samples: int, router: Router, tokenizer, root: Path, instances: int,
@@ -209,19 +235,56 @@ def start(env: Env, tasks: Sequence[Task], samples: int, router: Router, tokeniz
             runs[tid] = TrajectoryRun(tid, task.task_id, str(s), task, len(ids), list(ids),
                                       min(decision.bucket, instances - 1), decision.bucket, workdir,
                                       env.open(task, workdir), [0] * len(ids), [0.0] * len(ids), model_version,
-                                      started=clock.now())
+                                      started=clock.now(), versions=[-1] * len(ids))
     return runs
 
 
-def request_seed(seed: int, trajectory_id: str, turn: int) -> int:
-    """The sampling seed of one turn: the same whatever else the engine batches with it."""
-    return zlib.crc32(f"{seed}:{trajectory_id}:{turn}".encode())
+def resumed(env: Env, suspended: Sequence[Suspended], router: Router, root: Path, instances: int,
+            clock: Clock) -> dict[str, TrajectoryRun]:
+    """Suspended trajectories opened again: each in a new working directory that holds its files, on
+    the bucket the router picks from where it stopped (its last tool's return). Its clock goes on
+    from the time it has run. One whose environment cannot be opened again fails with the reason
+    (its group is then left out, never scored 0)."""
+    runs: dict[str, TrajectoryRun] = {}
+    for s in suspended:
+        run = s.reopened()
+        run.workdir = root / run.trajectory_id.replace("/", "_")
+        run.workdir.mkdir(parents=True, exist_ok=True)
+        run.started = clock.now() - s.active_s
+        runs[run.trajectory_id] = run
+        try:
+            run.episode = env.open(run.task, run.workdir)
+            restore_files(run.workdir, s.files)
+        except SandboxUnavailable:
+            raise
+        except Exception as exc:  # its environment failed while it was suspended: it fails, counted
+            run.done, run.finished = True, clock.now()
+            run.failure = f"its environment could not be opened again after a suspension: {type(exc).__name__}: {exc}"
+            continue
+        if run.done:  # ended before its group was complete: it waits for the group, generating nothing
+            continue
+        decision = router.start(run.trajectory_id, run.prompt_id, run.prompt_tokens)
+        if run.turns:
+            last = run.turns[-1]
+            decision = router.on_return(run.trajectory_id, ToolReturn(last.tool_name, last.tool_payload_tokens,
+                                                                       last.tool_status), len(run.ids))
+        run.bucket, run.instance = decision.bucket, min(decision.bucket, instances - 1)
+    return runs
+
+
+def request_seed(seed: int, trajectory_id: str, turn: int, offset: int = 0) -> int:
+    """The sampling seed of one turn (continued after `offset` tokens when it was interrupted): the
+    same whatever else the engine batches with it."""
+    return zlib.crc32(f"{seed}:{trajectory_id}:{turn}".encode() + (f":{offset}".encode() if offset else b""))
 
 
 def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], router: Router, tokenizer,
-          limits: Limits, seed: int, tool_threads: int, clock: Clock) -> tuple[float, int, int]:
-    """Run every trajectory to its end: (engine busy seconds, engine steps, prefill tokens)."""
-    events: queue.Queue = queue.Queue()  # ("gen", tid, Generation) | ("tool", tid, (Generation, future)) | ("error", "", exc)
+          limits: Limits, seed: int, tool_threads: int, clock: Clock, version: int = 0,
+          close_after: int | None = None) -> tuple[float, int, int, tuple[int, ...]]:
+    """Run every trajectory to its end, or, with `close_after`, until that many groups are complete
+    and the rest are suspended (`TrajectoryRun.suspended`); `version`: the weights the engines serve.
+    (engine busy seconds, engine steps, prefill tokens, engines that failed)."""
+    events: queue.Queue = queue.Queue()  # ("gen"|"aborted", tid, Generation) | ("tool", tid, (Generation, versions, future)) | ("engine", i, exc)
     inboxes = [queue.Queue() for _ in engines]
     stop = threading.Event()
     busy = [0.0] * len(engines)
@@ -234,6 +297,10 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 try:
                     while True:
                         request = inboxes[i].get(block=not engine.has_work(), timeout=0.05)
+                        if request is _ABORT:  # the batch closed: every request in the engine comes back as it stands
+                            for tid, gen in engine.abort_all():
+                                events.put(("aborted", tid, gen))
+                            continue
                         engine.submit(*request[:5], seed=request[5], min_tokens=request[6])
                 except queue.Empty:
                     pass
@@ -248,24 +315,32 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
             events.put(("engine", str(i), exc))
 
     dead: dict[int, BaseException] = {}  # failed engines: their turns in flight run again elsewhere, once
+    groups: dict[str, list[TrajectoryRun]] = {}
+    for run in runs.values():
+        groups.setdefault(run.prompt_id, []).append(run)
+    closing = False
+
+    def complete_groups() -> int:
+        return sum(all(m.done for m in members) and not any(m.failed for m in members) for members in groups.values())
 
     def submit(run: TrajectoryRun) -> None:
+        if closing:  # the batch has closed: it stops at this turn's boundary
+            suspend(run)
+            return
         if run.instance in dead:  # the router's instance failed: the nearest live one serves the turn
             run.instance = min((i for i in range(len(engines)) if i not in dead),
                                key=lambda i: (abs(i - run.instance), i))
-        inboxes[run.instance].put((run.trajectory_id, list(run.ids), limits.max_tokens_per_turn, STOPS,
-                                   limits.temperature, request_seed(seed, run.trajectory_id, len(run.turns)),
-                                   limits.min_tokens_per_turn))
+        done = len(run.partial.token_ids) if run.partial else 0
+        if done >= limits.max_tokens_per_turn:  # the interrupted turn had reached its limit: it ends as it is
+            events.put(("gen", run.trajectory_id, Generation([], "", "length", 0.0)))
+            return
+        inboxes[run.instance].put((run.trajectory_id, list(run.ids) + list(run.partial.token_ids if run.partial else ()),
+                                   limits.max_tokens_per_turn - done, STOPS, limits.temperature,
+                                   request_seed(seed, run.trajectory_id, len(run.turns), done),
+                                   max(0, limits.min_tokens_per_turn - done)))
 
-    for run in runs.values():  # queued before the drivers start: the first turns are batched together
-        submit(run)
-    drivers = [threading.Thread(target=step_engine, args=(i,), daemon=True, name=f"libra-engine-{i}")
-               for i in range(len(engines))]
-    for d in drivers:
-        d.start()
-    active, prefill = len(runs), 0
+    active, prefill = 0, 0
     calling: dict[str, tuple[float, str]] = {}  # trajectory -> when its tool call started (host side), the tool
-    watched = clock.now()  # when hung calls and trajectories were last looked for
 
     def end(run: TrajectoryRun, failure: str = "") -> None:
         nonlocal active
@@ -273,6 +348,35 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
         calling.pop(run.trajectory_id, None)
         router.finish(run.trajectory_id, len(run.ids))
         active -= 1
+        if close_after is not None and not closing and complete_groups() >= close_after:
+            close()
+
+    def suspend(run: TrajectoryRun) -> None:
+        nonlocal active
+        run.suspended = True
+        calling.pop(run.trajectory_id, None)
+        router.finish(run.trajectory_id, len(run.ids))
+        active -= 1
+
+    def close() -> None:
+        """Enough groups are complete: every engine gives back what it holds (`aborted` events)."""
+        nonlocal closing
+        closing = True
+        for i in range(len(engines)):
+            if i not in dead:
+                inboxes[i].put(_ABORT)
+
+    for run in runs.values():  # queued before the drivers start: the first turns are batched together
+        if not run.done:
+            active += 1
+            submit(run)
+    if close_after is not None and complete_groups() >= close_after:  # resumed groups alone fill the batch
+        close()
+    drivers = [threading.Thread(target=step_engine, args=(i,), daemon=True, name=f"libra-engine-{i}")
+               for i in range(len(engines))]
+    for d in drivers:
+        d.start()
+    watched = clock.now()  # when hung calls and trajectories were last looked for
 
     tools = ThreadPoolExecutor(max_workers=tool_threads)
     try:
@@ -281,35 +385,43 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 kind, tid, payload = events.get(timeout=_WATCH_S)
             except queue.Empty:
                 kind = ""
-            if kind == "error":
-                raise payload
             if kind == "engine":
                 lost = int(tid)
                 dead[lost] = payload
                 if len(dead) == len(engines):
                     raise payload
                 for run in runs.values():  # its turns in flight (not those at their tools): once more elsewhere
-                    if not run.done and run.instance == lost and run.trajectory_id not in calling:
-                        if run.retried:
-                            end(run, f"lost with engine {lost} twice ({type(payload).__name__}: {payload})")
-                        else:
-                            run.retried = True
-                            submit(run)
+                    if run.done or run.suspended or run.instance != lost or run.trajectory_id in calling:
+                        continue
+                    if closing:
+                        suspend(run)  # the tokens of its turn so far went with the engine
+                    elif run.retried:
+                        end(run, f"lost with engine {lost} twice ({type(payload).__name__}: {payload})")
+                    else:
+                        run.retried = True
+                        submit(run)
                 continue
             if kind:
                 run = runs[tid]
-            if kind == "gen" and not run.done:
-                calling[tid] = (clock.now(), parse(payload.text, env.tools).name or "tool")
-                future = tools.submit(_act, env, run.episode, payload, clock)
-                future.add_done_callback(lambda f, tid=tid, gen=payload: events.put(("tool", tid, (gen, f))))
-            elif kind == "tool" and not run.done:
+            if kind == "aborted" and not (run.done or run.suspended):
+                run.partial = _extended(run.partial, payload, version)
+                run.new_tokens += len(payload.token_ids)
+                suspend(run)
+            elif kind == "gen" and not (run.done or run.suspended):
+                run.new_tokens += len(payload.token_ids)
+                gen, versions = _continued(run, payload, version, tokenizer)
+                run.partial = None
+                calling[tid] = (clock.now(), parse(gen.text, env.tools).name or "tool")
+                future = tools.submit(_act, env, run.episode, gen, clock)
+                future.add_done_callback(lambda f, tid=tid, gen=gen, v=versions: events.put(("tool", tid, (gen, v, f))))
+            elif kind == "tool" and not (run.done or run.suspended):
                 calling.pop(tid, None)
-                gen, future = payload
+                gen, versions, future = payload
                 prefill += gen.prefill_tokens
                 acted = future.result()
                 if acted[0] == "failed":
                     end(run, acted[2])
-                elif _record_turn(run, gen, acted, tokenizer, limits):
+                elif _record_turn(run, gen, versions, acted, tokenizer, limits):
                     end(run)
                 else:
                     decision = router.on_return(tid, ToolReturn(run.turns[-1].tool_name, run.turns[-1].tool_payload_tokens,
@@ -328,7 +440,8 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 if now - since > limits.tool_timeout_s:
                     end(runs[waiting], f"a {tool} call did not return within {limits.tool_timeout_s:g} s "
                                    "(rollout.tool_timeout_s)")
-            for late in [r for r in runs.values() if not r.done and now - r.started > limits.trajectory_timeout_s]:
+            for late in [r for r in runs.values()
+                         if not (r.done or r.suspended) and now - r.started > limits.trajectory_timeout_s]:
                 end(late, f"still running after {limits.trajectory_timeout_s:g} s (rollout.trajectory_timeout_s)")
     finally:
         stop.set()
@@ -338,20 +451,46 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
     return sum(busy), sum(steps), prefill, tuple(sorted(dead))
 
 
+_ABORT = object()  # a driver's order to abort every request its engine holds
+
+
+def _extended(partial: PartialTurn | None, gen: Generation, version: int) -> PartialTurn:
+    """An interrupted turn's tokens so far, with those `gen` generated under weights `version`."""
+    before = partial or PartialTurn((), (), (), 0.0)
+    return PartialTurn(before.token_ids + tuple(gen.token_ids), before.logprobs + tuple(gen.logprobs),
+                       before.versions + (version,) * len(gen.token_ids), before.seconds + gen.seconds)
+
+
+def _continued(run: TrajectoryRun, gen: Generation, version: int, tokenizer) -> tuple[Generation, list[int]]:
+    """A turn as it ended: the interrupted turn's tokens (if any) followed by `gen`'s, with the
+    weights version of each."""
+    if run.partial is None:
+        return gen, [version] * len(gen.token_ids)
+    whole = _extended(run.partial, gen, version)
+    text = tokenizer.decode(list(whole.token_ids), skip_special_tokens=False)
+    return Generation(list(whole.token_ids), text, gen.finish, whole.seconds, gen.prefill_tokens, whole.logprobs), \
+        list(whole.versions)
+
+
 _WATCH_S = 0.5  # how often the loop looks for hung tool calls and trajectories when nothing arrives
 
 
-def _record_turn(run: TrajectoryRun, gen, acted: tuple[str, str, str, str, float], tokenizer, limits: Limits) -> bool:
-    """Append a generated turn and its tool's output to the trajectory; True when it has ended."""
+def _record_turn(run: TrajectoryRun, gen, versions: list[int], acted: tuple[str, str, str, str, float], tokenizer,
+                 limits: Limits) -> bool:
+    """Append a generated turn (`versions`: the weights version of each of its tokens) and its
+    tool's output to the trajectory; True when it has ended."""
     action_kind, tool, text, status, tool_s = acted
     context = len(run.ids)
     if len(gen.logprobs) != len(gen.token_ids):  # the trainer's importance ratio divides by them
         raise RuntimeError(f"{run.trajectory_id}: the engine returned {len(gen.logprobs)} log-probs for "
                            f"{len(gen.token_ids)} tokens")
+    if len(versions) != len(gen.token_ids):
+        raise RuntimeError(f"{run.trajectory_id}: {len(versions)} weights versions for {len(gen.token_ids)} tokens")
     logprobs = list(gen.logprobs)
     run.ids += gen.token_ids
     run.mask += [1] * len(gen.token_ids)
     run.logprobs += logprobs
+    run.versions += versions
     final = action_kind == "answer"
     if final:
         run.answer = text
@@ -359,10 +498,11 @@ def _record_turn(run: TrajectoryRun, gen, acted: tuple[str, str, str, str, float
     run.ids += obs_ids
     run.mask += [0] * len(obs_ids)
     run.logprobs += [0.0] * len(obs_ids)
+    run.versions += [-1] * len(obs_ids)
     run.turns.append(TurnRecord(len(run.turns), context, len(gen.token_ids), "none" if final else tool,
                                 len(obs_ids), "none" if final else status, run.instance, run.bucket,
                                 bool(run.turns) and run.turns[-1].instance != run.instance,
-                                gen.seconds, tool_s, gen.finish))
+                                gen.seconds, tool_s, gen.finish, versions[0] if versions else -1))
     return final or len(run.turns) >= limits.max_turns or len(run.ids) + limits.max_tokens_per_turn > limits.max_context
 
 
@@ -381,12 +521,46 @@ def score_rewards(runs) -> None:
             run.failure = f"its reward could not be computed: {type(exc).__name__}: {exc}"
 
 
+def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock) -> tuple[Suspended, ...]:
+    """The groups a closed batch left incomplete, out of `runs` and suspended whole (their ended
+    samples too: GRPO's baseline is the whole group's). A group one of whose samples failed is lost
+    already: its interrupted samples fail too, with the reason, rather than being carried. A sample
+    whose files cannot be kept (more than `limit` bytes, or not plain files) fails its group."""
+    groups: dict[str, list[TrajectoryRun]] = {}
+    for run in runs.values():
+        groups.setdefault(run.prompt_id, []).append(run)
+    out: list[Suspended] = []
+    for members in groups.values():
+        if not any(m.suspended for m in members):
+            continue
+        snapshots: list[Suspended] = []
+        if not any(m.failed for m in members):
+            try:
+                snapshots = [Suspended.of(m, snapshot_files(m.workdir, limit), clock.now() - m.started) for m in members]
+            except WorkdirTooLarge as exc:
+                lost = next(m for m in members if m.workdir == exc.workdir)
+                lost.suspended, lost.done, lost.finished = False, True, clock.now()
+                lost.failure = f"it could not be suspended: {exc}"
+        if not snapshots:
+            for m in members:
+                if m.suspended:
+                    m.suspended, m.done, m.finished = False, True, clock.now()
+                    m.failure = "interrupted when its batch closed, its group having lost a sample already"
+            continue
+        out += snapshots
+        for m in members:
+            del runs[m.trajectory_id]
+    return tuple(out)
+
+
 def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: float, steps: int,
-           prefill: int, dead: tuple[int, ...] = ()) -> RolloutResult:
-    """The batch's result; the router learns from its finished trajectories, as after an RL step."""
+           prefill: int, dead: tuple[int, ...] = (), suspended: tuple[Suspended, ...] = (),
+           resumed: int = 0) -> RolloutResult:
+    """The batch's result; the router learns from its ended trajectories, as after an RL step."""
     trajectories = list(runs.values())
     router.observe_step([path_of(r.record()) for r in trajectories], {r.prompt_id: r.prompt_tokens for r in trajectories})
-    return RolloutResult(trajectories, wall_s, busy, steps, prefill, dead)
+    generated = sum(r.new_tokens for r in trajectories) + sum(s.run.new_tokens for s in suspended)
+    return RolloutResult(trajectories, wall_s, busy, steps, prefill, dead, suspended, resumed, generated)
 
 
 def _act(env: Env, episode, gen, clock: Clock | None = None) -> tuple[str, str, str, str, float]:

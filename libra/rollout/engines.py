@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -39,7 +39,7 @@ from libra.devices import torch_device
 class Generation:
     token_ids: list[int]
     text: str
-    finish: str  # stop | length
+    finish: str  # stop | length | abort (interrupted: the tokens so far, to be continued)
     seconds: float  # the batch's wall time (shared by its prompts)
     prefill_tokens: int = 0  # prompt tokens the engine computed (not found in its prefix cache)
     logprobs: tuple[float, ...] = ()  # log p of each generated token, at the sampling temperature
@@ -96,6 +96,12 @@ class Engine(Protocol):
 
     def has_work(self) -> bool: ...
 
+    def abort_all(self) -> list[tuple[str, Generation]]:
+        """Interrupt every request not yet returned by `poll`: each with the tokens (and their
+        log-probs) it has generated so far, `finish` "abort"; the engine then holds none. A caller
+        continues one by submitting its prompt with those tokens appended."""
+        ...
+
     def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         """log p of tokens 1.. of a fixed sequence under the current weights (temperature 1)."""
         ...
@@ -147,6 +153,13 @@ class HFEngine:
 
     def has_work(self) -> bool:
         return bool(self.queued)
+
+    def abort_all(self) -> list[tuple[str, Generation]]:
+        """The queued requests, none of them started (a `poll` generates its batch to the end)."""
+        now = self.clock.now()
+        aborted = [(q[0], Generation([], "", "abort", now - q[6])) for q in self.queued]
+        self.queued = []
+        return aborted
 
     def poll(self) -> list[tuple[str, Generation]]:
         """One batched generation over everything queued with the same settings as the first."""
@@ -296,6 +309,7 @@ class VLLMEngine:
                     _renice(pid, nice)
         self.submitted: dict[str, float] = {}
         self.prompt_tokens: dict[str, int] = {}  # in-flight requests' prompt lengths (the decode timer's context)
+        self.progress: dict[str, object] = {}  # in-flight requests' latest (cumulative) outputs, for `abort_all`
         self.timer = DecodeTimer()
         self._stop_split: dict[tuple[str, ...], tuple[list[str], list[int]]] = {}
 
@@ -365,9 +379,30 @@ class VLLMEngine:
         for output in outputs:
             if output.finished:
                 self.prompt_tokens.pop(output.request_id, None)
+                self.progress.pop(output.request_id, None)
                 began = self.submitted.pop(output.request_id)
                 done.append((output.request_id, self._generation(output, self.clock.now() - began)))
+            elif output.request_id in self.submitted:  # cumulative: every token so far
+                self.progress[output.request_id] = output
         return done
+
+    def abort_all(self) -> list[tuple[str, Generation]]:
+        """Every request in flight aborted in the engine, with the tokens its last step returned."""
+        now = self.clock.now()
+        ids = list(self.submitted)
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+        aborted = []
+        for rid in ids:
+            output = self.progress.pop(rid, None)
+            seconds = now - self.submitted.pop(rid)
+            self.prompt_tokens.pop(rid, None)
+            if output is None:
+                aborted.append((rid, Generation([], "", "abort", seconds)))
+            else:
+                partial = self._generation(output, seconds)
+                aborted.append((rid, replace(partial, finish="abort")))
+        return aborted
 
     def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         from vllm import SamplingParams

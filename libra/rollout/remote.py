@@ -77,6 +77,11 @@ class RemoteEngine:
     def has_work(self) -> bool:
         return self.pending > 0
 
+    def abort_all(self) -> list[tuple[str, Generation]]:
+        aborted = self._call("abort_all")  # after every submit sent before it (an actor's calls run in order)
+        self.pending = 0
+        return aborted
+
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, stop: Sequence[str], temperature: float,
                  seed: int) -> list[Generation]:
         return self._call("generate", [list(p) for p in prompts], max_tokens, list(stop), temperature, seed)
@@ -124,6 +129,9 @@ def _EngineActor():  # noqa: N802 - builds the Ray actor class lazily, so import
 
         def poll(self) -> list[tuple[str, Generation]]:
             return self.engine.poll() if self.engine.has_work() else []
+
+        def abort_all(self) -> list[tuple[str, Generation]]:
+            return self.engine.abort_all()
 
         def generate(self, *args: Any) -> list[Generation]:
             return self.engine.generate(*args)

@@ -3,8 +3,9 @@ right-padded tensors of micro-batches of them.
 
 A trajectory's tokens are its prompt, then each turn's generated tokens and the tool output that
 followed; only the generated tokens are the policy's, so only they are in the loss mask. The
-behaviour log-probs are the engine's, for the same tokens, under the weights (`model_version`)
-that generated them.
+behaviour log-probs are the engine's, for the same tokens, under the weights that generated them:
+`model_version` for the whole trajectory, or each token's own (`token_versions`) when a partial
+rollout continued it under newer weights; `model_version` is then its oldest token's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Finished(Protocol):
     logprobs: list[float]
     reward: float
     model_version: int
+    versions: list[int]  # each token's weights version (-1 off the mask)
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,16 @@ class TrainingSample:
     behaviour_logprobs: tuple[float, ...]  # the engine's log p of each token (0.0 where the mask is 0)
     advantage: float
     reward: float
-    model_version: int  # the weights that generated it
+    model_version: int  # the weights that generated it (its oldest token's)
+    token_versions: tuple[int, ...] = ()  # each token's weights version (-1 off the mask); (): all model_version
 
     def __post_init__(self) -> None:
         if not len(self.token_ids) == len(self.loss_mask) == len(self.behaviour_logprobs):
             raise ValueError(f"{self.trajectory_id}: {len(self.token_ids)} tokens, {len(self.loss_mask)} mask "
                              f"entries and {len(self.behaviour_logprobs)} log-probs must be as many")
+        if self.token_versions and len(self.token_versions) != len(self.token_ids):
+            raise ValueError(f"{self.trajectory_id}: {len(self.token_versions)} token versions for "
+                             f"{len(self.token_ids)} tokens")
         if self.loss_mask and self.loss_mask[0]:
             raise ValueError(f"{self.trajectory_id}: the first token cannot be trained on (nothing predicts it)")
 
@@ -52,11 +58,19 @@ class TrainingSample:
     def policy_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    def policy_token_versions(self) -> list[int]:
+        """The weights version of each of its policy tokens."""
+        if not self.token_versions:
+            return [self.model_version] * self.policy_tokens
+        return [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
+
 
 def to_sample(trajectory: Finished, advantage: float) -> TrainingSample:
+    versions = tuple(trajectory.versions)
+    uniform = all(v == trajectory.model_version for v, m in zip(versions, trajectory.mask, strict=False) if m)
     return TrainingSample(trajectory.trajectory_id, trajectory.prompt_id, tuple(trajectory.ids), tuple(trajectory.mask),
                           tuple(trajectory.logprobs), float(advantage), float(trajectory.reward),
-                          int(trajectory.model_version))
+                          int(trajectory.model_version), () if uniform else versions)
 
 
 def to_samples(trajectories: Sequence[Finished], normalize_std: bool = True) -> list[TrainingSample]:

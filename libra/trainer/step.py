@@ -58,13 +58,18 @@ def reference_logits(reference: torch.nn.Module | None, batch: MicroBatch, tempe
 
 
 def losses_from_logits(logits: torch.Tensor, reference: torch.Tensor | None, batch: MicroBatch,
-                       config: TrainerConfig, device: torch.device) -> TokenLosses:
+                       config: TrainerConfig, device: torch.device,
+                       proximal: torch.Tensor | None = None) -> TokenLosses:
     """The one definition of GRPO's loss, from a micro-batch's temperature-scaled logits at each
-    target position ([B, T-1, V]) and the reference's (None: no KL term)."""
+    target position ([B, T-1, V]) and the reference's (None: no KL term). With trainer.decoupled_cap,
+    the ratio is to `proximal`, the log-probs of the weights the update started from (None: these
+    logits are those weights', the first pass of an update)."""
     targets = batch.targets.to(device)
     logprobs = token_logprobs(logits, targets)
+    if config.decoupled_cap > 0 and proximal is None:
+        proximal = logprobs.detach()
     surrogate = clipped_surrogate(logprobs, batch.behaviour.to(device), batch.advantages.to(device),
-                                  config.clip_low, config.clip_high)
+                                  config.clip_low, config.clip_high, proximal, config.decoupled_cap)
     per_token, kl = surrogate.loss, torch.zeros_like(surrogate.loss)
     if reference is not None:
         kl = kl_k3(logprobs, token_logprobs(reference, targets))
@@ -93,15 +98,19 @@ class GRPOStep:
     gradients; the step's mean is over every replica's tokens); None: the loss is the sum over the
     micro-batch's policy tokens (the caller divides the summed gradient). `tallied`: whether this
     step's micro-batches count in `sums` (a tensor-parallel rank other than the first computes the
-    same loss as the first: counted once)."""
+    same loss as the first: counted once). `proximal`: with trainer.decoupled_cap, the proximal
+    log-probs of each micro-batch by its index in the step, kept by the first pass over them and
+    read by later ones (an update of several epochs passes the same dict to each of its steps)."""
 
     def __init__(self, config: TrainerConfig, temperature: float, device: torch.device,
                  reference: torch.nn.Module | None = None, *, tokens: float | None = None, replicas: int = 1,
-                 tallied: bool = True) -> None:
+                 tallied: bool = True, proximal: dict[int, torch.Tensor] | None = None) -> None:
         self.config, self.temperature, self.device, self.reference = config, temperature, device, reference
         self.tokens, self.replicas, self.tallied = tokens, replicas, tallied
         self.sums = torch.zeros(len(TALLIES), dtype=torch.float64)
         self.padded = 0
+        self.proximal = {} if proximal is None else proximal
+        self.seen = 0  # micro-batches whose loss was taken
 
     def reference_logits(self, batch: MicroBatch) -> torch.Tensor | None:
         return reference_logits(self.reference, batch, self.temperature, self.device)
@@ -109,7 +118,10 @@ class GRPOStep:
     def loss(self, batch: MicroBatch, logits: torch.Tensor, reference: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """A micro-batch's loss to back-propagate and its policy-token mask, from the policy's
         logits (`Forward`) and the reference's (`reference_logits`); its tallies join `sums`."""
-        terms = losses_from_logits(logits, reference, batch, self.config, self.device)
+        terms = losses_from_logits(logits, reference, batch, self.config, self.device, self.proximal.get(self.seen))
+        if self.config.decoupled_cap > 0:
+            self.proximal.setdefault(self.seen, terms.logprobs.detach())
+        self.seen += 1
         mask = batch.mask.to(self.device)
         if self.tallied:
             self.sums += tallies(terms, batch, mask)

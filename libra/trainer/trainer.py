@@ -138,10 +138,12 @@ class PolicyTrainer:
         first: tuple[tuple[float, ...], AppliedUpdate] | None = None
         padded = 0
         groups = micro_batches(mine, cfg.micro_batch_tokens)
+        proximal: dict[int, torch.Tensor] = {}  # decoupled PPO: the first pass's log-probs, for the later ones
         for _ in range(cfg.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             # DDP averages gradients over ranks; the step's mean is over all ranks' tokens
-            step = GRPOStep(cfg, self.temperature, self.device, self.reference, tokens=step_tokens, replicas=self.world)
+            step = GRPOStep(cfg, self.temperature, self.device, self.reference, tokens=step_tokens, replicas=self.world,
+                            proximal=proximal)
             step.run(groups, self.pad, self._logits, self._sync)
             if not groups and self.world > 1:  # a rank without samples still joins the gradient all-reduce
                 blank = torch.full((1, 2), self.pad, dtype=torch.int64, device=self.device)

@@ -67,6 +67,23 @@ def test_clipped_tokens_carry_no_gradient_and_others_carry_the_advantage():
     assert logprobs.grad.tolist()[0] == pytest.approx([0.0, -1.8])
 
 
+def test_decoupled_surrogate_clips_around_the_proximal_policy_and_weights_by_its_truncated_ratio():
+    """Tokens sampled by old weights (behaviour 0.5) trained by an update that started at 0.8: the
+    ratio is to 0.8, and each term is weighted by 0.8 / 0.5 = 1.6, truncated at the cap."""
+    behaviour = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+    proximal = torch.log(torch.tensor([[0.8, 0.8, 0.8]]))
+    logprobs = torch.log(torch.tensor([[0.96, 1.2, 0.4]]))  # r = 1.2, 1.5 (clipped to 1.28), 0.5
+    out = clipped_surrogate(logprobs, behaviour, torch.tensor([1.0]), 0.2, 0.28, proximal, cap=2.0)
+    assert out.ratio.tolist()[0] == pytest.approx([1.2, 1.5, 0.5])
+    assert out.loss.tolist()[0] == pytest.approx([-1.6 * 1.2, -1.6 * 1.28, -1.6 * 0.5])
+    assert out.clipped.tolist()[0] == [False, True, False]
+    capped = clipped_surrogate(logprobs, behaviour, torch.tensor([1.0]), 0.2, 0.28, proximal, cap=1.5)
+    assert capped.loss.tolist()[0] == pytest.approx([-1.5 * 1.2, -1.5 * 1.28, -1.5 * 0.5])
+    off = clipped_surrogate(logprobs, behaviour, torch.tensor([1.0]), 0.2, 0.28, proximal, cap=0.0)
+    plain = clipped_surrogate(logprobs, behaviour, torch.tensor([1.0]), 0.2, 0.28)
+    assert torch.equal(off.loss, plain.loss)  # cap 0: the ratio to the behaviour policy, as before
+
+
 def test_kl_k3():
     lp, ref = torch.tensor([math.log(0.5), 0.0]), torch.tensor([math.log(0.25), 0.0])
     # exp(ref - lp) - (ref - lp) - 1: 0.5 + ln 2 - 1; and 0 where they agree

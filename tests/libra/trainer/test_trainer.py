@@ -2,6 +2,7 @@
 resumed trainer continues exactly."""
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ class Sampled:
         self.trajectory_id, self.prompt_id = tid, prompt
         self.ids, self.mask, self.logprobs = [*PROMPT, token], [0, 0, 1], [0.0, 0.0, logprob]
         self.reward, self.model_version = float(token == GOOD), version
+        self.versions = [-1, -1, version]
 
 
 def sample(trainer: PolicyTrainer, prompts: int, per_prompt: int, generator: torch.Generator) -> list[Sampled]:
@@ -94,6 +96,30 @@ def test_epochs_are_optimizer_steps_over_the_same_samples_counted_as_one_update(
         first.loss, first.grad_norm, first.clip_fraction, first.logprob_gap, first.tokens)
     assert stats.padded_tokens == sum(p.padded_tokens for p in passes)
     assert passes[-1].clip_fraction > 0 or passes[-1].logprob_gap > 0  # the later passes ran off the sampling policy
+
+
+def test_decoupled_ppo_on_fresh_samples_is_the_plain_update_and_on_stale_ones_clips_around_the_update_start(
+        tiny_policy):
+    """trainer.decoupled_cap: on samples the trainer's own weights generated the proximal and the
+    behaviour policies are one, so the update is the plain one to the bit; on samples from other
+    weights its first pass has ratio 1 (nothing clipped) whatever their age, where the plain ratio
+    to the behaviour policy clips; and over 3 epochs it is 3 passes clipped around the update's start."""
+    def trainer(cap: float, epochs: int = 1) -> PolicyTrainer:
+        return PolicyTrainer(tiny_policy, TrainerConfig(lr=0.01, warmup_steps=0, decoupled_cap=cap, epochs=epochs,
+                                                        seed=0))
+
+    decoupled, plain = trainer(2.0), trainer(0.0)
+    batch = sample(plain, 2, 4, torch.Generator().manual_seed(1))
+    batch[0].reward, batch[4].reward = 1.0, 1.0
+    samples = to_samples(batch)
+    a, b = decoupled.train_step(samples), plain.train_step(samples)
+    assert all(torch.equal(x, y) for x, y in zip(decoupled.model.parameters(), plain.model.parameters(), strict=True))
+    assert a.loss == b.loss
+    stale = [replace(s, behaviour_logprobs=tuple(v - 0.5 * m for v, m in zip(s.behaviour_logprobs, s.loss_mask,
+                                                                          strict=True))) for s in samples]
+    assert decoupled.train_step(stale).clip_fraction == 0.0 and plain.train_step(stale).clip_fraction > 0
+    three = trainer(2.0, epochs=3).train_step(samples)
+    assert three.clip_fraction == 0.0  # the first pass's statistics: ratio 1 to the proximal policy
 
 
 def test_tracking_the_kl_measures_it_without_changing_the_update(tiny_policy):

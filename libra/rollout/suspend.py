@@ -1,0 +1,158 @@
+"""A trajectory interrupted when its batch closed (partial rollouts), as a record that outlives the
+rollout: its tokens with their behaviour log-probs and weights versions, an interrupted turn's
+tokens so far, and the files of its working directory. Checkpoints keep these records, so a run
+killed while trajectories are suspended continues them after its resume, each once.
+
+The working directory is kept as data, never as a directory: its plain files and folders are read
+when the trajectory is suspended (links, devices and FIFOs that sandboxed code may have made are
+not followed, and fail the suspension), and written into the new working directory of the rollout
+that continues it, with their modes and owners.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from libra.rollout.agent import TrajectoryRun
+
+
+@dataclass(frozen=True)
+class PartialTurn:
+    """The tokens an interrupted turn generated before its batch closed, each with the engine's
+    log-probability and the weights version that generated it."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+    seconds: float  # generation time so far
+
+
+@dataclass(frozen=True)
+class WorkFile:
+    """One entry of a working directory: a folder (`data` None) or a plain file."""
+
+    path: str  # relative, '/'-separated
+    mode: int  # permission bits
+    uid: int
+    gid: int
+    data: bytes | None
+
+
+class WorkdirTooLarge(Exception):
+    """A working directory that cannot be kept for a suspended trajectory."""
+
+    def __init__(self, workdir: Path, reason: str) -> None:
+        super().__init__(reason)
+        self.workdir = workdir
+
+
+@dataclass(frozen=True)
+class Suspended:
+    """A suspended trajectory: `run` as it stood (without its episode), its files, the seconds it
+    had run (its trajectory time limit counts them)."""
+
+    run: TrajectoryRun
+    files: tuple[WorkFile, ...]
+    active_s: float
+
+    @classmethod
+    def of(cls, run: TrajectoryRun, files: tuple[WorkFile, ...], active_s: float) -> Suspended:
+        kept = copy.copy(run)
+        kept.episode = None
+        kept.workdir = Path()
+        for name in ("ids", "mask", "logprobs", "versions", "turns"):
+            setattr(kept, name, list(getattr(run, name)))
+        return cls(kept, files, active_s)
+
+    @property
+    def trajectory_id(self) -> str:
+        return self.run.trajectory_id
+
+    @property
+    def prompt_id(self) -> str:
+        return self.run.prompt_id
+
+    @property
+    def oldest_version(self) -> int:
+        """The weights version of its oldest policy token (its own version if it has none yet)."""
+        versions = [v for v in self.run.versions if v >= 0]
+        if self.run.partial is not None:
+            versions += list(self.run.partial.versions)
+        return min(versions, default=self.run.model_version)
+
+    @property
+    def tokens(self) -> int:
+        """Context tokens a resume prefills again (the interrupted turn's included)."""
+        return len(self.run.ids) + (len(self.run.partial.token_ids) if self.run.partial else 0)
+
+    def reopened(self) -> TrajectoryRun:
+        """A live copy to continue (the caller opens its episode and working directory)."""
+        run = copy.copy(self.run)
+        for name in ("ids", "mask", "logprobs", "versions", "turns"):
+            setattr(run, name, list(getattr(self.run, name)))
+        run.suspended = False
+        run.suspensions += 1
+        run.new_tokens = 0
+        return run
+
+
+def snapshot_files(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
+    """The folders and plain files under `workdir`, at most `limit` bytes of file data in all. Links
+    and special files are refused (`WorkdirTooLarge`), never followed; so are more than 10,000 entries."""
+    out: list[WorkFile] = []
+    total = 0
+    for top, dirs, files in os.walk(workdir, followlinks=False):
+        for name in sorted(dirs) + sorted(files):
+            path = Path(top) / name
+            rel = path.relative_to(workdir).as_posix()
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                out.append(WorkFile(rel, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, None))
+            elif stat.S_ISREG(info.st_mode):
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as handle:
+                    data = handle.read(limit - total + 1)
+                total += len(data)
+                if total > limit:
+                    raise WorkdirTooLarge(workdir, f"its working directory holds more than {limit:,} bytes of files "
+                                                   "(rollout.suspend_bytes)")
+                out.append(WorkFile(rel, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, data))
+            else:
+                raise WorkdirTooLarge(workdir, f"its working directory holds {rel!r}, which is neither a folder nor a "
+                                               "plain file (a link, a FIFO or a device) and is not kept")
+            if len(out) > 10_000:
+                raise WorkdirTooLarge(workdir, "its working directory holds more than 10,000 entries")
+        dirs.sort()
+    return tuple(out)
+
+
+def restore_files(workdir: Path, files: tuple[WorkFile, ...]) -> None:
+    """Write `files` (a `snapshot_files`) into `workdir`, a new working directory its environment has
+    just opened: what stands there under the same name is replaced. Owners are kept where this
+    process may set them (it runs as root); paths that leave the directory are refused."""
+    owner = os.geteuid() == 0
+    for entry in files:
+        rel = PurePosixPath(entry.path)
+        if rel.is_absolute() or ".." in rel.parts or "\0" in entry.path or not rel.parts:
+            raise ValueError(f"a suspended trajectory's file {entry.path!r} is not a path inside its working directory")
+        path = workdir.joinpath(*rel.parts)
+        if entry.data is None:
+            path.mkdir(exist_ok=True)
+            os.chmod(path, entry.mode, follow_symlinks=False)
+        else:
+            if path.is_symlink() or path.exists():
+                path.unlink()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(entry.data)
+                os.fchmod(handle.fileno(), entry.mode)
+                if owner:
+                    os.fchown(handle.fileno(), entry.uid, entry.gid)
+        if owner and entry.data is None:
+            os.chown(path, entry.uid, entry.gid, follow_symlinks=False)

@@ -1,0 +1,160 @@
+"""Partial rollouts in the agent loop: a batch that closes at k complete groups suspends the others
+whole (tokens, behaviour log-probs, each token's weights version, working files), and a later
+rollout continues them where they stopped, under newer weights, each token generated once."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from libra.rl.schedule import whole_groups
+from libra.rollout.agent import rollout
+from libra.rollout.engines import HFEngine, VLLMEngine
+from libra.rollout.envs import make_env
+from libra.rollout.suspend import WorkdirTooLarge, restore_files, snapshot_files
+from libra.scheduler.routers import Buckets, LeastLoad
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(policy_dir):
+    engine = VLLMEngine(policy_dir, size=1)
+    yield engine
+    engine.close()
+
+
+def generated(run) -> int:
+    return run.generated_tokens + (len(run.partial.token_ids) if run.partial else 0)
+
+
+def test_a_closed_batch_suspends_incomplete_groups_whole_and_a_later_rollout_continues_them(vllm_engine, policy_dir,
+                                                                                              tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    env = make_env("math")
+    router = LeastLoad(Buckets((10**6,)))
+    # long turns (a floor of 40 tokens) so that the batch closes while turns are being generated
+    limits = {"min_tokens_per_turn": 40, "max_tokens_per_turn": 96, "max_turns": 4}
+    first = rollout(env, env.tasks(4, seed=3), 4, [vllm_engine], router, tokenizer, close_after=2, model_version=0,
+                    workroot=tmp_path / "first", **limits)
+    ended = {r.prompt_id for r in first.trajectories}
+    held = {s.prompt_id for s in first.suspended}
+    assert len(ended) >= 2 and held and not ended & held  # a group is ended or suspended, never split
+    assert all(sum(s.prompt_id == p for s in first.suspended) == 4 for p in held)  # whole, its ended samples too
+    assert len(whole_groups(first.trajectories)) >= 8
+    interrupted = [s for s in first.suspended if s.run.partial is not None and s.run.partial.token_ids]
+    assert interrupted, "no turn was interrupted mid-generation"
+    for s in first.suspended:
+        run = s.run
+        assert len(run.ids) == len(run.mask) == len(run.logprobs) == len(run.versions)
+        assert s.oldest_version == 0 and s.files == () and run.episode is None
+    assert first.generated_tokens == sum(r.generated_tokens for r in first.trajectories) + \
+        sum(generated(s.run) for s in first.suspended)
+
+    second = rollout(env, [], 4, [vllm_engine], router, tokenizer, resume=first.suspended, model_version=1,
+                     workroot=tmp_path / "second", **limits)
+    assert second.resumed == len(first.suspended) and not second.suspended
+    assert {r.trajectory_id for r in second.trajectories} == {s.trajectory_id for s in first.suspended}
+    for s in first.suspended:
+        run = next(r for r in second.trajectories if r.trajectory_id == s.trajectory_id)
+        before = s.run.ids + list(s.run.partial.token_ids if s.run.partial else ())
+        assert run.ids[:len(before)] == before and run.suspensions == 1 and not run.failed
+        if s.run.done:  # it had ended: it waited for its group
+            assert run.ids == s.run.ids and run.new_tokens == 0
+        assert run.model_version == 0  # its oldest token's
+        policy = [v for v in run.versions if v >= 0]
+        assert policy[:len([v for v in s.run.versions if v >= 0])] == [0] * len([v for v in s.run.versions if v >= 0])
+        if not s.run.done:
+            assert policy[-1] == 1
+    # every token generated once: what both rollouts generated is what the trajectories hold
+    assert first.generated_tokens + second.generated_tokens == \
+        sum(r.generated_tokens for r in first.trajectories + second.trajectories)
+    # an interrupted turn was continued from its last token: the engine scores the whole sequence
+    # (the weights did not change) as it generated it, past the interruption. (A token sampled while
+    # the floor held the stop tokens back, a turn's first 40, is scored without that mask: only
+    # the tokens past the floor are compared.)
+    continued = 0
+    for s in interrupted:
+        run = next(r for r in second.trajectories if r.trajectory_id == s.trajectory_id)
+        scored = vllm_engine.sequence_logprobs(run.ids)
+        cut = len(s.run.ids) + len(s.run.partial.token_ids)  # the first continued token
+        past_floor = [i for t in run.turns for i in range(t.context_tokens + 40, t.context_tokens + t.gen_tokens)]
+        after = [i for i in past_floor if i >= cut]
+        assert max((abs(scored[i - 1] - run.logprobs[i]) for i in past_floor), default=0.0) < 1e-2
+        continued += len(after)
+    assert continued, "no continued turn went past the floor"
+
+
+def test_the_transformers_engine_gives_back_its_queued_requests_unstarted(policy_dir):
+    engine = HFEngine(policy_dir, size=1)
+    engine.submit("a", [5, 6, 7], 8, ["</tool>"], 1.0)
+    engine.submit("b", [5, 6], 8, ["</tool>"], 1.0)
+    aborted = engine.abort_all()
+    assert [(rid, g.token_ids, g.finish) for rid, g in aborted] == [("a", [], "abort"), ("b", [], "abort")]
+    assert not engine.has_work()
+
+
+class Fragile:
+    """An environment whose episodes cannot be opened again (its index gone while they waited)."""
+
+    def __init__(self, env) -> None:
+        self.env, self.broken = env, False
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def open(self, task, workdir):
+        if self.broken:
+            raise RuntimeError("the index is gone")
+        return self.env.open(task, workdir)
+
+
+def test_a_trajectory_whose_environment_fails_while_suspended_fails_with_its_group(vllm_engine, policy_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    env = Fragile(make_env("math"))
+    router = LeastLoad(Buckets((10**6,)))
+    limits = {"min_tokens_per_turn": 40, "max_tokens_per_turn": 96, "max_turns": 4}
+    first = rollout(env, env.tasks(3, seed=4), 2, [vllm_engine], router, tokenizer, close_after=1,
+                    workroot=tmp_path / "first", **limits)
+    assert first.suspended
+    env.broken = True
+    second = rollout(env, [], 2, [vllm_engine], router, tokenizer, resume=first.suspended, model_version=1,
+                     workroot=tmp_path / "second", **limits)
+    assert len(second.failed) == len(first.suspended)
+    assert all(r.failure == "its environment could not be opened again after a suspension: RuntimeError: the index "
+               "is gone" and r.reward == 0.0 for r in second.failed)
+    assert whole_groups(second.trajectories) == []  # never scored as if it had ended
+
+
+def test_a_working_directory_is_kept_as_its_plain_files_and_folders(tmp_path):
+    source, target = tmp_path / "a", tmp_path / "b"
+    (source / "data").mkdir(parents=True)
+    (source / "code.py").write_text("x = 1\n")
+    (source / "data" / "rows.csv").write_bytes(b"1,2\n")
+    os.chmod(source / "code.py", 0o600)
+    files = snapshot_files(source, 1 << 20)
+    assert [(f.path, f.mode, f.data) for f in files] == [("data", 0o755, None), ("code.py", 0o600, b"x = 1\n"),
+                                                         ("data/rows.csv", 0o644, b"1,2\n")]
+    target.mkdir()
+    (target / "code.py").write_text("the environment's own\n")
+    restore_files(target, files)
+    assert (target / "code.py").read_text() == "x = 1\n" and (target / "data" / "rows.csv").read_bytes() == b"1,2\n"
+    assert os.stat(target / "code.py").st_mode & 0o777 == 0o600
+
+
+def test_a_working_directory_that_cannot_be_kept_is_refused_with_the_reason(tmp_path):
+    big, linked = tmp_path / "big", tmp_path / "linked"
+    big.mkdir()
+    linked.mkdir()
+    (big / "blob").write_bytes(b"x" * 2048)
+    with pytest.raises(WorkdirTooLarge, match="more than 1,024 bytes of files"):
+        snapshot_files(big, 1024)
+    (linked / "secret").symlink_to("/etc/passwd")
+    with pytest.raises(WorkdirTooLarge, match="'secret', which is neither a folder nor a plain file"):
+        snapshot_files(linked, 1 << 20)
+    from libra.rollout.suspend import WorkFile
+
+    with pytest.raises(ValueError, match="is not a path inside its working directory"):
+        restore_files(Path(tmp_path), (WorkFile("../escape", 0o644, 0, 0, b"x"),))
