@@ -82,7 +82,10 @@ def write_placed_run(root: Path, run: str, steps: int = 12, turns_per_step: int 
                "rollout_s": 12.0 + step, "train_s": 6.0, "step_s": 14.0 + step / 2, "trajectories": n,
                "gen_tokens": pc.sum(trajectories.column("gen_tokens")).as_py(), "trained_tokens": 4000 + 10 * step,
                "reward_mean": pc.mean(rewards).as_py(), "reward_std": 0.47, "train_gpus": 1 if moved else 2,
-               "rollout_gpus": 3 if moved else 2, "hybrid_gpus": 1 if moved else 0}
+               "rollout_gpus": 3 if moved else 2, "hybrid_gpus": 1 if moved else 0,
+               "offpolicy_share": 1.0 if step else 0.0, "version_gap_mean": 1.0 + 0.25 * (step % 2) if step else 0.0,
+               "version_gap_max": 1 + step % 2 if step else 0, "suspended": 4, "resumed": 4 if step else 0,
+               "stale_dropped": 2 * (step % 3 == 2)}
         with writer.transaction(run, mode="replace" if step == 0 else "update", origin="train") as tx:
             tx.write_step("turns", step, turns)
             tx.write_step("trajectories", step, trajectories)

@@ -1,5 +1,6 @@
-"""Run overview: reward and held-out reward, throughput, stage seconds and the GPU split over steps,
-with the plans that changed it and their reasons.
+"""Run overview: reward and held-out reward, throughput, stage seconds, how stale the trained tokens
+were and what partial rollouts carried over, and the GPU split over steps, with the plans that
+changed it and their reasons.
 
 Steps come from the store's `steps` table (binned to `max_points` points on long runs: a point is
 the mean of its steps, throughput their tokens over their seconds), plans from `plans`, the
@@ -19,7 +20,10 @@ SELECT min(step) AS step, count(*) AS steps,
        sum(trained_tokens) / nullif(sum(step_s), 0) AS trained_tokens_per_s,
        avg(reward_mean) AS reward_mean, avg(reward_std) AS reward_std,
        avg(train_gpus) AS train_gpus, avg(rollout_gpus) AS rollout_gpus, avg(hybrid_gpus) AS hybrid_gpus,
-       sum(trajectories) AS trajectories, sum(gen_tokens) AS gen_tokens, sum(step_s) AS seconds
+       sum(trajectories) AS trajectories, sum(gen_tokens) AS gen_tokens, sum(step_s) AS seconds,
+       avg(offpolicy_share) AS offpolicy_share, avg(version_gap_mean) AS version_gap_mean,
+       max(version_gap_max) AS version_gap_max, sum(suspended) AS suspended, sum(resumed) AS resumed,
+       sum(stale_dropped) AS stale_dropped
 FROM s
 GROUP BY step // $stride
 ORDER BY step
@@ -72,6 +76,23 @@ def build(view: View) -> Page:
         Series("weight sync", x, [sync.get(s["step"]) for s in steps]) if k == 1 else Series("weight sync", [], []),
         Series("whole step", x, [s["step_s"] for s in steps], dash="dot"),
     ], empty="no stage times", note="with one-step-off overlap the whole step is less than the sum of its stages" + binned)
+    staleness = lines("staleness", "Staleness of the trained tokens", "step", "updates behind the trainer", [
+        Series("mean", x, [s["version_gap_mean"] for s in steps],
+               hover=[None if s["offpolicy_share"] is None else f"{s['offpolicy_share']:.0%} of the tokens off-policy"
+                      for s in steps]),
+        Series("oldest", x, [s["version_gap_max"] for s in steps], dash="dot"),
+    ], empty="no staleness recorded: a simulated run, or a run from before it was counted",
+        note="updates between the weights that generated each trained policy token and the weights the update "
+             "started from (0: on-policy; one-step-off: 1; partial rollouts carry older tokens)" + binned)
+    carried = lines("partial", "Partial rollouts", "step", "trajectories", [
+        Series("suspended when the batch closed", x, [s["suspended"] for s in steps]),
+        Series("continued from earlier batches", x, [s["resumed"] for s in steps]),
+        Series("dropped, too stale", x, [s["stale_dropped"] for s in steps], dash="dot"),
+    ], empty="no partial rollouts: rollout.partial is off (or the run is simulated)", whole=("y",),
+        note="trajectories of the groups not complete when the batch closed, carried to the next step whole; those "
+             "more than trainer.max_staleness updates old are dropped, counted here" + binned)
+    if not any(s["suspended"] or s["resumed"] or s["stale_dropped"] for s in steps):
+        carried = lines("partial", "Partial rollouts", "step", "trajectories", [], empty=carried.empty)
     applied = sorted((p for p in plans if p["applied"]), key=lambda p: p["step"])
     changes = [p for i, p in enumerate(applied)
                if i == 0 or _split(p) != _split(applied[i - 1])]
@@ -93,7 +114,8 @@ def build(view: View) -> Page:
                          "" if p["train_tp"] is None else f"{p['train_tp']} x {p['train_pp']} x {p['train_dp']}",
                          _round(p["t_iter_s"]), _round(p["switch_cost_s"])) for p in plans[:50]),
                   note="" if plans else "no plans: the planner has not run in this run")
-    charts = (reward, throughput, stages, split) if reward.figure else (throughput, stages, split, reward)
+    charts = (reward, throughput, stages, staleness, carried, split) if reward.figure else \
+        (throughput, stages, split, reward, staleness, carried)
     return Page(f"{view.run}: overview" + (f" ({policy})" if len(names) > 1 else ""), summary, charts, (table,), controls)
 
 

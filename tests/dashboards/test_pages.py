@@ -40,6 +40,14 @@ def test_overview_of_a_placed_training(client) -> None:
     assert stages["rollout"]["y"] == [12.0 + s for s in range(12)]
     assert stages["weight sync"]["y"] == [SYNC_S] * 12  # from MLflow, the run not superseded
     assert stages["whole step"]["y"] == [14.0 + s / 2 for s in range(12)]
+    stale = traces(c["staleness"])
+    assert stale["mean"]["y"] == [0.0] + [1.0 + 0.25 * (s % 2) for s in range(1, 12)]
+    assert stale["oldest"]["y"] == [0] + [1 + s % 2 for s in range(1, 12)]
+    assert stale["mean"]["hovertext"][:2] == ["0% of the tokens off-policy", "100% of the tokens off-policy"]
+    carried = traces(c["partial"])
+    assert carried["suspended when the batch closed"]["y"] == [4] * 12
+    assert carried["continued from earlier batches"]["y"] == [0] + [4] * 11
+    assert carried["dropped, too stale"]["y"] == [2 * (s % 3 == 2) for s in range(12)]
     split = traces(c["split"])
     assert split["training"]["y"] == [2] * 6 + [1] * 6 and split["hybrid"]["y"] == [0] * 6 + [1] * 6
     marks = split["plan applied"]

@@ -7,7 +7,9 @@ import pytest
 from libra.config import TrainerConfig
 from libra.rl.schedule import (
     admit,
+    carry_over,
     evaluate_after,
+    groups_to_start,
     hybrids_wanted,
     rolled_ahead,
     rolled_prompts,
@@ -29,6 +31,40 @@ def test_only_trajectories_within_the_staleness_bound_are_admitted():
     assert admission.staleness_max == 4 and admission.staleness_mean == pytest.approx((0 + 1 + 2 + 4) / 4)
     assert [s.trajectory_id for s in admit(samples, 5, 0).admitted] == ["a"]
     assert admit([], 5, 1).admitted == ()
+
+
+def test_admitted_tokens_are_counted_by_the_weights_that_generated_each():
+    """A trajectory continued by a partial rollout holds tokens of several versions: it is admitted
+    by its oldest, and the off-policy figures count every policy token at its own version."""
+    mixed = TrainingSample("m", "p", (1, 2, 3, 4), (0, 1, 1, 1), (0.0,) * 4, 0.5, 1.0, 3, (-1, 3, 4, 5))
+    fresh = TrainingSample("f", "p", (1, 2), (0, 1), (0.0, 0.0), 0.5, 1.0, 5)
+    admission = admit([mixed, fresh], trainer_version=5, bound=2)
+    assert [s.trajectory_id for s in admission.admitted] == ["m", "f"]
+    assert (admission.staleness_max, admission.token_gap_max) == (2, 2)
+    assert admission.offpolicy_share == pytest.approx(2 / 4) and admission.token_gap_mean == pytest.approx(3 / 4)
+    assert admit([mixed], trainer_version=5, bound=1).admitted == ()  # its oldest token is 2 updates old
+    with pytest.raises(ValueError, match="newer than the trainer's version 4"):
+        admit([mixed], trainer_version=4, bound=2)
+
+
+def suspended(tid: str, oldest: int) -> SimpleNamespace:
+    return SimpleNamespace(trajectory_id=tid, prompt_id=tid.split("/")[0], oldest_version=oldest)
+
+
+def test_suspended_groups_are_continued_or_dropped_whole_by_their_oldest_token():
+    held = [suspended("a/0", 3), suspended("a/1", 1), suspended("b/0", 2), suspended("b/1", 3), suspended("c/0", 4)]
+    carried = carry_over(held, trained_at=4, bound=2)
+    assert [s.trajectory_id for s in carried.resumed] == ["b/0", "b/1", "c/0"]
+    assert [s.trajectory_id for s in carried.dropped] == ["a/0", "a/1"] and carried.dropped_groups == 1
+    assert carry_over(held, trained_at=4, bound=0).resumed == tuple(held[4:])  # on-policy: only what version 4 made
+    assert carry_over([], 4, 1).resumed == ()
+
+
+def test_a_partial_rollout_starts_groups_up_to_the_overprovision():
+    assert groups_to_start(8, 1.5, 0) == 12
+    assert groups_to_start(8, 1.5, 5) == 7
+    assert groups_to_start(8, 1.5, 12) == 0 and groups_to_start(8, 1.0, 20) == 0
+    assert groups_to_start(3, 1.1, 0) == 4  # ceil(3.3)
 
 
 def test_a_trajectory_from_newer_weights_than_the_trainer_is_a_bug():
@@ -91,3 +127,18 @@ def test_over_sampling_rolls_out_more_prompts_and_needs_dynamic_sampling():
     assert rolled_prompts(TrainerConfig(prompts_per_step=7, oversample=1.5, dynamic_sampling=True)) == 11
     with pytest.raises(ValueError, match="trainer.oversample 2 rolls out groups that only dynamic sampling uses"):
         TrainerConfig(oversample=2.0)
+
+
+def test_partial_rollout_settings_that_cannot_work_are_refused_in_one_line():
+    from pydantic import ValidationError
+
+    from libra.config import LibraConfig, RolloutConfig
+
+    with pytest.raises(ValueError, match="rollout.overprovision 1.5 starts groups beyond the batch that only partial"):
+        RolloutConfig(overprovision=1.5)
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        RolloutConfig(partial=True, overprovision=0.5)
+    with pytest.raises(ValueError, match="rollout.partial closes the batch at prompts_per_step complete groups and "
+                                         "trainer.dynamic_sampling picks among over-sampled ones: use one of them"):
+        LibraConfig.model_validate({"rollout": {"partial": True},
+                                    "trainer": {"dynamic_sampling": True, "oversample": 2.0}})

@@ -208,3 +208,44 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy
         assert informative > 0 and changed == len(before)
     finally:
         session.close()
+
+
+def test_partial_rollouts_carry_incomplete_groups_and_drop_stale_ones_counted_and_checkpointed(policy_dir, tmp_path):  # noqa: F811
+    """Synchronous partial rollouts on vLLM over three iterations with max_staleness 1: each batch
+    closes at 2 complete groups of the 4 in flight, the others are carried whole (into the
+    checkpoint too, which a reopened session continues from), a group older than the bound is
+    dropped and counted, and the updates report how off-policy their tokens were."""
+    from libra.rl.records import IterationRecord
+
+    config = small(tmp_path, policy_dir, pipeline="sync", max_staleness=1, samples_per_prompt=3)
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={
+        "engine": "vllm", "partial": True, "overprovision": 2.0, "max_turns": 3, "max_tokens_per_turn": 64,
+        "min_tokens_per_turn": 32})})
+    session = open_session(config)
+    carried = []
+    try:
+        for step in range(3):
+            before = {s.trajectory_id: s.oldest_version for s in session.suspended}
+            session.rollout(step)
+            batch = session.score(step)
+            stats = batch.stats
+            assert stats.groups >= 2 and stats.trajectories == 3 * stats.groups
+            assert stats.resumed + stats.stale_dropped == len(before)
+            assert stats.stale_dropped == sum(1 for v in before.values() if step - v > 1)
+            assert stats.suspended == len(session.suspended) and stats.suspended % 3 == 0
+            update = session.update(step)
+            gaps = [step - v for s in batch.samples for v in s.policy_token_versions()]
+            assert update.token_gap_max == max(gaps) and update.offpolicy_share == pytest.approx(
+                sum(g > 0 for g in gaps) / len(gaps))
+            session.sync()
+            carried.append(stats.resumed)
+            session.checkpoint(IterationRecord(step, session.batches.recorded(step), update, {"iteration": 1.0, "train": 1.0}))
+        assert sum(carried) > 0, "no suspended group was continued"
+        held = {s.trajectory_id for s in session.suspended}
+    finally:
+        session.close()
+    again = open_session(config)
+    try:
+        assert {s.trajectory_id for s in again.suspended} == held
+    finally:
+        again.close()
