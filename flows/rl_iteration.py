@@ -5,7 +5,8 @@ With the one-step-off pipeline the rollout and reward of the next iteration run 
 iteration's update (from the weights this iteration started from), so the next batch is 1 update
 stale when it is trained on; the weights are synced into the engines once both are done. An
 iteration whose batch is not rolled out yet (the first one, or every one when synchronous) rolls
-it out first.
+it out first. The asynchronous pipeline is one-step-off whose rollout goes on generating until this
+iteration's update is done (partial rollouts carry what is unfinished to the next batch).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def rl_iteration_flow(context: RunContext, step: int, steps: int, env: str, pipe
         seconds["reward"] = time.perf_counter() - t0
     ahead = rolled_ahead(pipeline, step, steps)
     if ahead is not None:
-        rolling = rollout_task.submit(context, ahead)
+        rolling = rollout_task.submit(context, ahead, step if pipeline == "async" else None)
         scored = reward.submit(context, ahead, wait_for=[rolling])
     update = update_task(context, step)
     seconds["train"] = update.stats.seconds

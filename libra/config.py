@@ -224,8 +224,11 @@ class TrainerConfig(_Section):
                               "prompts_per_step; with dynamic_sampling the update takes the first prompts_per_step "
                               "groups whose rewards differ")
     micro_batch_tokens: int = Field(8192, ge=64, le=10_000_000, description="padded tokens per forward/backward pass")
-    pipeline: Literal["one_step_off", "sync"] = Field("one_step_off", description="one_step_off: rollout k+1 runs "
-                                                      "while k trains (this run's; `libra plan` plans for planner.mode)")
+    pipeline: Literal["one_step_off", "sync", "async"] = Field("one_step_off", description="one_step_off: rollout k+1 "
+                                                               "runs while k trains; async: it also goes on generating "
+                                                               "until update k is done, however many groups are "
+                                                               "complete before (needs rollout.partial); this run's "
+                                                               "(`libra plan` plans for planner.mode)")
     max_staleness: int = Field(1, ge=0, le=1_000, description="a trajectory more updates old than this is never trained on")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the trainer runs; it may differ from "
                                            "rollout.device (engines on the GPUs and the trainer on the cores, or the "
@@ -250,8 +253,8 @@ class TrainerConfig(_Section):
 
     @model_validator(mode="after")
     def _fresh_enough(self) -> TrainerConfig:
-        if self.pipeline == "one_step_off" and self.max_staleness < 1:
-            raise ValueError("pipeline one_step_off trains on batches 1 update old: max_staleness must be >= 1 "
+        if self.pipeline in ("one_step_off", "async") and self.max_staleness < 1:
+            raise ValueError(f"pipeline {self.pipeline} trains on batches 1 update old: max_staleness must be >= 1 "
                              "(or set pipeline: sync)")
         return self
 
@@ -369,6 +372,9 @@ class LibraConfig(_Section):
             raise ValueError(f"trainer.epochs {self.trainer.epochs}: several optimizer steps per update are the torch "
                              "trainer's in the run's process; megatron, hybrids and Ray clusters take one (set "
                              "trainer.epochs 1)")
+        if self.trainer.pipeline == "async" and not self.rollout.partial:
+            raise ValueError("trainer.pipeline async generates past the batch until the update is done and carries "
+                             "what is unfinished to the next batch: set rollout.partial: true")
         if self.rollout.partial and self.trainer.dynamic_sampling:
             raise ValueError("rollout.partial closes the batch at prompts_per_step complete groups and "
                              "trainer.dynamic_sampling picks among over-sampled ones: use one of them")

@@ -126,7 +126,7 @@ def _info(s: TrainingSession) -> SessionInfo:
 
 @dataclass(frozen=True)
 class IterationSetup:
-    pipeline: str  # one_step_off or sync
+    pipeline: str  # one_step_off, async or sync
     rolled_out: bool  # the iteration's batch was rolled out ahead (or restored from the checkpoint)
 
 
@@ -136,6 +136,8 @@ def iteration_setup_task(context: RunContext, step: int) -> IterationSetup:
     their own), or the trainer's when the run is not placed."""
     s = context.session
     pipeline = s.placement.pipeline if s.placement is not None else s.config.trainer.pipeline
+    if s.config.trainer.pipeline == "async" and pipeline == "one_step_off":  # the stages overlap: asynchronously
+        pipeline = "async"
     return IterationSetup(pipeline, step in s.pending)
 
 
@@ -169,9 +171,10 @@ def close_session_task(context: RunContext) -> None:
 
 
 @task(name="rollout", cache_policy=NO_CACHE)
-def rollout_task(context: RunContext, step: int) -> float:
-    """Roll out iteration `step` on the engines; returns seconds."""
-    return context.session.rollout(step)
+def rollout_task(context: RunContext, step: int, beside: int | None = None) -> float:
+    """Roll out iteration `step` on the engines; returns seconds. `beside`: the update it runs
+    beside in the asynchronous pipeline (its batch closes once that update is done)."""
+    return context.session.rollout(step, beside=beside)
 
 
 def _reward(context: RunContext, step: int) -> RolloutStats:

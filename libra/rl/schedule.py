@@ -39,7 +39,7 @@ def evaluate_after(completed: int, steps: int, every: int) -> bool:
 
 def rolled_ahead(pipeline: str, step: int, steps: int) -> int | None:
     """The iteration whose rollout runs beside the update of `step`, if any."""
-    return step + 1 if pipeline == "one_step_off" and step + 1 < steps else None
+    return step + 1 if pipeline in ("one_step_off", "async") and step + 1 < steps else None
 
 
 @dataclass(frozen=True)

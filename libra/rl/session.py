@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -91,6 +92,8 @@ class TrainingSession:
     reshard: Reshard | None = None  # the megatron trainer's last layout change, until recorded
     dead_engines: tuple[int, ...] = ()  # engines that failed in a rollout, started again at the next sync
     suspended: tuple[Suspended, ...] = ()  # partial rollouts: the groups the last batch left to continue
+    updates_done: dict[int, threading.Event] = field(default_factory=dict)  # async pipeline: update k done
+    events_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # a rollout's thread asks too
 
     # -- where it runs -----------------------------------------------------------------------
 
@@ -164,11 +167,13 @@ class TrainingSession:
 
     # -- the stages of an iteration ------------------------------------------------------------
 
-    def rollout(self, step: int, evaluation: bool = False) -> float:
+    def rollout(self, step: int, evaluation: bool = False, beside: int | None = None) -> float:
         """Roll out iteration `step`'s tasks (or the held-out ones) on the engines; seconds taken.
         With partial rollouts (rollout.partial) the suspended groups fresh enough to be trained on
         continue, new groups fill the over-provision, the batch closes at prompts_per_step complete
-        groups and the rest stay suspended for the next iteration."""
+        groups and the rest stay suspended for the next iteration. `beside`: the asynchronous
+        pipeline's update this rollout runs beside; its batch does not close before that update is
+        done (generation goes on meanwhile)."""
         from libra.rollout.agent import rollout
         from libra.rollout.sandbox import make_workroot
 
@@ -190,7 +195,8 @@ class TrainingSession:
                              tool_threads=r.tool_threads, model_version=self.engine_version, score=False,
                              tool_timeout_s=r.tool_timeout_s, trajectory_timeout_s=r.trajectory_timeout_s,
                              resume=carried.resumed, close_after=t.prompts_per_step if partial else None,
-                             suspend_bytes=r.suspend_bytes)
+                             suspend_bytes=r.suspend_bytes,
+                             hold=self.update_done(beside) if partial and beside is not None else None)
         except BaseException:
             discard_tree(workroot)
             raise
@@ -202,6 +208,11 @@ class TrainingSession:
                        if i not in self.dead_engines for timing in engine.timer.drain())
         self.batches.rolled_out(EVALUATION if evaluation else step, Rolled(result, workroot, decode, len(carried.dropped)))
         return seconds
+
+    def update_done(self, step: int) -> threading.Event:
+        """Set once update `step` has run (or failed): what an asynchronous rollout beside it waits for."""
+        with self.events_lock:
+            return self.updates_done.setdefault(step, threading.Event())
 
     def trained_at(self, step: int) -> int:
         """The weights version the update of batch `step` starts from: one update per iteration
@@ -236,6 +247,13 @@ class TrainingSession:
 
     def update(self, step: int) -> Update:
         """One GRPO update on batch `step`, its trajectories beyond the staleness bound dropped."""
+        try:
+            return self._update(step)
+        finally:
+            self.update_done(step).set()
+            self.updates_done.pop(step - 1, None)
+
+    def _update(self, step: int) -> Update:
         batch = self.batches.take_for_update(step)
         admission = admit(batch.samples, self.trainer.updates, self.config.trainer.max_staleness)
         if not admission.admitted:

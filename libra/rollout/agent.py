@@ -12,10 +12,13 @@ bucket, latencies and model version; at the end the router learns from the finis
 (`observe_step`), as after an RL step.
 
 Partial rollouts (`close_after`): the batch closes once that many groups are complete (every
-sample ended, none failed). Requests in the engines are then aborted with the tokens generated so
-far, a trajectory at its tool finishes that call, and every group not complete is suspended whole
-(`Suspended`: its finished samples too, since GRPO's baseline needs the whole group), with its
-tokens, behaviour log-probs, the weights version of every token and its working directory's files.
+sample ended, none failed), and not before `hold` is set when one is given (the asynchronous
+pipeline: generation goes on until the update beside it is done). Requests in the engines are
+then aborted with the tokens generated so far, a trajectory at its tool finishes that call, and
+every group not complete is suspended whole (`Suspended`: its finished samples too, since GRPO's
+baseline needs the whole group), with its tokens, behaviour log-probs, the weights version of
+every token and its working directory's files. The batch is the first `close_after` groups that
+completed; groups that completed after them are carried whole too, for the next batch.
 A later `rollout(resume=...)` continues them where they stopped: a fresh working directory with
 those files, the instance the router picks, the prefix prefilled there and an interrupted turn
 continued from its last token.
@@ -173,7 +176,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             min_tokens_per_turn: int = 0, seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
             score: bool = True, clock: Clock | None = None, tool_timeout_s: float = 300.0,
             trajectory_timeout_s: float = 3600.0, resume: Sequence[Suspended] = (), close_after: int | None = None,
-            suspend_bytes: int = 16 << 20) -> RolloutResult:
+            suspend_bytes: int = 16 << 20, hold: threading.Event | None = None) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)
@@ -196,8 +199,8 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     failed trajectory gets no reward: callers leave it (and its group) out of training.
     `resume`: trajectories suspended by earlier rollouts, continued here beside `tasks`' (whose
     trajectories are opened at `model_version`, the weights the engines serve). `close_after`: close
-    the batch once that many groups are complete and suspend the others (None: run every trajectory
-    to its end); a trajectory whose working directory holds more than `suspend_bytes` of files when
+    the batch once that many groups are complete, and `hold` is set if given, and suspend the others
+    (None: run every trajectory to its end); a trajectory whose working directory holds more than `suspend_bytes` of files when
     it is suspended fails instead, with the reason."""
     if not score and not workroot:
         raise ValueError("rollout(score=False) leaves rewards to score_rewards, which needs the working directories: "
@@ -211,8 +214,8 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
         runs = resumed(env, resume, router, root, len(engines), clock)
         runs |= start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock)
         busy, steps, prefill, dead = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock,
-                                           model_version, close_after)
-        suspended = suspend_groups(runs, suspend_bytes, clock)
+                                           model_version, close_after, hold)
+        suspended = suspend_groups(runs, suspend_bytes, clock, close_after)
         if score:
             score_rewards(runs.values())
     finally:
@@ -280,9 +283,10 @@ def request_seed(seed: int, trajectory_id: str, turn: int, offset: int = 0) -> i
 
 def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], router: Router, tokenizer,
           limits: Limits, seed: int, tool_threads: int, clock: Clock, version: int = 0,
-          close_after: int | None = None) -> tuple[float, int, int, tuple[int, ...]]:
+          close_after: int | None = None, hold: threading.Event | None = None) -> tuple[float, int, int, tuple[int, ...]]:
     """Run every trajectory to its end, or, with `close_after`, until that many groups are complete
-    and the rest are suspended (`TrajectoryRun.suspended`); `version`: the weights the engines serve.
+    (and `hold` is set, if given) and the rest are suspended (`TrajectoryRun.suspended`); `version`:
+    the weights the engines serve.
     (engine busy seconds, engine steps, prefill tokens, engines that failed)."""
     events: queue.Queue = queue.Queue()  # ("gen"|"aborted", tid, Generation) | ("tool", tid, (Generation, versions, future)) | ("engine", i, exc)
     inboxes = [queue.Queue() for _ in engines]
@@ -348,8 +352,12 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
         calling.pop(run.trajectory_id, None)
         router.finish(run.trajectory_id, len(run.ids))
         active -= 1
-        if close_after is not None and not closing and complete_groups() >= close_after:
+        if may_close():
             close()
+
+    def may_close() -> bool:
+        return close_after is not None and not closing and (hold is None or hold.is_set()) and \
+            complete_groups() >= close_after
 
     def suspend(run: TrajectoryRun) -> None:
         nonlocal active
@@ -370,7 +378,7 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
         if not run.done:
             active += 1
             submit(run)
-    if close_after is not None and complete_groups() >= close_after:  # resumed groups alone fill the batch
+    if may_close():  # resumed groups alone fill the batch
         close()
     drivers = [threading.Thread(target=step_engine, args=(i,), daemon=True, name=f"libra-engine-{i}")
                for i in range(len(engines))]
@@ -382,9 +390,11 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
     try:
         while active:
             try:
-                kind, tid, payload = events.get(timeout=_WATCH_S)
+                kind, tid, payload = events.get(timeout=_WATCH_S if hold is None or hold.is_set() else _HOLD_S)
             except queue.Empty:
                 kind = ""
+            if may_close():  # the update it waited for is done
+                close()
             if kind == "engine":
                 lost = int(tid)
                 dead[lost] = payload
@@ -452,6 +462,7 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
 
 
 _ABORT = object()  # a driver's order to abort every request its engine holds
+_HOLD_S = 0.05  # how often a batch that may close once `hold` is set looks at it
 
 
 def _extended(partial: PartialTurn | None, gen: Generation, version: int) -> PartialTurn:
@@ -521,17 +532,22 @@ def score_rewards(runs) -> None:
             run.failure = f"its reward could not be computed: {type(exc).__name__}: {exc}"
 
 
-def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock) -> tuple[Suspended, ...]:
-    """The groups a closed batch left incomplete, out of `runs` and suspended whole (their ended
-    samples too: GRPO's baseline is the whole group's). A group one of whose samples failed is lost
-    already: its interrupted samples fail too, with the reason, rather than being carried. A sample
-    whose files cannot be kept (more than `limit` bytes, or not plain files) fails its group."""
+def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock,
+                   keep: int | None = None) -> tuple[Suspended, ...]:
+    """The groups a closed batch does not take, out of `runs` and suspended whole: those left
+    incomplete (their ended samples too: GRPO's baseline is the whole group's) and, beyond the first
+    `keep` groups to complete, those that completed later. A group one of whose samples failed is
+    lost already: its interrupted samples fail too, with the reason, rather than being carried. A
+    sample whose files cannot be kept (more than `limit` bytes, or not plain files) fails its group."""
     groups: dict[str, list[TrajectoryRun]] = {}
     for run in runs.values():
         groups.setdefault(run.prompt_id, []).append(run)
+    complete = sorted((max(m.finished for m in members), pid) for pid, members in groups.items()
+                      if not any(m.suspended or m.failed or not m.done for m in members))
+    late = {pid for _, pid in complete[keep:]} if keep is not None else set()
     out: list[Suspended] = []
-    for members in groups.values():
-        if not any(m.suspended for m in members):
+    for pid, members in groups.items():
+        if not any(m.suspended for m in members) and pid not in late:
             continue
         snapshots: list[Suspended] = []
         if not any(m.failed for m in members):

@@ -142,3 +142,8 @@ def test_partial_rollout_settings_that_cannot_work_are_refused_in_one_line():
                                          "trainer.dynamic_sampling picks among over-sampled ones: use one of them"):
         LibraConfig.model_validate({"rollout": {"partial": True},
                                     "trainer": {"dynamic_sampling": True, "oversample": 2.0}})
+    with pytest.raises(ValueError, match="trainer.pipeline async generates past the batch .* set rollout.partial: true"):
+        LibraConfig.model_validate({"trainer": {"pipeline": "async"}})
+    with pytest.raises(ValueError, match="pipeline async trains on batches 1 update old: max_staleness must be >= 1"):
+        TrainerConfig(pipeline="async", max_staleness=0)
+    assert rolled_ahead("async", 3, 10) == 4

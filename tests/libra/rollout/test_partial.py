@@ -158,3 +158,26 @@ def test_a_working_directory_that_cannot_be_kept_is_refused_with_the_reason(tmp_
 
     with pytest.raises(ValueError, match="is not a path inside its working directory"):
         restore_files(Path(tmp_path), (WorkFile("../escape", 0o644, 0, 0, b"x"),))
+
+
+def test_a_held_batch_generates_until_released_and_takes_only_the_first_groups_to_complete(vllm_engine, policy_dir,
+                                                                                            tmp_path):
+    """The asynchronous pipeline's rollout: while `hold` is unset the batch does not close, however
+    many groups are complete (never released here: every trajectory runs to its end); it takes
+    exactly `close_after` groups, the first to complete, and carries the groups that completed
+    after them whole, as ended samples for the next batch."""
+    import threading
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    env = make_env("math")
+    result = rollout(env, env.tasks(4, seed=6), 2, [vllm_engine], LeastLoad(Buckets((10**6,))), tokenizer,
+                     close_after=1, hold=threading.Event(), max_turns=3, max_tokens_per_turn=64, workroot=tmp_path)
+    assert len({r.prompt_id for r in result.trajectories}) == 1
+    assert len(result.suspended) == 6 and all(s.run.done and s.run.partial is None for s in result.suspended)
+    first = max(r.finished for r in result.trajectories)
+    carried: dict[str, list] = {}
+    for s in result.suspended:
+        carried.setdefault(s.prompt_id, []).append(s.run)
+    assert all(max(r.finished for r in runs) >= first for runs in carried.values())
