@@ -323,9 +323,7 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
     for run in runs.values():
         groups.setdefault(run.prompt_id, []).append(run)
     closing = False
-
-    def complete_groups() -> int:
-        return sum(all(m.done for m in members) and not any(m.failed for m in members) for members in groups.values())
+    complete = sum(_complete(members) for members in groups.values())  # groups every sample of which ended well
 
     def submit(run: TrajectoryRun) -> None:
         if closing:  # the batch has closed: it stops at this turn's boundary
@@ -347,17 +345,17 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
     calling: dict[str, tuple[float, str]] = {}  # trajectory -> when its tool call started (host side), the tool
 
     def end(run: TrajectoryRun, failure: str = "") -> None:
-        nonlocal active
+        nonlocal active, complete
         run.done, run.finished, run.failure = True, clock.now(), failure
         calling.pop(run.trajectory_id, None)
         router.finish(run.trajectory_id, len(run.ids))
         active -= 1
+        complete += _complete(groups[run.prompt_id])
         if may_close():
             close()
 
     def may_close() -> bool:
-        return close_after is not None and not closing and (hold is None or hold.is_set()) and \
-            complete_groups() >= close_after
+        return close_after is not None and not closing and (hold is None or hold.is_set()) and complete >= close_after
 
     def suspend(run: TrajectoryRun) -> None:
         nonlocal active
@@ -459,6 +457,11 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
         for d in drivers:
             d.join()
     return sum(busy), sum(steps), prefill, tuple(sorted(dead))
+
+
+def _complete(members: Sequence[TrajectoryRun]) -> bool:
+    """Whether a group is complete: every sample ended, none failed."""
+    return all(m.done for m in members) and not any(m.failed for m in members)
 
 
 _ABORT = object()  # a driver's order to abort every request its engine holds

@@ -98,7 +98,8 @@ def test_only_whole_groups_are_kept_and_the_statistics_count_the_rest():
     runs = [run("a", 1.0), run("a", 0.0), run("b", 0.0, "tool failed"), run("b", 1.0), run("c", 1.0), run("c", 1.0)]
     kept = whole_groups(runs)
     assert kept == [runs[0], runs[1], runs[4], runs[5]]
-    result = SimpleNamespace(trajectories=runs, failed=[runs[2]], generated_tokens=60, wall_s=3.0, migrations=0)
+    result = SimpleNamespace(trajectories=runs, failed=[runs[2]], generated_tokens=60, wall_s=3.0, migrations=0,
+                             suspended=(), resumed=0)
     stats = RolloutStats.of(result, kept, 4, select_groups(kept, dynamic=False, wanted=2))
     assert (stats.trajectories, stats.failed, stats.dropped_groups, stats.reward_mean) == (4, 1, 1, 0.75)
     assert (stats.groups, stats.uniform_groups, stats.trained_groups, stats.unanswered) == (2, 1, 2, 0)
