@@ -21,7 +21,8 @@ from libra.trainer.trainer import UpdateStats
 from libra.types import Trajectory
 
 if TYPE_CHECKING:
-    from libra.rollout.agent import RolloutResult, TrajectoryRun
+    from libra.rollout.agent import RolloutResult
+    from libra.rollout.trajectory import TrajectoryRun
 
 
 @dataclass(frozen=True)

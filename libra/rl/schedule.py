@@ -20,8 +20,8 @@ from libra.config import RolloutConfig, TrainerConfig
 from libra.trainer.samples import TrainingSample
 
 if TYPE_CHECKING:
-    from libra.rollout.agent import TrajectoryRun
     from libra.rollout.suspend import Suspended
+    from libra.rollout.trajectory import TrajectoryRun
 
 EVAL_SEED = 0  # held-out tasks (`libra rollout`'s default seed); the policy was warm-started on seeds >= 10000
 TRAIN_SEED_BASE = 1_000_000  # training tasks: seeds far from the held-out and the warm-start ones

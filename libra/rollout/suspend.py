@@ -16,21 +16,8 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from libra.rollout.agent import TrajectoryRun
-
-
-@dataclass(frozen=True)
-class PartialTurn:
-    """The tokens an interrupted turn generated before its batch closed, each with the engine's
-    log-probability and the weights version that generated it."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    versions: tuple[int, ...]
-    seconds: float  # generation time so far
+from libra.rollout.trajectory import TrajectoryRun
 
 
 @dataclass(frozen=True)
