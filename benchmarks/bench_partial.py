@@ -49,26 +49,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import quiet_engines, run_locations, save
-from libra.config import LibraConfig
+from benchmarks.common import quiet_engines, save, spread
+from libra.config import LibraConfig, RolloutConfig
 from libra.rollout.policy import SHIPPED
 
 MODES = ("one_step_off", "partial", "async")
-DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+LIMIT, FLOOR, GROWTH = 96, 24, 0.15  # the per-turn limit and floor of the first iteration, and their growth
 
 
 def config_for(base: Path, mode: str, steps: int, seed: int, overprovision: float, eval_prompts: int = 128) -> LibraConfig:
-    """The main job's recipe with the growing per-turn floor, in `mode`."""
-    import yaml
+    """The main job's recipe (`bench_train.recipe_config`) with the growing per-turn floor, in `mode`."""
+    from benchmarks.bench_train import recipe_config
 
-    demo = yaml.safe_load(DEMO.read_text())
     partial = mode != "one_step_off"
-    rollout = {**demo.get("rollout", {}), "max_tokens_per_turn": 96, "min_tokens_per_turn": 24, "turn_growth": 0.15,
-               "partial": partial, "overprovision": overprovision if partial else 1.0}
-    trainer = {**demo["trainer"], "policy": str(SHIPPED), "run": f"{mode}-seed{seed}", "steps": steps, "seed": seed,
-               "eval_every": steps, "eval_prompts": eval_prompts, "checkpoint_dir": str(base / "checkpoints"),
-               "pipeline": "async" if mode == "async" else "one_step_off", "max_staleness": 4 if partial else 1}
-    return LibraConfig.model_validate({**run_locations(base), "rollout": rollout, "trainer": trainer})
+    data = recipe_config(base, f"{mode}-seed{seed}", steps, seed).model_dump()
+    data["rollout"] |= {"max_tokens_per_turn": LIMIT, "min_tokens_per_turn": FLOOR, "turn_growth": GROWTH,
+                        "partial": partial, "overprovision": overprovision if partial else 1.0}
+    data["trainer"] |= {"eval_every": steps, "eval_prompts": eval_prompts,
+                        "pipeline": "async" if mode == "async" else "one_step_off", "max_staleness": 4 if partial else 1}
+    return LibraConfig.model_validate(data)
 
 
 def run_figures(tracking_uri: str, run: str) -> dict[str, Any]:
@@ -114,8 +113,8 @@ def tail_bound(steps: int) -> dict[str, Any]:
     from libra.scheduler.routers import Buckets, LeastLoad
 
     step = steps - 1
-    limit = tokens_per_turn(96, 0.15, step, 1536)
-    floor = tokens_per_turn(24, 0.15, step, limit)
+    limit = tokens_per_turn(LIMIT, GROWTH, step, RolloutConfig().max_context)
+    floor = tokens_per_turn(FLOOR, GROWTH, step, limit)
     engine = make_engines("vllm", SHIPPED, 1)[0]
     try:
         env = make_env("math")
@@ -139,10 +138,6 @@ def tail_bound(steps: int) -> dict[str, Any]:
             "batch1_ms": 1000 * next((t.seconds for t in timings if t.batch == 1), float("nan")),
             "trajectory_s_median": ends[len(ends) // 2], "trajectory_s_max": ends[-1],
             "first_group_done_share": min(groups.values()) / max(groups.values())}
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> int:

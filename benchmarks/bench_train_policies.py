@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import quiet_engines, run_locations, save
+from benchmarks.common import quiet_engines, run_locations, save, spread
 from libra.config import LibraConfig
 from libra.rollout.policy import SHIPPED
 
@@ -106,10 +106,6 @@ def simulated(base: Path, seed: int, config: LibraConfig) -> dict[str, Any]:
             "engine_start_s": engine_start_s, "fit_error": fitted.mean_abs_rel_error, "fit_samples": fitted.samples,
             "libra_moves": sum(1 for s in runs["libra"].steps if s.switch_cost_s > 0),
             "time_s": {p: r.total_time_s for p, r in runs.items()}}
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,11 @@ def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]
     return statistics.median(times), times
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """The mean and range of a figure over runs (seeds)."""
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
+
+
 def save(name: str, result: dict[str, Any]) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{name}.json"

@@ -84,15 +84,14 @@ def build(view: View) -> Page:
     ], empty="no staleness recorded: a simulated run, or a run from before it was counted",
         note="updates between the weights that generated each trained policy token and the weights the update "
              "started from (0: on-policy; one-step-off: 1; partial rollouts carry older tokens)" + binned)
+    partial = any(s["suspended"] or s["resumed"] or s["stale_dropped"] for s in steps)  # else only zeros or nulls
     carried = lines("partial", "Partial rollouts", "step", "trajectories", [
         Series("suspended when the batch closed", x, [s["suspended"] for s in steps]),
         Series("continued from earlier batches", x, [s["resumed"] for s in steps]),
         Series("dropped, too stale", x, [s["stale_dropped"] for s in steps], dash="dot"),
-    ], empty="no partial rollouts: rollout.partial is off (or the run is simulated)", whole=("y",),
+    ] if partial else [], empty="no partial rollouts: rollout.partial is off (or the run is simulated)", whole=("y",),
         note="trajectories of the groups not complete when the batch closed, carried to the next step whole; those "
              "more than trainer.max_staleness updates old are dropped, counted here" + binned)
-    if not any(s["suspended"] or s["resumed"] or s["stale_dropped"] for s in steps):
-        carried = lines("partial", "Partial rollouts", "step", "trajectories", [], empty=carried.empty)
     applied = sorted((p for p in plans if p["applied"]), key=lambda p: p["step"])
     changes = [p for i, p in enumerate(applied)
                if i == 0 or _split(p) != _split(applied[i - 1])]

@@ -57,12 +57,14 @@ def admit(samples: Sequence[TrainingSample], trainer_version: int, bound: int) -
     """The samples whose oldest token is at most `bound` updates older than the trainer's weights,
     and how far off-policy the admitted tokens are."""
     ages = [trainer_version - s.model_version for s in samples]
-    future = [s.trajectory_id for s in samples if max(s.policy_token_versions(), default=s.model_version) > trainer_version]
+    versions = [s.policy_token_versions() for s in samples]
+    future = [s.trajectory_id for s, v in zip(samples, versions, strict=True)
+              if max(v, default=s.model_version) > trainer_version]
     if future:
         raise ValueError(f"{len(future)} trajectories (e.g. {future[0]}) come from weights newer than the trainer's "
                          f"version {trainer_version}")
     kept = tuple(s for s, age in zip(samples, ages, strict=True) if age <= bound)
-    gaps = [trainer_version - v for s in kept for v in s.policy_token_versions()]
+    gaps = [trainer_version - x for v, age in zip(versions, ages, strict=True) if age <= bound for x in v]
     return Admission(kept, tuple(s.trajectory_id for s, age in zip(samples, ages, strict=True) if age > bound),
                      max(ages, default=0), sum(ages) / len(ages) if ages else 0.0,
                      sum(g > 0 for g in gaps) / len(gaps) if gaps else 0.0, sum(gaps) / len(gaps) if gaps else 0.0,

@@ -251,11 +251,11 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
         if run.instance in dead:  # the router's instance failed: the nearest live one serves the turn
             run.instance = min((i for i in range(len(engines)) if i not in dead),
                                key=lambda i: (abs(i - run.instance), i))
-        done = len(run.partial.token_ids) if run.partial else 0
+        done = len(run.partial_ids)
         if done >= limits.max_tokens_per_turn:  # the interrupted turn had reached its limit: it ends as it is
             events.put(("gen", run.trajectory_id, Generation([], "", "length", 0.0)))
             return
-        inboxes[run.instance].put((run.trajectory_id, list(run.ids) + list(run.partial.token_ids if run.partial else ()),
+        inboxes[run.instance].put((run.trajectory_id, list(run.ids) + list(run.partial_ids),
                                    limits.max_tokens_per_turn - done, STOPS, limits.temperature,
                                    request_seed(seed, run.trajectory_id, len(run.turns), done),
                                    max(0, limits.min_tokens_per_turn - done)))

@@ -50,11 +50,9 @@ class Suspended:
 
     @classmethod
     def of(cls, run: TrajectoryRun, files: tuple[WorkFile, ...], active_s: float) -> Suspended:
-        kept = copy.copy(run)
+        kept = _copied(run)
         kept.episode = None
         kept.workdir = Path()
-        for name in ("ids", "mask", "logprobs", "versions", "turns"):
-            setattr(kept, name, list(getattr(run, name)))
         return cls(kept, files, active_s)
 
     @property
@@ -73,20 +71,21 @@ class Suspended:
             versions += list(self.run.partial.versions)
         return min(versions, default=self.run.model_version)
 
-    @property
-    def tokens(self) -> int:
-        """Context tokens a resume prefills again (the interrupted turn's included)."""
-        return len(self.run.ids) + (len(self.run.partial.token_ids) if self.run.partial else 0)
-
     def reopened(self) -> TrajectoryRun:
         """A live copy to continue (the caller opens its episode and working directory)."""
-        run = copy.copy(self.run)
-        for name in ("ids", "mask", "logprobs", "versions", "turns"):
-            setattr(run, name, list(getattr(self.run, name)))
+        run = _copied(self.run)
         run.suspended = False
         run.suspensions += 1
         run.new_tokens = 0
         return run
+
+
+def _copied(run: TrajectoryRun) -> TrajectoryRun:
+    """A copy of `run` whose token and turn lists are its own (the record and the live run grow apart)."""
+    out = copy.copy(run)
+    for name in ("ids", "mask", "logprobs", "versions", "turns"):
+        setattr(out, name, list(getattr(run, name)))
+    return out
 
 
 def snapshot_files(workdir: Path, limit: int) -> tuple[WorkFile, ...]:

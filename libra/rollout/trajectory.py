@@ -24,7 +24,6 @@ class PartialTurn:
     seconds: float  # generation time so far
 
 
-
 @dataclass
 class TurnRecord:
     turn_idx: int
@@ -75,6 +74,11 @@ class TrajectoryRun:
     @property
     def failed(self) -> bool:
         return bool(self.failure)
+
+    @property
+    def partial_ids(self) -> tuple[int, ...]:
+        """The interrupted turn's tokens so far (none when no turn was interrupted)."""
+        return self.partial.token_ids if self.partial is not None else ()
 
     @property
     def generated_tokens(self) -> int:

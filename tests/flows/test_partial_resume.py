@@ -81,5 +81,5 @@ def test_a_run_killed_while_trajectories_are_suspended_loses_none_and_counts_non
     # what the suspended trajectories of the killed run's checkpoint became: stored once, or still held
     assert {s.trajectory_id for s in held} <= set(ids) | {s.trajectory_id for s in final}
     # every token once: what the recorded rollouts generated is what the trajectories hold
-    held_tokens = sum(s.run.generated_tokens + (len(s.run.partial.token_ids) if s.run.partial else 0) for s in final)
+    held_tokens = sum(s.run.generated_tokens + len(s.run.partial_ids) for s in final)
     assert sum(s["gen_tokens"] for s in steps) == sum(t["gen_tokens"] for t in stored) + held_tokens

@@ -23,7 +23,7 @@ def vllm_engine(policy_dir):
 
 
 def generated(run) -> int:
-    return run.generated_tokens + (len(run.partial.token_ids) if run.partial else 0)
+    return run.generated_tokens + len(run.partial_ids)
 
 
 def test_a_closed_batch_suspends_incomplete_groups_whole_and_a_later_rollout_continues_them(vllm_engine, policy_dir,
@@ -57,7 +57,7 @@ def test_a_closed_batch_suspends_incomplete_groups_whole_and_a_later_rollout_con
     assert {r.trajectory_id for r in second.trajectories} == {s.trajectory_id for s in first.suspended}
     for s in first.suspended:
         run = next(r for r in second.trajectories if r.trajectory_id == s.trajectory_id)
-        before = s.run.ids + list(s.run.partial.token_ids if s.run.partial else ())
+        before = s.run.ids + list(s.run.partial_ids)
         assert run.ids[:len(before)] == before and run.suspensions == 1 and not run.failed
         if s.run.done:  # it had ended: it waited for its group
             assert run.ids == s.run.ids and run.new_tokens == 0
