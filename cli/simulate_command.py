@@ -30,6 +30,15 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.add_argument("--group-size", type=int, help="samples per prompt (default: the workload's, 16)")
     cmd.add_argument("--prompts-per-step", type=int, help="prompts per step (default: the workload's)")
     cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--rollout-mode", default="sync", choices=("sync", "partial", "async"),
+                     help="sync: a step's rollout ends with its last trajectory; partial: the batch closes at its "
+                     "last needed group and the rest are suspended and continued later; async: partial, the rollout "
+                     "going on until the update beside it is done (default sync)")
+    cmd.add_argument("--overprovision", type=float, default=1.5,
+                     help="partial/async: groups in flight per group a batch needs (default 1.5)")
+    cmd.add_argument("--max-staleness", type=int, default=4,
+                     help="partial/async: updates a trained token may be behind its trainer; older groups are "
+                     "dropped and counted (default 4)")
     cmd.add_argument("--run", help="store run name (default: sim-<workload>-<seed>)")
     cmd.add_argument("--no-track", action="store_true", help="skip MLflow")
     cmd.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -37,16 +46,19 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 
 def render(summary: dict[str, Any]) -> str:
-    lines = [f"{summary['workload']} on {summary['gpus']} GPUs",
+    mode = summary.get("rollout_mode", "sync")
+    lines = [f"{summary['workload']} on {summary['gpus']} GPUs, {mode} rollouts",
              f"{'policy':<22} {'tokens/s':>9} {'step mean':>10} {'step p99':>9} {'idle rollout':>13} "
-             f"{'idle train':>11} {'total':>9} {'vs libra':>9} {'vs oracle':>9} {'vs bound':>9}"]
+             f"{'idle train':>11} {'total':>9} {'off-policy':>10} {'vs libra':>9} {'vs oracle':>9} {'vs bound':>9}"]
     for name, m in summary["policies"].items():
         vs = [f"{m[key]:.2f}" if key in m else "-" for key in ("vs_libra", "vs_oracle", "vs_bound")]
         lines.append(f"{name:<22} {m['tokens_per_s']:>9.1f} {m['step_time_mean_s']:>9.1f}s {m['step_time_p99_s']:>8.1f}s "
                      f"{m['idle_gpu_s']['rollout']:>12.0f}s {m['idle_gpu_s']['train']:>10.0f}s {m['total_time_s']:>8.0f}s "
-                     f"{vs[0]:>9} {vs[1]:>9} {vs[2]:>9}")
+                     f"{m.get('offpolicy_share', 0.0):>10.0%} {vs[0]:>9} {vs[1]:>9} {vs[2]:>9}")
     if "bound_tokens_per_s" in summary:
-        lines.append(f"{'proven bound':<22} {summary['bound_tokens_per_s']:>9.1f}  (no policy can beat it in this physics)")
+        whose = "" if mode == "sync" else f" for the batches {summary.get('bound_of', 'libra')} trained"
+        lines.append(f"{'proven bound':<22} {summary['bound_tokens_per_s']:>9.1f}  (no policy can beat it in this "
+                     f"physics{whose}; vs bound: each run against the bound of what it trained)")
     lines.append("(tokens/s: trained tokens per second of simulated time; idle: GPU-seconds)")
     return "\n".join(lines)
 
@@ -59,7 +71,9 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
     from libra.checks import as_flag
 
     request = simulation_request(args.workload, args.cluster, args.model, args.steps, args.systems, args.group_size,
-                                 args.prompts_per_step, args.seed, args.run, names=as_flag)
+                                 args.prompts_per_step, args.seed, args.run, names=as_flag,
+                                 rollout_mode=args.rollout_mode, overprovision=args.overprovision,
+                                 max_staleness=args.max_staleness)
     check_feasible(request, config.planner)
     systems, steps = list(request.systems), request.steps
     with json_stdout(args.json) as out:
@@ -71,7 +85,9 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
             summary = run_flow(simulate_flow, config, tracking=not args.no_track, workload=request.workload,
                                cluster=request.cluster, model=request.model, steps=steps, systems=systems,
                                group_size=request.group_size, prompts_per_step=request.prompts_per_step,
-                               seed=request.seed, run=request.run, track=not args.no_track, progress=step_done)
+                               seed=request.seed, run=request.run, track=not args.no_track, progress=step_done,
+                               rollout_mode=request.rollout_mode, overprovision=request.overprovision,
+                               max_staleness=request.max_staleness)
         print(json.dumps(summary) if args.json else render(summary) +
               f"\nsimulated in {summary['simulation_wall_s']:.1f} s; store run {summary['store_run']!r}", file=out)
     return 0

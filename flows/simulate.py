@@ -40,19 +40,29 @@ class SimulationRequest:
     prompts_per_step: int | None  # None: the workload's
     seed: int
     run: str  # the store run
+    rollout_mode: str = "sync"  # sync, partial or async (`libra.sim.modes`)
+    overprovision: float = 1.5
+    max_staleness: int = 4
 
     def spec(self):
         from libra.sim.workloads import workload_spec
 
         return workload_spec(self.workload, self.group_size, self.prompts_per_step)
 
+    def mode(self):
+        from libra.sim.modes import RolloutMode
+
+        return RolloutMode(self.rollout_mode, self.overprovision, self.max_staleness)
+
 
 def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-14b", steps: int = 200,
                        systems: str | list[str] = "all", group_size: int | None = None,
                        prompts_per_step: int | None = None, seed: int = 0, run: str | None = None,
-                       names: Names = as_parameter) -> SimulationRequest:
+                       names: Names = as_parameter, rollout_mode: str = "sync", overprovision: float = 1.5,
+                       max_staleness: int = 4) -> SimulationRequest:
     """The request, or a LibraError saying which parameter is wrong and what to give instead."""
     from libra.planner.profiles import model_profile, parse_cluster
+    from libra.sim.modes import MODES
     from libra.sim.systems import SYSTEMS
     from storage.writer import check_run_name
 
@@ -60,6 +70,8 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
     in_range(names("group_size"), group_size, 1, 4_096)
     in_range(names("prompts_per_step"), prompts_per_step, 1, 100_000)
     in_range(names("seed"), seed, 0, 2**31 - 1)
+    in_range(names("overprovision"), overprovision, 1, 16)
+    in_range(names("max_staleness"), max_staleness, 0, 1_000)
     given = systems.split(",") if isinstance(systems, str) else list(systems)
     chosen = list(SYSTEMS) if given == ["all"] else list(dict.fromkeys(s.strip() for s in given if s.strip()))
     unknown = [s for s in chosen if s not in SYSTEMS]
@@ -67,8 +79,15 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
         raise LibraError(f"unknown systems {', '.join(unknown) or '(none given)'}; systems: all, {', '.join(SYSTEMS)}")
     parse_cluster(cluster)
     model_profile(model)
+    suffix = "" if rollout_mode == "sync" else f"-{rollout_mode}"
     request = SimulationRequest(workload, cluster, model, steps, tuple(chosen), group_size, prompts_per_step, seed,
-                                check_run_name(run or f"sim-{workload.replace(':', '-').replace('/', '-')}-{seed}"[:128]))
+                                check_run_name(run or f"sim-{workload.replace(':', '-').replace('/', '-')}-{seed}{suffix}"[:128]),
+                                rollout_mode, overprovision, max_staleness)
+    if rollout_mode not in MODES:
+        raise LibraError(f"{names('rollout_mode')} {rollout_mode!r}: use one of {', '.join(MODES)}")
+    if rollout_mode != "sync" and max_staleness < 1:
+        raise LibraError(f"{names('max_staleness')} {max_staleness}: {rollout_mode} rollouts train groups at least one "
+                         "update old; give 1 or more, or the sync mode for on-policy training")
     spec = request.spec()
     if spec.name.startswith("trace:"):
         from libra.traces import read_trace
@@ -96,11 +115,13 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
                   systems: str | list[str] = "all", group_size: int | None = None, prompts_per_step: int | None = None,
                   seed: int = 0, run: str | None = None, track: bool = True,
                   config: LibraConfig | str | None = None, store: str | None = None,
-                  progress: SimProgress | None = None, policies: str | list[str] | None = None) -> dict[str, Any]:
+                  progress: SimProgress | None = None, policies: str | list[str] | None = None,
+                  rollout_mode: str = "sync", overprovision: float = 1.5, max_staleness: int = 4) -> dict[str, Any]:
     """Each system's figures and its ratios to libra, the oracle and the proven bound (see
     `tasks.sim_tasks.summarize`); `config` is a LibraConfig, a YAML file or None (the defaults);
     `progress` hears of each simulated step of each system (the CLI's progress bar); `policies` is
-    the old name of `systems`."""
+    the old name of `systems`; `rollout_mode` sync, partial or async, with partial rollouts'
+    `overprovision` and `max_staleness` (`libra.sim.modes`)."""
     import time
 
     from flows.runtime import flow_config
@@ -116,15 +137,17 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
 
     systems = renamed_parameter("policies", "systems", policies, systems, "all")
     settings = flow_config(config, {"store.root": store}, tracking=track)
-    request = simulation_request(workload, cluster, model, steps, systems, group_size, prompts_per_step, seed, run)
+    request = simulation_request(workload, cluster, model, steps, systems, group_size, prompts_per_step, seed, run,
+                                 rollout_mode=rollout_mode, overprovision=overprovision, max_staleness=max_staleness)
     check_feasible(request, settings.planner)
     began = time.perf_counter()
     drawn = workload_task(request, settings.planner)
     runs = {name: simulate_system_task.with_options(name=f"simulate-{name}")(request, name, drawn, settings.planner,
                                                                              progress)
             for name in request.systems}
-    bound_s = bound_task(drawn)
-    summary = summarize(runs, drawn.gpus, request.workload, bound_s)
+    bounds = bound_task(drawn, runs)
+    summary = summarize(runs, drawn.gpus, request.workload, bounds)
+    summary["rollout_mode"] = request.rollout_mode
     summary["simulation_wall_s"] = time.perf_counter() - began
     record_store_task(runs, request.run, settings.store)
     if track:

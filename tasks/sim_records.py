@@ -31,7 +31,10 @@ def record_store(runs: dict, run: str, store: StoreConfig) -> None:
                           "trajectories": None, "gen_tokens": s.gen_tokens, "trained_tokens": s.trained_tokens,
                           "idle_rollout_gpu_s": s.idle_rollout_gpu_s + s.rollout_gpus * tail_s,
                           "idle_train_gpu_s": s.idle_train_gpu_s,
-                          "train_gpus": s.train_gpus, "rollout_gpus": s.rollout_gpus, "hybrid_gpus": s.hybrid_gpus})
+                          "train_gpus": s.train_gpus, "rollout_gpus": s.rollout_gpus, "hybrid_gpus": s.hybrid_gpus,
+                          "offpolicy_share": s.offpolicy_share, "version_gap_mean": s.version_gap_mean,
+                          "version_gap_max": s.version_gap_max, "suspended": s.suspended, "resumed": s.resumed,
+                          "stale_dropped": s.stale_dropped})
             if s.plan_reason:
                 c = s.train_config
                 plans.append({"step": s.step, "plan_id": plan_id, "applied": True, "reason": f"{name}: {s.plan_reason}",
@@ -85,7 +88,7 @@ def record_mlflow(runs: dict, summary: dict[str, Any], request: Any, config: Lib
 
     experiment = f"{config.tracking.experiment_prefix}-sim-{summary['workload']}".replace(":", "-").replace("/", "-")[:200]
     params = {"workload": summary["workload"], "cluster": request.cluster, "model": request.model,
-              "steps": request.steps, "seed": request.seed}
+              "steps": request.steps, "seed": request.seed, "rollout_mode": request.rollout_mode}
     with tempfile.TemporaryDirectory() as tmp:
         parent = log_run(experiment, config.tracking.artifact_root, f"{summary['workload']}-{request.cluster}", params, {},
                          artifacts=plot_runs(runs, Path(tmp)), texts={"summary.json": json.dumps(summary, indent=2)})
@@ -93,7 +96,8 @@ def record_mlflow(runs: dict, summary: dict[str, Any], request: Any, config: Lib
         m = summary["policies"][name]
         metrics = {"tokens_per_s": m["tokens_per_s"], "step_time_mean_s": m["step_time_mean_s"],
                    "step_time_p99_s": m["step_time_p99_s"], "total_time_s": m["total_time_s"],
-                   "idle_rollout_gpu_s": m["idle_gpu_s"]["rollout"], "idle_train_gpu_s": m["idle_gpu_s"]["train"]}
+                   "idle_rollout_gpu_s": m["idle_gpu_s"]["rollout"], "idle_train_gpu_s": m["idle_gpu_s"]["train"],
+                   "offpolicy_token_share": m["offpolicy_share"], "untrained_tokens": m["untrained_tokens"]}
         steps = [(s.step, {"step_s": s.step_s, "rollout_s": s.rollout_s, "train_s": s.train_s, "train_gpus": s.train_gpus})
                  for s in r.steps]
         log_run(experiment, config.tracking.artifact_root, name, {**params, "policy": name}, metrics, steps=steps,

@@ -24,6 +24,7 @@ class SimWorkload:
 
     batches: list  # per step: its SimTrajectory list
     warmup: list  # the batch the planning systems plan step 0 on
+    spare: list  # batches after the last step (a partial run draws further groups from them)
     cost: Any  # the planner's CostModel for the request's cluster and model (the bound's)
     gpus: int
 
@@ -38,11 +39,12 @@ def request_cost(request, planner: PlannerConfig):
 
 @task(name="workload", cache_policy=NO_CACHE)
 def workload_task(request, planner: PlannerConfig) -> SimWorkload:
-    from libra.sim.runner import workload_batches
+    from libra.sim.runner import spare_batches, workload_batches
 
     cost = request_cost(request, planner)
     batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
-    return SimWorkload(batches, warmup, cost, cost.cluster.gpus)
+    spare = spare_batches(request.spec(), request.steps, request.seed) if request.mode().partial else []
+    return SimWorkload(batches, warmup, spare, cost, cost.cluster.gpus)
 
 
 @task(name="simulate-system", cache_policy=NO_CACHE)
@@ -59,7 +61,8 @@ def simulate_system_task(request, system: str, drawn: SimWorkload, planner: Plan
 
     try:
         return simulate_system(system, simulation_cost(request.spec(), drawn.cost), drawn.batches, drawn.warmup,
-                               PlannerSettings.of(planner), planner, progress=step_done)
+                               PlannerSettings.of(planner), planner, progress=step_done, mode=request.mode(),
+                               spare=drawn.spare)
     except InfeasibleError as exc:
         raise cannot_run(request, drawn.cost.model.name, str(exc)) from None
 
@@ -84,16 +87,30 @@ def cannot_run(request, model: str, reason: str) -> LibraError:
 
 
 @task(name="bound", cache_policy=NO_CACHE)
-def bound_task(drawn: SimWorkload) -> float:
-    """The proven bound's total seconds over the drawn steps (`libra.sim.bound`)."""
-    from libra.sim.bound import run_bound
+def bound_task(drawn: SimWorkload, runs: dict) -> dict[str, float]:
+    """Each run's proven bound in seconds (`libra.sim.bound`): over the drawn steps for synchronous
+    runs (every one trains the same batches), over the batches it trained for partial ones."""
+    return run_bounds(drawn.cost, drawn.batches, runs)
 
-    return run_bound(drawn.cost, drawn.batches).total_s
+
+def run_bounds(cost, batches: list, runs: dict) -> dict[str, float]:
+    """Each run's proven bound in seconds (`bound_task`)."""
+    from libra.sim.bound import pooled_bound_s, run_bound
+
+    whole = None
+    out = {}
+    for name, r in runs.items():
+        if r.mode == "sync":
+            whole = whole if whole is not None else run_bound(cost, batches).total_s
+            out[name] = whole
+        else:
+            out[name] = pooled_bound_s(cost, r.trained, len(r.steps))
+    return out
 
 
-def summarize(runs: dict, gpus: int, workload: str, bound_s: float | None = None) -> dict[str, Any]:
-    """Each system's figures and its ratios to libra, the oracle and (given the bound's total
-    seconds for the same steps) the proven bound."""
+def summarize(runs: dict, gpus: int, workload: str, bounds: dict[str, float] | None = None) -> dict[str, Any]:
+    """Each system's figures and its ratios to libra, the oracle and (given each run's bound in
+    seconds, `run_bounds`) the proven bound."""
     out: dict[str, Any] = {"workload": workload, "gpus": gpus, "policies": {}}
     for name, r in runs.items():
         out["policies"][name] = {
@@ -102,15 +119,20 @@ def summarize(runs: dict, gpus: int, workload: str, bound_s: float | None = None
             "step_time_p99_s": r.step_time_quantile(0.99),
             "idle_gpu_s": r.idle_gpu_s,
             "total_time_s": r.total_time_s,
+            "offpolicy_share": r.offpolicy_share,
+            "untrained_tokens": r.untrained_tokens,
         }
     for ref in ("libra", "oracle"):
         if ref in runs and runs[ref].tokens_per_s > 0:
             for m in out["policies"].values():
                 m[f"vs_{ref}"] = m["tokens_per_s"] / runs[ref].tokens_per_s
-    if bound_s and runs:
-        out["bound_tokens_per_s"] = next(iter(runs.values())).trained_tokens / bound_s
-        for m in out["policies"].values():
-            m["vs_bound"] = m["tokens_per_s"] / out["bound_tokens_per_s"]
+    if bounds and runs:
+        for name, m in out["policies"].items():
+            m["bound_tokens_per_s"] = runs[name].trained_tokens / bounds[name]
+            m["vs_bound"] = m["tokens_per_s"] / m["bound_tokens_per_s"]
+        reference = "libra" if "libra" in runs else next(iter(runs))
+        out["bound_tokens_per_s"] = out["policies"][reference]["bound_tokens_per_s"]
+        out["bound_of"] = reference
     return out
 
 

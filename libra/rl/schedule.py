@@ -20,7 +20,6 @@ from libra.config import RolloutConfig, TrainerConfig
 from libra.trainer.samples import TrainingSample
 
 if TYPE_CHECKING:
-    from libra.rollout.suspend import Suspended
     from libra.rollout.trajectory import TrajectoryRun
 
 EVAL_SEED = 0  # held-out tasks (`libra rollout`'s default seed); the policy was warm-started on seeds >= 10000
@@ -69,36 +68,6 @@ def admit(samples: Sequence[TrainingSample], trainer_version: int, bound: int) -
                      max(ages, default=0), sum(ages) / len(ages) if ages else 0.0,
                      sum(g > 0 for g in gaps) / len(gaps) if gaps else 0.0, sum(gaps) / len(gaps) if gaps else 0.0,
                      max(gaps, default=0))
-
-
-@dataclass(frozen=True)
-class CarryOver:
-    """The suspended groups a partial rollout continues, and those it drops as too stale."""
-
-    resumed: tuple[Suspended, ...]
-    dropped: tuple[Suspended, ...]  # whole groups whose oldest token would be more than the bound old when trained
-
-    @property
-    def dropped_groups(self) -> int:
-        return len({s.prompt_id for s in self.dropped})
-
-
-def carry_over(suspended: Sequence[Suspended], trained_at: int, bound: int) -> CarryOver:
-    """Which suspended groups a rollout whose batch the update from version `trained_at` trains on
-    continues: those whose oldest token (over the whole group) is at most `bound` updates older; a
-    group is kept or dropped whole."""
-    oldest: dict[str, int] = {}
-    for s in suspended:
-        oldest[s.prompt_id] = min(oldest.get(s.prompt_id, s.oldest_version), s.oldest_version)
-    fresh = {pid for pid, version in oldest.items() if trained_at - version <= bound}
-    return CarryOver(tuple(s for s in suspended if s.prompt_id in fresh),
-                     tuple(s for s in suspended if s.prompt_id not in fresh))
-
-
-def groups_to_start(wanted: int, overprovision: float, carried: int) -> int:
-    """New groups a partial rollout starts: enough for `overprovision` x `wanted` groups in flight
-    with the `carried` suspended ones (none when those alone are that many)."""
-    return max(0, math.ceil(wanted * overprovision - 1e-9) - carried)
 
 
 def tokens_per_turn(base: int, growth: float, step: int, max_context: int) -> int:

@@ -28,6 +28,7 @@ from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import LibraConfig
 from libra.errors import HostLostError, LibraError, RankLostError
 from libra.files import discard_tree
+from libra.partial import carry_over, groups_to_start
 from libra.pools.states import PoolEvent
 from libra.rl.batches import EVALUATION, Batches, Rolled
 from libra.rl.cluster import LocalCluster, Placement, initial_placement
@@ -43,8 +44,6 @@ from libra.rl.records import (  # (also where older checkpoints' pickles find th
 from libra.rl.routes import router_for
 from libra.rl.schedule import (
     admit,
-    carry_over,
-    groups_to_start,
     hybrids_wanted,
     rollout_spec,
     select_groups,

@@ -28,6 +28,17 @@ and the run adds the last batch's training. A colocated step (rollout, then trai
 than the same sum regrouped, so the bound holds for every policy the simulator runs, the oracle
 included. It is not attainable in general: perfect packing at `max_batch` on every GPU and the
 longest trajectory alone never happen together.
+
+Partial rollouts and the asynchronous mode take the longest trajectory out of the step: it can be
+suspended and continued later, so no step has to wait for it, and the batches a run trains are its
+own choice (the first groups to complete). What remains holds for the batches it did train: every
+trained trajectory was generated whole at least once (continuing one only adds the prefill of its
+context again), every batch was trained, every training step costs its fixed seconds and every
+step ends with a weight sync. Over N steps training B batches,
+    T >= max((sum of rollout work + sum of training work) / GPUs, B x training's fixed cost) + N x sync
+(the sum over steps of each step's max is at least the max of the sums). It bounds a run by the
+batches it trained (`pooled_bound_s`): no policy trains those batches sooner, with partial rollouts
+or without; a run that trained other batches has its own.
 """
 
 from __future__ import annotations
@@ -125,3 +136,12 @@ def step_bound(cost: CostModel, batch: Sequence[SimTrajectory]) -> StepBound:
 def run_bound(cost: CostModel, batches: Sequence[Sequence[SimTrajectory]]) -> RunBound:
     return RunBound(tuple(step_bound(cost, batch) for batch in batches), cost.cluster.gpus,
                     cost.weight_sync_s(), cost.coefficients.train_step_s)
+
+
+def pooled_bound_s(cost: CostModel, trained: Sequence[Sequence[SimTrajectory]], steps: int) -> float:
+    """Least seconds in which any policy, suspending and continuing trajectories across steps as it
+    likes, trains the batches `trained` in `steps` steps (module docstring)."""
+    c = cost.coefficients
+    work = sum(rollout_gpu_s(cost, batch) + c.train_compute * cost.train_flops(workload_of(list(batch))) / cost.hw.peak_flops
+               for batch in trained if batch)
+    return max(work / cost.cluster.gpus, sum(1 for b in trained if b) * c.train_step_s) + steps * cost.weight_sync_s()

@@ -45,6 +45,10 @@ class EventLoop:
     def after(self, delay: float, callback: Callable[[], None]) -> Event:
         return self.at(self.clock.now() + max(0.0, delay), callback)
 
+    def stop(self) -> None:
+        """Drop every scheduled event: `run` returns once the current callback does."""
+        self._heap.clear()
+
     def run(self, until: float = float("inf")) -> None:
         """Process events in time order until none are left or the next is after `until`."""
         heap = self._heap

@@ -35,7 +35,17 @@ from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload
 from libra.scheduler.libra_router import LibraRouter
 from libra.scheduler.routers import MLFQ, Buckets, LeastLoad, Oracle, Router
-from libra.sim.rollout import InstanceSpec, RolloutResult, RolloutSim, lanes, mean_context, path_of
+from libra.sim.modes import RolloutMode
+from libra.sim.rollout import (
+    Close,
+    InstanceSpec,
+    Progress,
+    RolloutResult,
+    RolloutSim,
+    lanes,
+    mean_context,
+    path_of,
+)
 from libra.sim.training import train_seconds, with_hybrids, workload_of
 from libra.sim.workloads import SimTrajectory
 
@@ -118,10 +128,12 @@ class System:
     name = "system"
     hybrid_leave_fraction = 0.0
 
-    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings) -> None:
+    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
+                 mode: RolloutMode | None = None) -> None:
         self.cost = cost
         self.planner_settings = planner
         self.trigger = trigger
+        self.mode = mode or RolloutMode()
         self.config: StepConfig | None = None
         self._router: Router | None = None
 
@@ -134,9 +146,18 @@ class System:
             self._router = LeastLoad(Buckets(config.bounds), measure="total")
         return self._router
 
-    def rollout(self, step: int, config: StepConfig, batch: list[SimTrajectory]) -> RolloutResult:
-        """The step's rollout under `config`, routed by this system's router."""
-        return RolloutSim(self.cost, config.layout, self.router(config, batch), self.hybrid_leave_fraction).run(batch)
+    def rollout(self, step: int, config: StepConfig, batch: list[SimTrajectory],
+                resume: dict[str, Progress] | None = None, close: Close | None = None) -> RolloutResult:
+        """The step's rollout under `config`, routed by this system's router (`resume`, `close`: a
+        partial rollout's, `RolloutSim.run`)."""
+        return RolloutSim(self.cost, config.layout, self.router(config, batch),
+                          self.hybrid_leave_fraction).run(batch, resume, close)
+
+    def forget(self, trajectory_ids: tuple[str, ...]) -> None:
+        """Suspended trajectories dropped as too stale: the router stops counting them."""
+        if self._router is not None:
+            for tid in trajectory_ids:
+                self._router.finish(tid, 0)
 
     def plan_ahead(self, batches: list[list[SimTrajectory]]) -> None:
         """Called once before the run with every step's batch; only a clairvoyant system looks."""
@@ -209,10 +230,10 @@ class GreedyHeuristic(System):
 class Planned(System):
     """The planner-driven family: +planner, +hetero-tp, +cmlfq, libra, areal-static-optimal."""
 
-    def __init__(self, cost, planner, trigger, *, name: str, uniform: bool, router: str, hybrids: bool,
+    def __init__(self, cost, planner, trigger, mode=None, *, name: str, uniform: bool, router: str, hybrids: bool,
                  frozen: bool = False) -> None:
         settings = planner if hybrids else planner.model_copy(update={"max_hybrid_fraction": 0.0})
-        super().__init__(cost, settings.model_copy(update={"mode": "one_step_off"}), trigger)
+        super().__init__(cost, settings.model_copy(update={"mode": "one_step_off"}), trigger, mode)
         self.name = name
         self.uniform = uniform
         self.router_kind = router
@@ -221,7 +242,7 @@ class Planned(System):
         variants = planner_variants(cost, self.planner_settings, uniform=uniform, hybrids=hybrids)
         self.recent: deque[tuple[int, list[SimTrajectory]]] = deque(maxlen=PROBE_STEPS)  # (step, batch)
         self.replays: dict[tuple, tuple[float, list[tuple[int, float]]]] = {}  # probe cache
-        self.controller = PlanController(cost, self.planner_settings, trigger, variants=variants,
+        self.controller = PlanController(self.cost, self.planner_settings, trigger, variants=variants,
                                          probe=None if frozen else self.probe)
         self.context = 1.0  # mean context of the last batch (prices the router's lanes)
         self._routed_layout: tuple[InstanceSpec, ...] = ()
@@ -231,7 +252,9 @@ class Planned(System):
         rollout replayed through the rollout simulator with this stage's own router as it stands
         (least-load, MLFQ, or Libra's with what it has learned, on a detached copy so the replay
         teaches it nothing), and its training from the cost model, sped up by the hybrids that
-        rollout releases. Replays are cached per (step, instances) while the step is recent."""
+        rollout releases. Under partial rollouts the replay closes at the batch's share of its
+        groups (1 / overprovision of them, the rest cut), as the step's rollout would. Replays are
+        cached per (step, instances) while the step is recent."""
         layout, bounds = plan_layout(plan)
         assert plan.train is not None
         seconds = []
@@ -239,7 +262,8 @@ class Planned(System):
             key = (step, layout, bounds)
             if key not in self.replays:
                 router = self._make_router(layout, bounds, plan_shares(plan, workload_of(batch)), detached=True)
-                rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(batch)
+                rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(
+                    batch, close=self._probe_close(batch))
                 self.replays[key] = (rollout.makespan_s, rollout.hybrid_released_s)
             makespan, released = self.replays[key]
             train_s, train_config = train_seconds(self.cost, plan.train.config, plan.train_gpus, batch,
@@ -247,6 +271,13 @@ class Planned(System):
             train_s, _ = with_hybrids(self.cost, train_s, train_config, released)
             seconds.append(max(makespan, train_s) + self.cost.weight_sync_s())
         return sum(seconds) / len(seconds)
+
+    def _probe_close(self, batch: list[SimTrajectory]) -> Close | None:
+        """A replay's close under partial rollouts: at the batch's groups over the overprovision."""
+        if not self.mode.partial:
+            return None
+        groups = {t.trajectory_id: t.prompt_id for t in batch}
+        return Close(groups, max(1, round(len(set(groups.values())) / self.mode.overprovision)))
 
     def _make_router(self, layout: tuple[InstanceSpec, ...], bounds: tuple[int, ...], shares: tuple[float, ...], *,
                      detached: bool) -> Router:
@@ -307,8 +338,9 @@ class OracleSystem(System):
     hybrid_leave_fraction = 0.2
     candidates = 3
 
-    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings) -> None:
-        super().__init__(cost, planner.model_copy(update={"mode": "one_step_off"}), trigger)
+    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
+                 mode: RolloutMode | None = None) -> None:
+        super().__init__(cost, planner.model_copy(update={"mode": "one_step_off"}), trigger, mode)
         self.variants = planner_variants(cost, self.planner_settings, uniform=False, hybrids=True)
         self.schedule: list[StepConfig] = []
         self.planned: list[RolloutResult] = []  # the scheduled plan's rollout per step, as plan_ahead ran it
@@ -378,10 +410,10 @@ class OracleSystem(System):
         self.schedule = [config for config, _, _, _ in chosen]
         self.planned = [rollout for _, rollout, _, _ in chosen]
 
-    def rollout(self, step, config, batch):
-        if step < len(self.schedule) and config is self.schedule[step]:  # already run by plan_ahead (routing is exact)
-            return self.planned[step]
-        return super().rollout(step, config, batch)
+    def rollout(self, step, config, batch, resume=None, close=None):
+        if close is None and step < len(self.schedule) and config is self.schedule[step]:
+            return self.planned[step]  # already run by plan_ahead (routing is exact)
+        return super().rollout(step, config, batch, resume, close)
 
     def configure(self, step, previous, upcoming, times):
         if step >= len(self.schedule):  # not planned ahead: the cost model's best plan for this batch
@@ -396,7 +428,8 @@ class OracleSystem(System):
         return self._router
 
 
-def make_system(name: str, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings) -> System:
+def make_system(name: str, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
+                mode: RolloutMode | None = None) -> System:
     planned = {
         "+planner": dict(uniform=True, router="least-load", hybrids=False),
         "+hetero-tp": dict(uniform=False, router="mlfq", hybrids=False),
@@ -405,9 +438,9 @@ def make_system(name: str, cost: CostModel, planner: PlannerSettings, trigger: T
         "areal-static-optimal": dict(uniform=True, router="least-load", hybrids=False, frozen=True),
     }
     if name in planned:
-        return Planned(cost, planner, trigger, name=name, **planned[name])
+        return Planned(cost, planner, trigger, mode, name=name, **planned[name])
     simple = {"verl-colocated": VerlColocated, "static-uniform": StaticUniform, "greedy-heuristic": GreedyHeuristic,
               "oracle": OracleSystem}
     if name not in simple:
         raise ValueError(f"unknown system {name!r}")
-    return simple[name](cost, planner, trigger)
+    return simple[name](cost, planner, trigger, mode)

@@ -5,11 +5,10 @@ from types import SimpleNamespace
 import pytest
 
 from libra.config import TrainerConfig
+from libra.partial import carry_over, groups_to_start
 from libra.rl.schedule import (
     admit,
-    carry_over,
     evaluate_after,
-    groups_to_start,
     hybrids_wanted,
     rolled_ahead,
     rolled_prompts,
