@@ -195,6 +195,30 @@ def regimes_section(result: dict) -> list[str]:
     return lines
 
 
+def modes_section(result: dict) -> list[str]:
+    lines = [
+        f"**Rollout modes in the simulator** (`python -m benchmarks.bench_modes`; {result['model']} on "
+        f"{result['hardware']}, seed 0, partial and async over-provisioning 1.5x with a staleness bound of 4; "
+        f"{result['machine']}). Trained tokens per second of simulated time; in brackets each run against the proven "
+        "bound of the batches it trained. The goals' ratios: Libra with partial rollouts (the better of partial and "
+        "async) over the best fixed split (static-uniform or areal-static-optimal) without them, and with them.",
+        "",
+        "| workload | GPUs | steps | mode | static-uniform | areal-static-optimal | +planner | +hetero-tp | +cmlfq | libra |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    systems = ("static-uniform", "areal-static-optimal", "+planner", "+hetero-tp", "+cmlfq", "libra")
+    for c in result["cells"]:
+        for mode, row in c["modes"].items():
+            cells = " | ".join(f"{row[s]['tokens_per_s']:,.0f} ({row[s]['vs_bound']:.2f})" for s in systems)
+            lines.append(f"| {c['workload']} | {c['gpus']} | {c['steps']} | {mode} | {cells} |")
+    lines += ["", "| workload | GPUs | libra partial / best fixed sync (goal 1.3) | libra partial / best fixed partial (goal 1.15) |",
+              "|---|---|---|---|"]
+    for c in result["cells"]:
+        lines.append(f"| {c['workload']} | {c['gpus']} | {c['libra_partial_vs_best_fixed_sync']:.2f}x | "
+                     f"{c['libra_partial_vs_best_fixed_partial']:.2f}x |")
+    return lines
+
+
 def pool_section(result: dict) -> list[str]:
     lines = [
         f"**Elastic hybrid pool** (`python -m benchmarks.bench_pool`; {result['core_ranks']} core rank and "
@@ -488,7 +512,7 @@ def dashboard_section(result: dict) -> list[str]:
 
 
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
-            "router": router_section, "sim": sim_section, "regimes": regimes_section,
+            "router": router_section, "sim": sim_section, "regimes": regimes_section, "modes": modes_section,
             "pool": pool_section, "rollout": rollout_section, "train": train_section,
             "partial": partial_section, "megatron": megatron_section,
             "train_policies": train_policies_section, "live_hybrids": live_hybrids_section,
