@@ -87,6 +87,18 @@ class PromptLengths:
         self.running[trajectory_id] = (prompt_id, prompt_tokens, prompt_tokens)
         self.siblings.setdefault(prompt_id, set()).add(trajectory_id)
 
+    def dropped(self, trajectory_id: str) -> tuple[str, int] | None:
+        """The trajectory is gone without an end (a partial rollout dropped it as too stale): no
+        length is learned from it. Its (prompt, prompt tokens), or None if it was not running."""
+        found = self.running.pop(trajectory_id, None)
+        if found is None:
+            return None
+        prompt_id, prompt_tokens, _ = found
+        self.siblings[prompt_id].discard(trajectory_id)
+        if not self.siblings[prompt_id]:
+            del self.siblings[prompt_id]
+        return prompt_id, prompt_tokens
+
     def advanced(self, trajectory_id: str, position: int) -> None:
         """The trajectory's context is `position` tokens (prompt included)."""
         prompt_id, prompt_tokens, _ = self.running[trajectory_id]
@@ -95,13 +107,10 @@ class PromptLengths:
     def finished(self, trajectory_id: str, position: int) -> None:
         """The trajectory ended with `position` tokens (prompt included): an exact length for its
         siblings from now on."""
-        found = self.running.pop(trajectory_id, None)
+        found = self.dropped(trajectory_id)
         if found is None:
             return
-        prompt_id, prompt_tokens, _ = found
-        self.siblings[prompt_id].discard(trajectory_id)
-        if not self.siblings[prompt_id]:
-            del self.siblings[prompt_id]
+        prompt_id, prompt_tokens = found
         self.same_step.setdefault(prompt_id, []).append(_log_length(position - prompt_tokens))
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:

@@ -280,14 +280,22 @@ class LibraRouter(CMLFQ):
         return RouteDecision(current, found[1])
 
     def finish(self, trajectory_id: str, position: int) -> None:
+        self._release(trajectory_id)
+        if self.lengths is not None:
+            self.lengths.finished(trajectory_id, position)
+
+    def drop(self, trajectory_id: str) -> None:
+        self._release(trajectory_id)
+        if self.lengths is not None:
+            self.lengths.dropped(trajectory_id)
+
+    def _release(self, trajectory_id: str) -> None:
         bucket = self.current.get(trajectory_id)
         if bucket is not None:
             self.active[bucket] -= 1
-        Router.finish(self, trajectory_id, position)
+        Router.finish(self, trajectory_id, 0)
         self.tracks.pop(trajectory_id, None)
         self.budget.finished(trajectory_id)
-        if self.lengths is not None:
-            self.lengths.finished(trajectory_id, position)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
         step_tokens = sum(prompt_tokens[p.prompt_id] + p.start_remaining for p in paths)

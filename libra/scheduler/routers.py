@@ -112,6 +112,11 @@ class Router:
         self.current.pop(trajectory_id, None)
         self.offset.pop(trajectory_id, None)
 
+    def drop(self, trajectory_id: str) -> None:
+        """The trajectory is gone without an end (dropped as too stale while suspended): forget it,
+        learning nothing from it. Routers that learn at `finish` override this."""
+        self.finish(trajectory_id, 0)
+
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:
         """The step's finished trajectories become visible (RL order: at the end of the step)."""
 
@@ -388,6 +393,11 @@ class Budgeted(Router):
     def finish(self, trajectory_id: str, position: int) -> None:
         super().finish(trajectory_id, position)
         self.inner.finish(trajectory_id, position)
+        self.budget.finished(trajectory_id)
+
+    def drop(self, trajectory_id: str) -> None:
+        super().finish(trajectory_id, 0)
+        self.inner.drop(trajectory_id)
         self.budget.finished(trajectory_id)
 
     def observe_step(self, paths: Sequence[TrajectoryPath], prompt_tokens: Mapping[str, int]) -> None:

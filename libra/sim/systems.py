@@ -154,10 +154,10 @@ class System:
                           self.hybrid_leave_fraction).run(batch, resume, close)
 
     def forget(self, trajectory_ids: tuple[str, ...]) -> None:
-        """Suspended trajectories dropped as too stale: the router stops counting them."""
+        """Suspended trajectories dropped as too stale: the router forgets them, learning nothing."""
         if self._router is not None:
             for tid in trajectory_ids:
-                self._router.finish(tid, 0)
+                self._router.drop(tid)
 
     def plan_ahead(self, batches: list[list[SimTrajectory]]) -> None:
         """Called once before the run with every step's batch; only a clairvoyant system looks."""

@@ -125,3 +125,16 @@ def test_bad_modes_are_refused_with_what_to_do(mode, message) -> None:
         return
     with pytest.raises(LibraError, match=message):
         RolloutMode(**mode)
+
+
+def test_a_dropped_trajectory_teaches_the_router_no_length() -> None:
+    from libra.scheduler.libra_router import LibraRouter
+
+    router = LibraRouter(Buckets((1000,)), measure="total")
+    router.start("p/0", "p", 100)
+    router.start("p/1", "p", 100)
+    router.drop("p/0")
+    assert router.active == [1, 0] and router.current == {"p/1": 0}
+    assert router.lengths.same_step == {} and set(router.lengths.running) == {"p/1"}
+    router.finish("p/1", 700)  # a sample that ended is evidence: log(600) tokens after the prompt
+    assert router.lengths.same_step == {"p": [pytest.approx(6.3969297)]}
