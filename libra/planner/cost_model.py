@@ -339,10 +339,10 @@ class CostModel:
         """The bucket's longest trajectory: its prefills, its tokens decoded at the steady batch's
         step time while the instance's other work lasts (`steady_steps`), the rest alone at batch 1
         and its mean context, and its tool calls."""
-        gen = bucket.longest_gen_tokens
-        context = (bucket.prompt_tokens + bucket.max_tokens) / 2
+        gen, total = bucket.longest_gen_tokens, bucket.straggler_total_tokens
+        context = (bucket.prompt_tokens + total) / 2
         alongside = min(gen, steady_steps)
-        return (self.prefill_s(tp, bucket.max_tokens - gen, context) + alongside * step
+        return (self.prefill_s(tp, total - gen, context) + alongside * step
                 + (gen - alongside) * self.decode_step_s(tp, 1, context) + bucket.longest_tool_time_s)
 
     def weight_sync_s(self) -> float:

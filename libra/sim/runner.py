@@ -158,7 +158,8 @@ def simulate_system(name: str, cost: CostModel, batches: list[list[SimTrajectory
     further groups from `spare` (`spare_batches`)."""
     planner = planner or PlannerSettings()
     mode = mode or RolloutMode()
-    system = make_system(name, cost, planner, trigger or TriggerSettings(), mode)
+    group_size = len(batches[0]) // max(1, len({t.prompt_id for t in batches[0]})) if batches else 1
+    system = make_system(name, cost, planner, trigger or TriggerSettings(), mode, max(1, group_size))
     system.plan_ahead(batches)
     return run_system(system, cost, batches, warmup, planner, progress, mode, spare or [])
 

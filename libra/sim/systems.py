@@ -32,7 +32,7 @@ from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import Plan, Planner, PlannerSettings, fixed_layout_time
 from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import StepTimes, TriggerSettings
-from libra.planner.workload import Workload
+from libra.planner.workload import Workload, close_of, close_quantile
 from libra.scheduler.libra_router import LibraRouter
 from libra.scheduler.routers import MLFQ, Buckets, LeastLoad, Oracle, Router
 from libra.sim.modes import RolloutMode
@@ -46,7 +46,7 @@ from libra.sim.rollout import (
     mean_context,
     path_of,
 )
-from libra.sim.training import train_seconds, with_hybrids, workload_of
+from libra.sim.training import lengths_of, train_seconds, with_hybrids, workload_of
 from libra.sim.workloads import SimTrajectory
 
 PROBE_STEPS = 2  # steps of recent trajectories a plan's rollout is probed on
@@ -129,8 +129,9 @@ class System:
     hybrid_leave_fraction = 0.0
 
     def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
-                 mode: RolloutMode | None = None) -> None:
+                 mode: RolloutMode | None = None, group_size: int = 1) -> None:
         self.cost = cost
+        self.group_size = group_size  # samples per prompt (where a partial rollout closes depends on it)
         self.planner_settings = planner
         self.trigger = trigger
         self.mode = mode or RolloutMode()
@@ -140,6 +141,16 @@ class System:
     def configure(self, step: int, previous: list[SimTrajectory], upcoming: list[SimTrajectory],
                   times: StepTimes | None) -> StepConfig:
         raise NotImplementedError
+
+    def planned_workload(self, trajectories: list[SimTrajectory], steps: int = 1) -> Workload:
+        """The planner's view of `trajectories` in this system's mode: under partial rollouts the
+        batch closes at the `close_quantile` trajectory, so no rollout is planned to wait for longer
+        ones (`Workload.closing_at`)."""
+        workload = workload_of(trajectories, steps)
+        if not self.mode.partial or not trajectories:
+            return workload
+        close = close_of(lengths_of(trajectories), close_quantile(self.group_size, self.mode.overprovision))
+        return workload.closing_at(close)
 
     def router(self, config: StepConfig, upcoming: list[SimTrajectory]) -> Router:
         if self._router is None or self._router.buckets.bounds != config.bounds:
@@ -178,7 +189,7 @@ class VerlColocated(System):
     name = "verl-colocated"
 
     def configure(self, step, previous, upcoming, times):
-        workload = workload_of(previous)
+        workload = self.planned_workload(previous)
         gpus = self.cost.cluster.gpus
         if self.config is None or step % self.trigger.period_steps == 0:
             self.config = StepConfig("colocated", gpus, self._best_train(workload, gpus),
@@ -193,7 +204,7 @@ class StaticUniform(System):
         if self.config is None:
             gpus = self.cost.cluster.gpus
             train = gpus // 2
-            workload = workload_of(previous)
+            workload = self.planned_workload(previous)
             self.config = StepConfig("one_step_off", train, self._best_train(workload, train),
                                      uniform_layout(self.cost, gpus - train, workload), ())
         return self.config
@@ -218,7 +229,7 @@ class GreedyHeuristic(System):
                     train = min(gpus - quantum, train + quantum)
         if self.config is None or train != self.config.train_gpus:
             cost_s = 0.0 if self.config is None else self.trigger.switch_base_s + self.trigger.engine_start_s
-            workload = workload_of(previous)
+            workload = self.planned_workload(previous)
             self.config = StepConfig("one_step_off", train, self._best_train(workload, train),
                                      uniform_layout(self.cost, gpus - train, workload), (),
                                      cost_s, "greedy move" if cost_s else "initial")
@@ -230,10 +241,10 @@ class GreedyHeuristic(System):
 class Planned(System):
     """The planner-driven family: +planner, +hetero-tp, +cmlfq, libra, areal-static-optimal."""
 
-    def __init__(self, cost, planner, trigger, mode=None, *, name: str, uniform: bool, router: str, hybrids: bool,
-                 frozen: bool = False) -> None:
+    def __init__(self, cost, planner, trigger, mode=None, group_size=1, *, name: str, uniform: bool, router: str,
+                 hybrids: bool, frozen: bool = False) -> None:
         settings = planner if hybrids else planner.model_copy(update={"max_hybrid_fraction": 0.0})
-        super().__init__(cost, settings.model_copy(update={"mode": "one_step_off"}), trigger, mode)
+        super().__init__(cost, settings.model_copy(update={"mode": "one_step_off"}), trigger, mode, group_size)
         self.name = name
         self.uniform = uniform
         self.router_kind = router
@@ -297,7 +308,7 @@ class Planned(System):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
         plan = self.controller.current
         if times is not None and plan is not None and previous:
-            predicted = (fixed_layout_time(self.cost, workload_of(previous), plan.rollout.instance_counts)
+            predicted = (fixed_layout_time(self.cost, self.planned_workload(previous), plan.rollout.instance_counts)
                          * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
         self.context = mean_context(previous)
@@ -305,7 +316,7 @@ class Planned(System):
         self.replays = {k: v for k, v in self.replays.items() if k[0] >= self.recent[0][0]}
         # plan for the recent steps' mean workload, not the last batch alone (whose size and longest
         # trajectory vary from step to step)
-        workload = workload_of([t for _, batch in self.recent for t in batch], steps=len(self.recent))
+        workload = self.planned_workload([t for _, batch in self.recent for t in batch], steps=len(self.recent))
         event = self.controller.observe(step, workload, times, force=True)
         if self.config is not None and (event is None or not event.applied):
             return replace(self.config, switch_cost_s=0.0, plan_reason="")
@@ -339,8 +350,8 @@ class OracleSystem(System):
     candidates = 3
 
     def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
-                 mode: RolloutMode | None = None) -> None:
-        super().__init__(cost, planner.model_copy(update={"mode": "one_step_off"}), trigger, mode)
+                 mode: RolloutMode | None = None, group_size: int = 1) -> None:
+        super().__init__(cost, planner.model_copy(update={"mode": "one_step_off"}), trigger, mode, group_size)
         self.variants = planner_variants(cost, self.planner_settings, uniform=False, hybrids=True)
         self.schedule: list[StepConfig] = []
         self.planned: list[RolloutResult] = []  # the scheduled plan's rollout per step, as plan_ahead ran it
@@ -429,7 +440,7 @@ class OracleSystem(System):
 
 
 def make_system(name: str, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
-                mode: RolloutMode | None = None) -> System:
+                mode: RolloutMode | None = None, group_size: int = 1) -> System:
     planned = {
         "+planner": dict(uniform=True, router="least-load", hybrids=False),
         "+hetero-tp": dict(uniform=False, router="mlfq", hybrids=False),
@@ -438,9 +449,9 @@ def make_system(name: str, cost: CostModel, planner: PlannerSettings, trigger: T
         "areal-static-optimal": dict(uniform=True, router="least-load", hybrids=False, frozen=True),
     }
     if name in planned:
-        return Planned(cost, planner, trigger, mode, name=name, **planned[name])
+        return Planned(cost, planner, trigger, mode, group_size, name=name, **planned[name])
     simple = {"verl-colocated": VerlColocated, "static-uniform": StaticUniform, "greedy-heuristic": GreedyHeuristic,
               "oracle": OracleSystem}
     if name not in simple:
         raise ValueError(f"unknown system {name!r}")
-    return simple[name](cost, planner, trigger, mode)
+    return simple[name](cost, planner, trigger, mode, group_size)

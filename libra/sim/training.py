@@ -19,9 +19,14 @@ DEFAULT_JOINS = JoinSettings()  # the pool's defaults (`pool.enter_gap`, `pool.j
 def workload_of(trajectories: list[SimTrajectory], steps: int = 1) -> Workload:
     """The planner's view of `trajectories`; with `steps` > 1 they are several steps' batches pooled,
     and the counts are those of one step (the window's mean)."""
-    lengths = [TrajectoryLength(t.prompt_tokens, t.gen_tokens, sum(u.payload_tokens for u in t.turns), len(t.turns),
-                                sum(u.tool_latency_s for u in t.turns)) for t in trajectories]
+    lengths = lengths_of(trajectories)
     return build_workload(lengths, round(len(lengths) / steps) if steps > 1 else None)
+
+
+def lengths_of(trajectories: list[SimTrajectory]) -> list[TrajectoryLength]:
+    """The planner's record of each trajectory."""
+    return [TrajectoryLength(t.prompt_tokens, t.gen_tokens, sum(u.payload_tokens for u in t.turns), len(t.turns),
+                             sum(u.tool_latency_s for u in t.turns)) for t in trajectories]
 
 
 def train_seconds(cost: CostModel, config: TrainConfig, gpus: int, batch: list[SimTrajectory],
