@@ -57,8 +57,10 @@ MODES = ("one_step_off", "partial", "async")
 LIMIT, FLOOR, GROWTH = 96, 24, 0.15  # the per-turn limit and floor of the first iteration, and their growth
 
 
-def config_for(base: Path, mode: str, steps: int, seed: int, overprovision: float, eval_prompts: int = 128) -> LibraConfig:
-    """The main job's recipe (`bench_train.recipe_config`) with the growing per-turn floor, in `mode`."""
+def config_for(base: Path, mode: str, steps: int, seed: int, overprovision: float, eval_prompts: int = 128,
+               placement: str = "none") -> LibraConfig:
+    """The main job's recipe (`bench_train.recipe_config`) with the growing per-turn floor, in `mode`,
+    on `placement` (the workers' split: none shares every core between the stages)."""
     from benchmarks.bench_train import recipe_config
 
     partial = mode != "one_step_off"
@@ -67,7 +69,40 @@ def config_for(base: Path, mode: str, steps: int, seed: int, overprovision: floa
                         "partial": partial, "overprovision": overprovision if partial else 1.0}
     data["trainer"] |= {"eval_every": steps, "eval_prompts": eval_prompts,
                         "pipeline": "async" if mode == "async" else "one_step_off", "max_staleness": 4 if partial else 1}
+    data["placement"] |= {"strategy": placement}
     return LibraConfig.model_validate(data)
+
+
+def simulated(base: Path, seed: int, steps: int, overprovision: float, placement: str) -> dict[str, Any]:
+    """The simulator's prediction of the seed's mode ratios: the one-step-off run's trajectories
+    (the store's turns) replayed in each mode on the same placement, in this machine's physics
+    fitted to the three runs' timings (`calibrate.fit`, as `libra plan --calibrate` does)."""
+    import json
+    from dataclasses import replace
+
+    from libra.planner.calibrate import fit, samples_from_rows
+    from libra.rl.placing import local_cluster
+    from libra.rl.planning import local_cost_model
+    from libra.rl.simulated import batches_from_turns, predict_modes
+    from storage.catalog import Catalog
+
+    config = config_for(base, "one_step_off", steps, seed, overprovision, placement=placement)
+    timings: list[dict] = []
+    turns: list[dict] = []
+    for mode in MODES:
+        with Catalog(config.store.root, f"{mode}-seed{seed}") as catalog:
+            timings += catalog.query("SELECT * FROM timings").to_pylist()
+            if mode == "one_step_off":
+                turns = catalog.query("SELECT * FROM turns").to_pylist()
+    cluster = local_cluster(config)
+    cost = local_cost_model(cluster, SHIPPED.name, json.loads((SHIPPED / "config.json").read_text()), config.planner)
+    fitted = fit(cost, samples_from_rows(timings))
+    runs = predict_modes(batches_from_turns(turns), replace(cost, coefficients=fitted.coefficients), cluster,
+                         config.planner, placement, overprovision, 4)
+    base_rate = runs["one_step_off"].tokens_per_s
+    return {**{f"{m}_over_one_step_off": runs[m].tokens_per_s / base_rate for m in MODES[1:]},
+            "fit_error": fitted.mean_abs_rel_error, "fit_samples": fitted.samples,
+            "time_s": {m: r.total_time_s for m, r in runs.items()}}
 
 
 def run_figures(tracking_uri: str, run: str) -> dict[str, Any]:
@@ -147,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overprovision", type=float, default=1.5)
     parser.add_argument("--quick", action="store_true", help="3 steps, one seed, 16 held-out prompts (a smoke run; "
                                                              "figures not saved)")
+    parser.add_argument("--placement", default="none", choices=("none", "static"),
+                        help="none (default): the stages share every core; static: half the workers roll out, the "
+                        "rest train, and the simulator predicts each seed's mode ratios from its runs (the check of "
+                        "the simulator's modes against the live loop)")
+    parser.add_argument("--save-as", default="partial", help="the figures' name in benchmarks/out (default partial)")
     args = parser.parse_args(argv)
     eval_prompts = 128
     if args.quick:
@@ -167,14 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="libra-bench-partial-") as tmp:
         base = Path(tmp)
         uri = f"sqlite:///{base / 'mlflow.db'}"
-        prepare_runtime(config_for(base, "partial", args.steps, 0, args.overprovision))
+        prepare_runtime(config_for(base, "partial", args.steps, 0, args.overprovision, placement=args.placement))
         start_prefect()
-        warm = config_for(base, "one_step_off", 1, 0, args.overprovision, eval_prompts=4)
+        warm = config_for(base, "one_step_off", 1, 0, args.overprovision, eval_prompts=4, placement=args.placement)
         train_flow(warm.model_copy(update={"trainer": warm.trainer.model_copy(update={"run": "warm-up"})}))
         for i, seed in enumerate(args.seeds):
             runs: dict[str, Any] = {}
             for mode in MODES[i % 3:] + MODES[:i % 3]:  # each seed in another order
-                config = config_for(base, mode, args.steps, seed, args.overprovision, eval_prompts)
+                config = config_for(base, mode, args.steps, seed, args.overprovision, eval_prompts, args.placement)
                 t0 = time.perf_counter()
                 train_flow(config)
                 runs[mode] = run_figures(uri, config.trainer.run)
@@ -190,10 +230,18 @@ def main(argv: list[str] | None = None) -> int:
                                                     for m in MODES[1:]},
                                    **{f"{m}_over_one_step_off_steady": runs[m]["steady_tokens_per_s"] / steady
                                       for m in MODES[1:]}}
+            if args.placement != "none":  # the simulator models split placements, not stages sharing cores
+                predicted = simulated(base, seed, args.steps, args.overprovision, args.placement)
+                per_seed[str(seed)]["simulated"] = predicted
+                for m in MODES[1:]:
+                    live, sim = per_seed[str(seed)][f"{m}_over_one_step_off"], predicted[f"{m}_over_one_step_off"]
+                    print(f"seed {seed} {m} / one-step-off: live {live:.2f}, simulated {sim:.2f} "
+                          f"(simulated / live {sim / live:.2f}; goal within 15%)", flush=True)
     ratios = {f"{m}_over_one_step_off{kind}": spread([s[f"{m}_over_one_step_off{kind}"] for s in per_seed.values()])
               for m in MODES[1:] for kind in ("", "_steady")}
     heldout = {m: [s["runs"][m]["heldout_end"] for s in per_seed.values()] for m in MODES}
     result = {"steps": args.steps, "seeds": per_seed, "overprovision": args.overprovision, "tail": bound,
+              "placement": args.placement,
               "workers": len(os.sched_getaffinity(0)), **ratios,
               "heldout_end": {m: spread(v) for m, v in heldout.items()},
               "offpolicy_share": {m: spread([s["runs"][m]["offpolicy_share"] for s in per_seed.values()]) for m in MODES},
@@ -206,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     for m, v in heldout.items():
         print(f"{m} held-out at the end: " + ", ".join(f"{x:.3f}" for x in v))
     if not args.quick:
-        print(f"saved {save('partial', result)}")
+        print(f"saved {save(args.save_as, result)}")
     return 0
 
 

@@ -38,6 +38,7 @@ from libra.planner.trigger import TriggerSettings
 from libra.planner.workload import Workload
 from libra.rl.cluster import STRATEGIES, LocalCluster, Placement, initial_placement, placement_of
 from libra.rl.planning import adopt_placement, live_variants, move_held
+from libra.sim.modes import RolloutMode
 from libra.sim.rollout import InstanceSpec
 from libra.sim.runner import SystemRun, run_system
 from libra.sim.systems import StepConfig, System
@@ -75,11 +76,11 @@ class LocalPlacement(System):
     """`libra train --placement NAME` on `cluster`'s workers."""
 
     def __init__(self, strategy: str, cluster: LocalCluster, cost: CostModel, config: PlannerConfig,
-                 trigger: TriggerSettings, steps: int) -> None:
+                 trigger: TriggerSettings, steps: int, mode: RolloutMode | None = None, group_size: int = 1) -> None:
         if strategy not in STRATEGIES:
             raise LibraError(f"unknown placement strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
         self.variants = live_variants(cluster, config)
-        super().__init__(cost, self.variants[0], trigger)
+        super().__init__(cost, self.variants[0], trigger, mode, group_size)
         self.name = strategy
         self.cluster = cluster
         self.steps = steps
@@ -96,7 +97,7 @@ class LocalPlacement(System):
 
     def _workload(self) -> Workload:
         recent = self.history[-self.recent_steps:] if self.recent_steps > 0 else self.history
-        return workload_of([t for batch in recent for t in batch], steps=len(recent))
+        return self.planned_workload([t for batch in recent for t in batch], steps=len(recent))
 
     def configure(self, step, previous, upcoming, times):
         if step > 0:  # step 0's `previous` is the warm-up batch, not a step of the run
@@ -143,3 +144,26 @@ def predict(batches: Sequence[list[SimTrajectory]], cost: CostModel, cluster: Lo
     return {name: run_system(LocalPlacement(name, cluster, cost, config, trigger, len(batches)), cost,
                              list(batches), batches[0], settings)
             for name in strategies}
+
+
+LIVE_MODES = {"one_step_off": "sync", "partial": "partial", "async": "async"}  # the loop's names -> the simulator's
+
+
+def predict_modes(batches: Sequence[list[SimTrajectory]], cost: CostModel, cluster: LocalCluster, config: PlannerConfig,
+                  strategy: str, overprovision: float, max_staleness: int) -> dict[str, SystemRun]:
+    """The training loop's modes (one-step-off, partial rollouts, asynchronous: `LIVE_MODES`) over a
+    run's steps (`batches`, its one-step-off trajectories) on placement `strategy`, in `cost`'s
+    physics. Partial runs start more groups than they train: they draw the extra ones from the run's
+    first two batches again (renamed), as a live run draws new tasks."""
+    if not batches:
+        raise LibraError("no steps to simulate: the run recorded no turns")
+    trigger = TriggerSettings.of(config)
+    settings = live_variants(cluster, config)[0]
+    spare = [[replace(t, trajectory_id=f"again/{t.trajectory_id}") for t in batch] for batch in batches[:2]]
+    group_size = max(1, len(batches[0]) // max(1, len({t.prompt_id for t in batches[0]})))
+    runs = {}
+    for live, name in LIVE_MODES.items():
+        mode = RolloutMode(name, overprovision, max_staleness)
+        system = LocalPlacement(strategy, cluster, cost, config, trigger, len(batches), mode, group_size)
+        runs[live] = run_system(system, cost, list(batches), batches[0], settings, mode=mode, spare=spare)
+    return runs

@@ -97,3 +97,20 @@ def test_libra_waits_for_the_training_samples_its_calibration_needs_before_it_mo
     result = runs(batches, engine_start_s=5.0, period_steps=1, min_relative_gain=0.0)["libra"]
     assert [(s.step, s.train_gpus, s.rollout_gpus) for s in result.steps if s.switch_cost_s > 0] == [(4, 2, 2)]
     assert [(s.train_gpus, s.rollout_gpus) for s in result.steps[:4]] == [(1, 1)] * 4
+
+
+def test_the_loops_modes_replayed_on_a_split_train_whole_groups_each_generated_once():
+    from libra.rl.simulated import predict_modes
+
+    batches = [batch(k, 40 * (k + 1)) for k in range(6)]
+    result = predict_modes(batches, cost(), CLUSTER, PlannerConfig(), "static", 1.5, 4)
+    assert set(result) == {"one_step_off", "partial", "async"}
+    assert result["one_step_off"].trained_tokens == sum(t.total_tokens for b in batches for t in b)
+    assert result["one_step_off"].mode == "sync" and result["async"].mode == "async"
+    for name in ("partial", "async"):
+        run = result[name]
+        trained = [t for b in run.trained for t in b]
+        assert len({t.trajectory_id for t in trained}) == len(trained)
+        assert all(len(b) % 4 == 0 for b in run.trained)  # whole groups of 4
+        assert sum(s.gen_tokens for s in run.steps) == sum(t.gen_tokens for t in trained) + run.untrained_tokens
+        assert sum(s.suspended for s in run.steps) > 0  # the close cut something
