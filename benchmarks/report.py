@@ -195,28 +195,40 @@ def regimes_section(result: dict) -> list[str]:
     return lines
 
 
-def modes_section(result: dict) -> list[str]:
+def modes_section(result: dict, command: str = "python -m benchmarks.bench_modes") -> list[str]:
+    first = result["cells"][0]
+    systems = [k for k in next(iter(first["modes"].values())) if k != "wall_s"]
     lines = [
-        f"**Rollout modes in the simulator** (`python -m benchmarks.bench_modes`; {result['model']} on "
+        f"**Rollout modes in the simulator** (`{command}`; {result['model']} on "
         f"{result['hardware']}, seed 0, partial and async over-provisioning 1.5x with a staleness bound of 4; "
         f"{result['machine']}). Trained tokens per second of simulated time; in brackets each run against the proven "
         "bound of the batches it trained. The goals' ratios: Libra with partial rollouts (the better of partial and "
         "async) over the best fixed split (static-uniform or areal-static-optimal) without them, and with them.",
         "",
-        "| workload | GPUs | steps | mode | static-uniform | areal-static-optimal | +planner | +hetero-tp | +cmlfq | libra |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | GPUs | steps | mode | " + " | ".join(systems) + " |",
+        "|---|---|---|---|" + "---|" * len(systems),
     ]
-    systems = ("static-uniform", "areal-static-optimal", "+planner", "+hetero-tp", "+cmlfq", "libra")
     for c in result["cells"]:
         for mode, row in c["modes"].items():
             cells = " | ".join(f"{row[s]['tokens_per_s']:,.0f} ({row[s]['vs_bound']:.2f})" for s in systems)
             lines.append(f"| {c['workload']} | {c['gpus']} | {c['steps']} | {mode} | {cells} |")
-    lines += ["", "| workload | GPUs | libra partial / best fixed sync (goal 1.3) | libra partial / best fixed partial (goal 1.15) |",
-              "|---|---|---|---|"]
+    lines += ["", "| workload | GPUs | steps | libra partial / best fixed sync (goal 1.3) | libra partial / best fixed "
+              "partial (goal 1.15) |", "|---|---|---|---|---|"]
     for c in result["cells"]:
-        lines.append(f"| {c['workload']} | {c['gpus']} | {c['libra_partial_vs_best_fixed_sync']:.2f}x | "
-                     f"{c['libra_partial_vs_best_fixed_partial']:.2f}x |")
+        ratios = [f"{c[k]:.2f}x" if k in c else "-" for k in ("libra_partial_vs_best_fixed_sync",
+                                                             "libra_partial_vs_best_fixed_partial")]
+        lines.append(f"| {c['workload']} | {c['gpus']} | {c['steps']} | {ratios[0]} | {ratios[1]} |")
     return lines
+
+
+def modes_256_section(result: dict) -> list[str]:
+    return modes_section(result, "python -m benchmarks.bench_modes --steps 10 --nodes 32 --workloads search-r1 "
+                                 "dapo-math trace:data/traces/taubench_airline.csv --save-as modes_256")
+
+
+def modes_long_section(result: dict) -> list[str]:
+    return modes_section(result, "python -m benchmarks.bench_modes --steps 200 --modes partial --stages +planner libra "
+                                 "--save-as modes_long")
 
 
 def pool_section(result: dict) -> list[str]:
@@ -321,6 +333,27 @@ def train_section(result: dict) -> list[str]:
         f"| trainer policy tokens/s | {trainer['libra_tokens_per_s']:.0f} | bare torch loop over the same micro-batches: "
         f"{trainer['bare_tokens_per_s']:.0f} | ratio {trainer['ratio']:.2f} | >= 0.8 |",
     ]
+
+
+def partial_static_section(result: dict) -> list[str]:
+    lines = [
+        f"**The simulator's modes against the live loop** (`python -m benchmarks.bench_partial --seeds "
+        f"{' '.join(result['seeds'])} --placement static --save-as partial_static`; the partial-rollout benchmark's "
+        f"workload, {result['steps']} updates, on a static split of this machine's workers; {result['machine']}). Each "
+        "mode's trained tokens/s over one-step-off's, live and as the simulator predicts it from the one-step-off "
+        "run's trajectories in this machine's physics fitted to the runs' timings. Goal: within 15%.",
+        "",
+        "| seed | mode | live | simulated | simulated / live | timing fit's error (decode steps, training steps) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for seed, s in result["seeds"].items():
+        sim = s["simulated"]
+        for mode in ("partial", "async"):
+            live, predicted = s[f"{mode}_over_one_step_off"], sim[f"{mode}_over_one_step_off"]
+            errors = sim["fit_error"]
+            lines.append(f"| {seed} | {mode} | {live:.2f}x | {predicted:.2f}x | {predicted / live:.2f} | "
+                         f"{errors.get('decode_step', 0):.1%}, {errors.get('train_step', 0):.1%} |")
+    return lines
 
 
 def partial_section(result: dict) -> list[str]:
@@ -513,8 +546,9 @@ def dashboard_section(result: dict) -> list[str]:
 
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
             "router": router_section, "sim": sim_section, "regimes": regimes_section, "modes": modes_section,
+            "modes_long": modes_long_section, "modes_256": modes_256_section,
             "pool": pool_section, "rollout": rollout_section, "train": train_section,
-            "partial": partial_section, "megatron": megatron_section,
+            "partial": partial_section, "partial_static": partial_static_section, "megatron": megatron_section,
             "train_policies": train_policies_section, "live_hybrids": live_hybrids_section,
             "cluster": cluster_section, "dashboard": dashboard_section}
 

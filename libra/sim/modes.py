@@ -127,7 +127,9 @@ class Feed:
             for t in batch:
                 groups.setdefault(t.prompt_id, []).append(t)
             self.fresh.extend(Group(f"{k}:{pid}", tuple(ts)) for pid, ts in groups.items())
-        self.needed = len({t.prompt_id for t in batches[0]}) if batches else 0
+        # groups a batch trains: the stream's mean per batch (a trace replay's batches differ in size),
+        # so that the run starts as many groups as it trains, plus what the over-provision holds
+        self.needed = max(1, round(sum(len({t.prompt_id for t in b}) for b in batches) / len(batches))) if batches else 0
         self.carried: list[Group] = []  # suspended or complete, not yet trained
         self.launched: dict[str, Group] = {}
         self.version = 0

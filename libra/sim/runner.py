@@ -195,7 +195,8 @@ def run_system(system: System, cost: CostModel, batches: list[list[SimTrajectory
         system.observe(landed.finished)
         gaps = (landed.offpolicy_share, landed.gap_mean, landed.gap_max)
         if colocated:
-            train_s, train_config = train_seconds(cost, config.train_config, config.train_gpus, batch, planner)
+            train_s, train_config = train_seconds(cost, config.train_config, config.train_gpus, batch, planner) \
+                if batch else (0.0, config.train_config)
             trained, events = batch, []
             if pending is not None:  # switched from one-step-off: the batch rolled out ahead is trained first
                 ahead_s, _ = train_seconds(cost, pending[0].train_config, pending[0].train_gpus, pending[1], planner)
@@ -215,7 +216,7 @@ def run_system(system: System, cost: CostModel, batches: list[list[SimTrajectory
             step_s = max(rollout_side, train_s) + sync_s
             idle_rollout = rollout.idle_gpu_s + config.rollout_gpus * (step_s - rollout.makespan_s)
             idle_train = config.train_gpus * (step_s - train_s)
-            pending = (config, batch)
+            pending = (config, batch) if batch else None  # a partial rollout may close no group
             gaps, pending_gaps = pending_gaps, gaps
         if trained:
             run.trained.append(trained)
