@@ -74,15 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--nodes", type=int, nargs="*", default=[6])
-    parser.add_argument("--workloads", nargs="*", default=[*PRESETS, REPLAY])
+    parser.add_argument("--workloads", nargs="*", default=[*PRESETS, "tau-bench-replay"],
+                        help="presets, trace:FILE.csv, or tau-bench-replay (the bundled tau-bench trace replayed)")
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
     parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES,
                         help="the planned stages to run (libra is needed for the goals' ratios)")
     parser.add_argument("--save-as", default="modes", help="the figures' name in benchmarks/out (default modes)")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)
+    workloads = [REPLAY if name == "tau-bench-replay" else name for name in args.workloads]
     cells = [cell(name, nodes, args.steps, tuple(args.modes), tuple(args.stages))
-             for nodes in args.nodes for name in args.workloads]
+             for nodes in args.nodes for name in workloads]
     if not args.no_save:
         result = {'model': 'Qwen3-14B', 'hardware': 'A800', 'decode_fit': DECODE_FIT, 'cells': cells}
         print(f"wrote {save(args.save_as, result)}")

@@ -223,7 +223,7 @@ def modes_section(result: dict, command: str = "python -m benchmarks.bench_modes
 
 def modes_256_section(result: dict) -> list[str]:
     return modes_section(result, "python -m benchmarks.bench_modes --steps 10 --nodes 32 --workloads search-r1 "
-                                 "dapo-math trace:data/traces/taubench_airline.csv --save-as modes_256")
+                                 "dapo-math tau-bench-replay --save-as modes_256")
 
 
 def modes_long_section(result: dict) -> list[str]:

@@ -138,3 +138,14 @@ def test_a_dropped_trajectory_teaches_the_router_no_length() -> None:
     assert router.lengths.same_step == {} and set(router.lengths.running) == {"p/1"}
     router.finish("p/1", 700)  # a sample that ended is evidence: log(600) tokens after the prompt
     assert router.lengths.same_step == {"p": [pytest.approx(6.3969297)]}
+
+
+def test_a_stream_of_uneven_batches_trains_its_mean_batch_and_never_runs_dry() -> None:
+    """A trace replay's batches alternate in size: a batch is their mean number of groups, so the run
+    starts as many groups as it trains."""
+    big = [one_turn(f"{p}/{i}", f"p{p}", 20) for p in range(4) for i in range(2)]
+    small = [one_turn(f"{p}/{i}b", f"q{p}", 20) for p in range(2) for i in range(2)]
+    feed = Feed([big, small] * 3, RolloutMode("partial", 1.0))
+    assert feed.needed == 3
+    launched = feed.launch(0, colocated=False)
+    assert len({launched.close.groups[t.trajectory_id] for t in launched.trajectories}) == 3
