@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import quiet_engines, save, spread
+from benchmarks.common import quiet_engines, replay_of, save, spread
 from libra.config import LibraConfig, RolloutConfig
 from libra.rollout.policy import SHIPPED
 
@@ -77,31 +77,14 @@ def simulated(base: Path, seed: int, steps: int, overprovision: float, placement
     """The simulator's prediction of the seed's mode ratios: the one-step-off run's trajectories
     (the store's turns) replayed in each mode on the same placement, in this machine's physics
     fitted to the three runs' timings (`calibrate.fit`, as `libra plan --calibrate` does)."""
-    import json
-    from dataclasses import replace
-
-    from libra.planner.calibrate import fit, samples_from_rows
-    from libra.rl.placing import local_cluster
-    from libra.rl.planning import local_cost_model
-    from libra.rl.simulated import batches_from_turns, predict_modes
-    from storage.catalog import Catalog
+    from libra.rl.simulated import predict_modes
 
     config = config_for(base, "one_step_off", steps, seed, overprovision, placement=placement)
-    timings: list[dict] = []
-    turns: list[dict] = []
-    for mode in MODES:
-        with Catalog(config.store.root, f"{mode}-seed{seed}") as catalog:
-            timings += catalog.query("SELECT * FROM timings").to_pylist()
-            if mode == "one_step_off":
-                turns = catalog.query("SELECT * FROM turns").to_pylist()
-    cluster = local_cluster(config)
-    cost = local_cost_model(cluster, SHIPPED.name, json.loads((SHIPPED / "config.json").read_text()), config.planner)
-    fitted = fit(cost, samples_from_rows(timings))
-    runs = predict_modes(batches_from_turns(turns), replace(cost, coefficients=fitted.coefficients), cluster,
-                         config.planner, placement, overprovision, 4)
+    replay = replay_of(config, [f"{mode}-seed{seed}" for mode in MODES], f"one_step_off-seed{seed}")
+    runs = predict_modes(replay.batches, replay.cost, replay.cluster, config.planner, placement, overprovision, 4)
     base_rate = runs["one_step_off"].tokens_per_s
     return {**{f"{m}_over_one_step_off": runs[m].tokens_per_s / base_rate for m in MODES[1:]},
-            "fit_error": fitted.mean_abs_rel_error, "fit_samples": fitted.samples,
+            "fit_error": replay.calibration.mean_abs_rel_error, "fit_samples": replay.calibration.samples,
             "time_s": {m: r.total_time_s for m, r in runs.items()}}
 
 

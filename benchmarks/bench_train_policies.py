@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import quiet_engines, run_locations, save, spread
+from benchmarks.common import quiet_engines, replay_of, run_locations, save, spread
 from libra.config import LibraConfig
 from libra.rollout.policy import SHIPPED
 
@@ -78,29 +78,13 @@ def seed_figures(rows: dict[str, Any]) -> dict[str, Any]:
 
 def simulated(base: Path, seed: int, config: LibraConfig) -> dict[str, Any]:
     """The simulator's prediction for the seed's three runs, from what they wrote to the store."""
-    import json
-    from dataclasses import replace
+    from libra.rl.simulated import predict
 
-    from libra.planner.calibrate import fit, samples_from_rows
-    from libra.rl.placing import local_cluster
-    from libra.rl.planning import local_cost_model
-    from libra.rl.simulated import batches_from_turns, predict
-    from storage.catalog import Catalog
-
-    timings: list[dict] = []
-    turns: list[dict] = []
-    for strategy in STRATEGIES:
-        with Catalog(config.store.root, f"{strategy}-seed{seed}") as catalog:
-            timings += catalog.query("SELECT * FROM timings").to_pylist()
-            if strategy == "static":
-                turns = catalog.query("SELECT * FROM turns").to_pylist()
-    cluster = local_cluster(config)
-    cost = local_cost_model(cluster, SHIPPED.name, json.loads((SHIPPED / "config.json").read_text()), config.planner)
-    fitted = fit(cost, samples_from_rows(timings))
-    starts = [r["seconds"] for r in timings if r["kind"] == "engine_start"]
+    replay = replay_of(config, [f"{strategy}-seed{seed}" for strategy in STRATEGIES], f"static-seed{seed}")
+    fitted = replay.calibration
+    starts = [r["seconds"] for r in replay.timings if r["kind"] == "engine_start"]
     engine_start_s = statistics.fmean(starts) if starts else config.planner.engine_start_s
-    runs = predict(batches_from_turns(turns), replace(cost, coefficients=fitted.coefficients), cluster, config.planner,
-                   engine_start_s)
+    runs = predict(replay.batches, replay.cost, replay.cluster, config.planner, engine_start_s)
     return {"libra_over_static": runs["libra"].tokens_per_s / runs["static"].tokens_per_s,
             "libra_over_colocated": runs["libra"].tokens_per_s / runs["colocated"].tokens_per_s,
             "engine_start_s": engine_start_s, "fit_error": fitted.mean_abs_rel_error, "fit_samples": fitted.samples,

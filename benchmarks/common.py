@@ -7,9 +7,17 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from libra.config import LibraConfig
+    from libra.planner.calibrate import FitResult
+    from libra.planner.cost_model import CostModel
+    from libra.rl.cluster import LocalCluster
+    from libra.sim.workloads import SimTrajectory
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -81,3 +89,40 @@ def quiet_engines() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Live runs as the simulator replays them: one run's trajectories, step by step, and this
+    machine's physics fitted to the timings of all of them."""
+
+    batches: list[list[SimTrajectory]]
+    cost: CostModel  # the machine's cost model with the fitted coefficients
+    cluster: LocalCluster
+    calibration: FitResult
+    timings: list[dict]  # the runs' timing rows
+
+
+def replay_of(config: LibraConfig, runs: Sequence[str], trajectories_of: str) -> Replay:
+    """The store runs `runs` (under `config.store`) fitted (`calibrate.fit`, as `libra plan
+    --calibrate` does) and run `trajectories_of`'s turns as the simulator's batches."""
+    from dataclasses import replace
+
+    from libra.planner.calibrate import fit, samples_from_rows
+    from libra.rl.placing import local_cluster
+    from libra.rl.planning import local_cost_model
+    from libra.rl.simulated import batches_from_turns
+    from libra.rollout.policy import SHIPPED
+    from storage.catalog import Catalog
+
+    timings: list[dict] = []
+    turns: list[dict] = []
+    for run in runs:
+        with Catalog(config.store.root, run) as catalog:
+            timings += catalog.query("SELECT * FROM timings").to_pylist()
+            if run == trajectories_of:
+                turns = catalog.query("SELECT * FROM turns").to_pylist()
+    cluster = local_cluster(config)
+    cost = local_cost_model(cluster, SHIPPED.name, json.loads((SHIPPED / "config.json").read_text()), config.planner)
+    fitted = fit(cost, samples_from_rows(timings))
+    return Replay(batches_from_turns(turns), replace(cost, coefficients=fitted.coefficients), cluster, fitted, timings)

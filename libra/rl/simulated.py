@@ -38,7 +38,7 @@ from libra.planner.trigger import TriggerSettings
 from libra.planner.workload import Workload
 from libra.rl.cluster import STRATEGIES, LocalCluster, Placement, initial_placement, placement_of
 from libra.rl.planning import adopt_placement, live_variants, move_held
-from libra.sim.modes import RolloutMode
+from libra.sim.modes import RolloutMode, samples_per_group
 from libra.sim.rollout import InstanceSpec
 from libra.sim.runner import SystemRun, run_system
 from libra.sim.systems import StepConfig, System
@@ -160,7 +160,7 @@ def predict_modes(batches: Sequence[list[SimTrajectory]], cost: CostModel, clust
     trigger = TriggerSettings.of(config)
     settings = live_variants(cluster, config)[0]
     spare = [[replace(t, trajectory_id=f"again/{t.trajectory_id}") for t in batch] for batch in batches[:2]]
-    group_size = max(1, len(batches[0]) // max(1, len({t.prompt_id for t in batches[0]})))
+    group_size = samples_per_group(batches[0])
     runs = {}
     for live, name in LIVE_MODES.items():
         mode = RolloutMode(name, overprovision, max_staleness)

@@ -128,9 +128,13 @@ def longest_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> float:
     return slowest
 
 
+def train_gpu_s(cost: CostModel, batch: Sequence[SimTrajectory]) -> float:
+    """Least GPU-seconds to train the batch: its FLOPs at the modelled MFU."""
+    return cost.coefficients.train_compute * cost.train_flops(workload_of(list(batch))) / cost.hw.peak_flops
+
+
 def step_bound(cost: CostModel, batch: Sequence[SimTrajectory]) -> StepBound:
-    train = cost.coefficients.train_compute * cost.train_flops(workload_of(list(batch))) / cost.hw.peak_flops
-    return StepBound(rollout_gpu_s(cost, batch), train, longest_s(cost, batch))
+    return StepBound(rollout_gpu_s(cost, batch), train_gpu_s(cost, batch), longest_s(cost, batch))
 
 
 def run_bound(cost: CostModel, batches: Sequence[Sequence[SimTrajectory]]) -> RunBound:
@@ -141,7 +145,6 @@ def run_bound(cost: CostModel, batches: Sequence[Sequence[SimTrajectory]]) -> Ru
 def pooled_bound_s(cost: CostModel, trained: Sequence[Sequence[SimTrajectory]], steps: int) -> float:
     """Least seconds in which any policy, suspending and continuing trajectories across steps as it
     likes, trains the batches `trained` in `steps` steps (module docstring)."""
-    c = cost.coefficients
-    work = sum(rollout_gpu_s(cost, batch) + c.train_compute * cost.train_flops(workload_of(list(batch))) / cost.hw.peak_flops
-               for batch in trained if batch)
-    return max(work / cost.cluster.gpus, sum(1 for b in trained if b) * c.train_step_s) + steps * cost.weight_sync_s()
+    batches = [batch for batch in trained if batch]
+    work = sum(rollout_gpu_s(cost, batch) + train_gpu_s(cost, batch) for batch in batches)
+    return max(work / cost.cluster.gpus, len(batches) * cost.coefficients.train_step_s) + steps * cost.weight_sync_s()

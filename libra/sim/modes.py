@@ -52,6 +52,11 @@ class RolloutMode:
         return self.name != "sync"
 
 
+def samples_per_group(batch: Sequence[SimTrajectory]) -> int:
+    """Samples per prompt in a batch of whole groups (1 for an empty batch)."""
+    return max(1, len(batch) // max(1, len({t.prompt_id for t in batch})))
+
+
 def rollout_version(colocated: bool, step: int) -> int:
     """The weights version step `step` generates with."""
     return step if colocated else max(0, step - 1)

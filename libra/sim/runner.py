@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import PlannerSettings
 from libra.planner.trigger import StepTimes, TriggerSettings
-from libra.sim.modes import Feed, RolloutMode
+from libra.sim.modes import Feed, RolloutMode, samples_per_group
 from libra.sim.rollout import Close
 from libra.sim.systems import SYSTEMS, StepConfig, System, make_system
 from libra.sim.training import train_seconds, with_hybrids
@@ -158,8 +158,8 @@ def simulate_system(name: str, cost: CostModel, batches: list[list[SimTrajectory
     further groups from `spare` (`spare_batches`)."""
     planner = planner or PlannerSettings()
     mode = mode or RolloutMode()
-    group_size = len(batches[0]) // max(1, len({t.prompt_id for t in batches[0]})) if batches else 1
-    system = make_system(name, cost, planner, trigger or TriggerSettings(), mode, max(1, group_size))
+    group_size = samples_per_group(batches[0]) if batches else 1
+    system = make_system(name, cost, planner, trigger or TriggerSettings(), mode, group_size)
     system.plan_ahead(batches)
     return run_system(system, cost, batches, warmup, planner, progress, mode, spare or [])
 
