@@ -294,8 +294,18 @@ class CostModel:
         return batch * matmul, weights, batch * one, one, comm
 
     def decode_step_s(self, tp: int, batch: float, context: float) -> float:
-        gemm, weights, kv, one, comm = self.decode_step_features(tp, batch, context)
         c = self.coefficients
+        if isinstance(batch, int):  # the simulator's question: the terms that do not depend on the context, once
+            key = ("step", tp, batch)
+            terms = self._decode_memo.get(key)
+            if terms is None:
+                gemm, weights, _, _, comm = self.decode_step_features(tp, batch, 0.0)
+                terms = self._decode_memo[key] = (max(c.decode_compute * gemm, c.decode_memory * weights),
+                                                  c.rollout_comm * comm, c.decode_seq_s * batch, self._decode_memo[tp][2])
+            fixed, comm_s, per_seq_s, kv_per_token = terms
+            one = context * kv_per_token  # the same arithmetic, in the same order, as below
+            return fixed + c.decode_kv * (batch * one) + c.decode_kv_tail * one + comm_s + c.decode_step_s + per_seq_s
+        gemm, weights, kv, one, comm = self.decode_step_features(tp, batch, context)
         return (max(c.decode_compute * gemm, c.decode_memory * weights) + c.decode_kv * kv + c.decode_kv_tail * one
                 + c.rollout_comm * comm + c.decode_step_s + c.decode_seq_s * batch)
 

@@ -217,17 +217,20 @@ class CausalTree:
                 self.roots[name] = Node(window=self.window)
                 self.nodes += 1
             roots.append(self.roots[name])
+        touched = self._touched  # each node once: a node already unsorted is in it (or read lazily)
         for root in roots:
             node = root
+            if node._sorted is not None or not node.count:
+                touched.append(node)
             node.add(start_remaining)
-            self._touched.append(node)
             for key, (_, remaining) in zip(keys, returns, strict=True):
                 child = node.children.get(key)
                 if child is None:
                     child = node.children[key] = Node(node, key, self.window)
                     self.nodes += 1
+                if child._sorted is not None or not child.count:
+                    touched.append(child)
                 child.add(remaining)
-                self._touched.append(child)
                 node = child
         if self.nodes > self.max_nodes:
             self.prune(int(self.max_nodes * 0.9))

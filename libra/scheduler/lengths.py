@@ -81,6 +81,7 @@ class PromptLengths:
         self.running: dict[str, tuple[str, int, int]] = {}  # trajectory -> prompt, prompt tokens, tokens so far
         self.siblings: dict[str, set[str]] = {}  # prompt -> its running trajectories
         self.same_step: dict[str, list[float]] = {}  # prompt -> log lengths of samples finished in this step
+        self._answers: dict[tuple, tuple[list[float], float] | None] = {}  # `distribution`'s, this step's
 
     # ------------------------------------------------------------------ events
     def started(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> None:
@@ -127,6 +128,7 @@ class PromptLengths:
                 same_step.remove(y)
                 if not same_step:
                     del self.same_step[path.prompt_id]
+        self._answers = {}
         fitted = self.regression.fit()
         if fitted is None:
             return
@@ -157,8 +159,20 @@ class PromptLengths:
         precision = 1 / between**2 + count / within**2
         centre = ((a + b * _log_length(prompt_tokens)) / between**2 + total / within**2) / precision
         spread = 1 / math.sqrt(precision)
-        censored = [math.log(s - prompt_tokens) for t in self.siblings.get(prompt_id, ())
-                    if t != trajectory_id and (s := self.running[t][2]) > prompt_tokens]
+        censored = tuple(math.log(s - prompt_tokens) for t in self.siblings.get(prompt_id, ())
+                         if t != trajectory_id and (s := self.running[t][2]) > prompt_tokens)
+        # the answer is a function of these alone: a group's samples starting side by side ask the same
+        key = (centre, spread, within, censored, spent, tuple(bounds))
+        known = self._answers.get(key)
+        if known is None:
+            known = self._answers[key] = self._integrate(centre, spread, within, censored, spent, bounds)
+        return None if known is None else (list(known[0]), known[1])
+
+    @staticmethod
+    def _integrate(centre: float, spread: float, within: float, censored: tuple[float, ...], spent: int,
+                   bounds: Sequence[float]) -> tuple[list[float], float] | None:
+        """`distribution`'s quadrature: mu_p ~ N(centre, spread) reweighted by the censored log
+        lengths, the length log-normal around mu_p with spread `within`, conditioned on > `spent`."""
         cuts = [math.log(spent + bound) if spent + bound > 0 else -math.inf for bound in bounds]
         log_spent = math.log(spent) if spent > 0 else -math.inf
         erfc, inv = math.erfc, 1 / (within * _SQRT2)

@@ -29,21 +29,18 @@ class EventLoop:
         self._heap: list[tuple[float, int, Event]] = []  # (time, order, event): tuples compare in C
         self._order = 0
         self.processed = 0
-
-    @property
-    def now(self) -> float:
-        return self.clock.now()
+        self.now = self.clock.now()  # the clock's time, read as a field (callbacks read it millions of times)
 
     def at(self, time: float, callback: Callable[[], None]) -> Event:
-        if time < self.clock.now():
-            raise ValueError(f"cannot schedule in the past: {time} < {self.clock.now()}")
+        if time < self.now:
+            raise ValueError(f"cannot schedule in the past: {time} < {self.now}")
         self._order += 1
         event = Event(time, callback)
         heapq.heappush(self._heap, (time, self._order, event))
         return event
 
     def after(self, delay: float, callback: Callable[[], None]) -> Event:
-        return self.at(self.clock.now() + max(0.0, delay), callback)
+        return self.at(self.now + max(0.0, delay), callback)
 
     def stop(self) -> None:
         """Drop every scheduled event: `run` returns once the current callback does."""
@@ -59,5 +56,6 @@ class EventLoop:
             if event.cancelled:
                 continue
             advance(time)
+            self.now = float(time)
             self.processed += 1
             event.callback()

@@ -140,6 +140,7 @@ class Instance:
         self.draining = False
         self.released_at: float | None = None  # when a draining hybrid held no work any more
         self.sequences_elsewhere = 0  # active sequences of the other instances (a shared host's wait)
+        self.shared_host = cost.rollout.shared_host
 
     @property
     def load(self) -> int:
@@ -190,8 +191,9 @@ class Instance:
     def _rate(self) -> None:
         if self.active:
             mean_context = self.context_sum / len(self.active)
-            self.step_s = (self.cost.decode_step_s(self.tp, len(self.active), mean_context)
-                           + self.cost.host_wait_s(self.sequences_elsewhere))
+            self.step_s = self.cost.decode_step_s(self.tp, len(self.active), mean_context)
+            if self.shared_host:  # (else the wait is 0.0, and adding it changes nothing)
+                self.step_s += self.cost.host_wait_s(self.sequences_elsewhere)
 
     def share_host(self, sequences_elsewhere: int) -> None:
         """The other instances now hold `sequences_elsewhere` active sequences (one process drives

@@ -25,8 +25,7 @@ def workload_of(trajectories: list[SimTrajectory], steps: int = 1) -> Workload:
 
 def lengths_of(trajectories: list[SimTrajectory]) -> list[TrajectoryLength]:
     """The planner's record of each trajectory."""
-    return [TrajectoryLength(t.prompt_tokens, t.gen_tokens, sum(u.payload_tokens for u in t.turns), len(t.turns),
-                             sum(u.tool_latency_s for u in t.turns)) for t in trajectories]
+    return [t.length for t in trajectories]
 
 
 def train_seconds(cost: CostModel, config: TrainConfig, gpus: int, batch: list[SimTrajectory],

@@ -49,11 +49,12 @@ import functools
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean, pvariance
 
 from libra.errors import LibraError
+from libra.planner.workload import TrajectoryLength
 from libra.traces import bundled_traces, group_by_step, read_trace
 from libra.types import NO_TOOL, Trajectory, Turn
 
@@ -77,14 +78,21 @@ class SimTrajectory:
     prompt_id: str
     prompt_tokens: int
     turns: tuple[SimTurn, ...]
+    # the planner's record of it, summed once (the planner and the runner ask for it every step)
+    length: TrajectoryLength = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "length", TrajectoryLength(
+            self.prompt_tokens, sum(t.gen_tokens for t in self.turns), sum(t.payload_tokens for t in self.turns),
+            len(self.turns), sum(t.tool_latency_s for t in self.turns)))
 
     @property
     def gen_tokens(self) -> int:
-        return sum(t.gen_tokens for t in self.turns)
+        return self.length.gen_tokens
 
     @property
     def total_tokens(self) -> int:
-        return self.prompt_tokens + sum(t.gen_tokens + t.payload_tokens for t in self.turns)
+        return self.length.total_tokens
 
 
 @dataclass(frozen=True)
@@ -106,9 +114,9 @@ class WorkloadSpec:
     )  # mean wall time per tool family (log-normal, sigma 0.5)
 
     def __post_init__(self) -> None:
-        for field in ("group_size", "prompts_per_step"):
-            if getattr(self, field) < 1:
-                raise LibraError(f"workload {self.name!r}: {field} must be at least 1, got {getattr(self, field)}")
+        for name in ("group_size", "prompts_per_step"):
+            if getattr(self, name) < 1:
+                raise LibraError(f"workload {self.name!r}: {name} must be at least 1, got {getattr(self, name)}")
         if self.dataset_prompts is not None and self.dataset_prompts < 1:
             raise LibraError(f"workload {self.name!r}: dataset_prompts must be at least 1, got {self.dataset_prompts}; "
                              f"leave it unset for a dataset of prompts_per_step x {EPOCH_STEPS} prompts")
