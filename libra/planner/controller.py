@@ -30,6 +30,7 @@ from libra.planner.trigger import (
     drift_of,
     in_episode,
     replan_reason,
+    streak,
 )
 from libra.planner.workload import Workload
 
@@ -72,12 +73,14 @@ class PlanController:
         self.probe_candidates = probe_candidates
         self.probe_correction = [1.0] * len(self.variants)
         self.fired_drift: float | None = None  # the drift pressure last fired at, in the episode under way
+        self.streak: tuple[int | None, int] = (None, 0)  # (last step counted, `trigger.streak` there)
         # `due`'s last question (step, times, force, the plan in force) and its answer
         self._asked: tuple[tuple[int, StepTimes | None, bool, Plan | None], str | None] | None = None
 
     def __setstate__(self, state: dict) -> None:
         """Unpickling a controller checkpointed before drift episodes were tracked."""
         state.setdefault("fired_drift", None)
+        state.setdefault("streak", (None, 0))
         state.setdefault("_asked", None)
         self.__dict__.update(state)
 
@@ -96,7 +99,11 @@ class PlanController:
         drift = drift_of(times, expected)
         if not in_episode(drift, self.trigger):
             self.fired_drift = None  # the stages are back in balance: a later drift is a new episode
-        reason = replan_reason(step, self.last_plan_step, times, self.trigger, expected, self.fired_drift)
+        counted, previous = self.streak
+        if counted != step:  # each step counts once, however often it is asked about
+            self.streak = (step, streak(previous, drift, self.trigger))
+        reason = replan_reason(step, self.last_plan_step, times, self.trigger, expected, self.fired_drift,
+                               abs(self.streak[1]))
         if reason is not None and reason.startswith("pressure"):
             self.fired_drift = drift
         if reason is None and self.current is None and force:
@@ -163,6 +170,7 @@ class PlanController:
             self.current = raw  # kept as predicted; corrections are applied when plans are compared
             self.current_variant = variant
             self.fired_drift = None  # a new plan predicts anew
+            self.streak = (step, 0)
         self.events.append(event)
         return event
 

@@ -2,7 +2,8 @@
 
 Re-plan after warm-up every `period_steps` steps, and earlier on pressure: when the measured ratio
 of the stages' times has drifted by `pressure_ratio` from the one the plan in force predicted
-(corrected by what its rollouts have measured), once per drift episode. A new plan is applied
+(corrected by what its rollouts have measured) for `pressure_steps` steps in a row the same way
+(one slow step, a straggler, is noise, not a drift), once per drift episode. A new plan is applied
 only if it differs from the current one, the gain per step times the steps it can still pay off (until
 the next periodic plan, or the end of the run when that comes first) exceeds the cost of moving, and the relative gain passes `min_relative_gain` (hysteresis: noise
 does not move GPUs back and forth).
@@ -29,6 +30,8 @@ class TriggerSettings(Settings):
     warmup_steps: int = Field(2, ge=0, le=100_000, description="no planning before this step (statistics still settling)")
     pressure_ratio: float = Field(1.25, ge=1.0, le=100.0, description="stage-time imbalance that forces a re-plan: "
                                   "max(T_rollout, T_train) / min(...), against the plan's own")
+    pressure_steps: int = Field(2, ge=1, le=1000, description="steps in a row the imbalance must last, the same "
+                                "stage slower, before it forces a re-plan (one straggler-bound step is not a drift)")
     min_relative_gain: float = Field(0.05, ge=0.0, le=1.0, description="relative gain a new plan must bring "
                                      "(gain / current T_iter)")
     switch_base_s: float = Field(15.0, ge=0.0, le=3600.0, description="fixed cost of moving GPUs (drain, re-route, "
@@ -64,12 +67,14 @@ def drift_of(times: StepTimes | None, expected_ratio: float) -> float | None:
 
 
 def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None, settings: TriggerSettings,
-                  expected_ratio: float = 1.0, fired_drift: float | None = None) -> str | None:
+                  expected_ratio: float = 1.0, fired_drift: float | None = None, persisted: int = 1) -> str | None:
     """Why to re-plan at `step`, or None. Pressure compares the measured rollout/train time ratio with
     `expected_ratio`, the one the plan in force predicted (a plan may be unbalanced on purpose, e.g.
-    in sync mode), and fires once per drift episode: `fired_drift` is the drift it last fired at
-    in the episode still under way (None: none), and it fires again only when the drift has moved
-    another `pressure_ratio` from there (a drift that persists is planned for once, not every step)."""
+    in sync mode); it needs the drift to have lasted `settings.pressure_steps` steps, the same stage
+    slower each time (`persisted`: how many it has, this one included), and fires once per drift
+    episode: `fired_drift` is the drift it last fired at in the episode still under way (None:
+    none), and it fires again only when the drift has moved another `pressure_ratio` from there (a
+    drift that persists is planned for once, not every step)."""
     if step < settings.warmup_steps:
         return None
     if last_plan_step is None:
@@ -77,7 +82,7 @@ def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None
     if step - last_plan_step >= settings.period_steps:
         return "periodic"
     drift = drift_of(times, expected_ratio)
-    if drift is not None and max(drift, 1 / drift) >= settings.pressure_ratio:
+    if drift is not None and max(drift, 1 / drift) >= settings.pressure_ratio and persisted >= settings.pressure_steps:
         moved = drift if fired_drift is None else drift / fired_drift
         if max(moved, 1 / moved) >= settings.pressure_ratio:
             slow = "rollout" if drift > 1 else "train"
@@ -88,6 +93,18 @@ def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None
 def in_episode(drift: float | None, settings: TriggerSettings) -> bool:
     """Whether a step's drift keeps a drift episode going (it is beyond the pressure ratio)."""
     return drift is not None and max(drift, 1 / drift) >= settings.pressure_ratio
+
+
+def streak(previous: int, drift: float | None, settings: TriggerSettings) -> int:
+    """Steps in a row the drift has been beyond the pressure ratio, this one included: positive while
+    the rollout is the slower stage, negative while training is, 0 in balance (`previous`: the count
+    up to the step before). A drift that swings from one stage to the other starts a new count."""
+    if not in_episode(drift, settings):
+        return 0
+    assert drift is not None
+    if drift > 1:
+        return previous + 1 if previous > 0 else 1
+    return previous - 1 if previous < 0 else -1
 
 
 def same_plan(a: Plan, b: Plan) -> bool:

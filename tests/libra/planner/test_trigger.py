@@ -4,12 +4,12 @@ import pytest
 
 from libra.planner.controller import PlanController
 from libra.planner.planner import Planner, fixed_layout_time
-from libra.planner.trigger import StepTimes, TriggerSettings, decide, replan_reason, switch_cost_s
+from libra.planner.trigger import StepTimes, TriggerSettings, decide, replan_reason, streak, switch_cost_s
 from tests.libra.planner.builders import a800_14b, trace_workload
 
 
 def test_replan_reasons() -> None:
-    s = TriggerSettings(period_steps=10, warmup_steps=2, pressure_ratio=1.25)
+    s = TriggerSettings(period_steps=10, warmup_steps=2, pressure_ratio=1.25, pressure_steps=1)
     assert replan_reason(1, None, None, s) is None
     assert replan_reason(2, None, None, s) == "initial"
     assert replan_reason(11, 2, None, s) is None
@@ -20,6 +20,20 @@ def test_replan_reasons() -> None:
     # a plan that is unbalanced on purpose (rollout planned 1.5x train) is not under pressure at 1.5x
     assert replan_reason(5, 2, StepTimes(5, 150.0, 100.0), s, expected_ratio=1.5) is None
     assert replan_reason(5, 2, StepTimes(5, 200.0, 100.0), s, expected_ratio=1.5) == "pressure: rollout 1.33x slower than planned"
+    # by default a drift must last two steps: one straggler-bound step is not a drift
+    two = TriggerSettings(period_steps=10, warmup_steps=2, pressure_ratio=1.25, pressure_steps=2)
+    assert replan_reason(5, 2, StepTimes(5, 130.0, 100.0), two, persisted=1) is None
+    assert replan_reason(5, 2, StepTimes(5, 130.0, 100.0), two, persisted=2) == "pressure: rollout 1.30x slower than planned"
+    assert TriggerSettings().pressure_steps == 2
+
+
+def test_a_streak_counts_steps_in_a_row_the_same_stage_slower() -> None:
+    s = TriggerSettings(pressure_ratio=1.25)
+    counts, previous = [], 0
+    for drift in [1.0, 1.3, 1.5, 1.1, 1.3, 1 / 1.3, 1 / 1.4, None, 2.0]:
+        previous = streak(previous, drift, s)
+        counts.append(previous)
+    assert counts == [0, 1, 2, 0, 1, -1, -2, 0, 1]
 
 
 def test_decide_weighs_gain_against_switch_cost() -> None:
@@ -145,24 +159,41 @@ def test_pressure_compares_with_the_prediction_as_the_measured_rollouts_correcte
     controller.rollout_correction[controller.current_variant] = 1.5
     times = StepTimes(3, 1.5 * plan.t_rollout_s, plan.t_train_s)
     assert controller.due(3, times) is None
-    assert controller.due(4, StepTimes(4, 1.5 * 1.3 * plan.t_rollout_s, plan.t_train_s)) == (
+    assert controller.due(4, times) is None
+    assert controller.due(5, StepTimes(5, 1.5 * 1.3 * plan.t_rollout_s, plan.t_train_s)) is None  # one step
+    assert controller.due(6, StepTimes(6, 1.5 * 1.3 * plan.t_rollout_s, plan.t_train_s)) == (
         "pressure: rollout 1.30x slower than planned")
 
 
 def test_pressure_fires_once_per_drift_episode() -> None:
-    """A drift of 1.4x that persists fires once; one that grows another 1.25x (to 1.75x) fires again;
-    back in balance, then 1.4x again: a new episode, which fires."""
+    """A drift of 1.4x fires at its second step in a row and once only while it persists; one that
+    grows another 1.25x (to 1.75x) fires again; back in balance, then 1.4x again: a new episode,
+    which fires at its second step."""
     workload = trace_workload("swe_gemini3_mini_A", scale=0.25)
     controller = PlanController(a800_14b(), trigger=TriggerSettings(period_steps=100, warmup_steps=2))
     _planned(controller, workload)
     plan = controller.current
     drifts = [1.4, 1.4, 1.4, 1.5, 1.75, 1.75, 1.0, 1.4, 1.4]
     reasons = [controller.due(3 + i, StepTimes(3 + i, d * plan.t_rollout_s, plan.t_train_s)) for i, d in enumerate(drifts)]
-    assert reasons == ["pressure: rollout 1.40x slower than planned", None, None, None,
+    assert reasons == [None, "pressure: rollout 1.40x slower than planned", None, None,
                        "pressure: rollout 1.75x slower than planned", None, None,
-                       "pressure: rollout 1.40x slower than planned", None]
+                       None, "pressure: rollout 1.40x slower than planned"]
     again = StepTimes(11, 1.4 * plan.t_rollout_s, plan.t_train_s)
-    assert controller.due(11, again) is None and controller.due(11, again) is None  # asked twice: one answer
+    assert controller.due(11, again) == reasons[-1]  # asked twice: one answer, and the step counted once
+    assert controller.due(12, StepTimes(12, 1.4 * plan.t_rollout_s, plan.t_train_s)) is None
+    assert controller.streak == (12, 3)
+
+
+def test_a_lone_straggler_step_or_a_swing_is_no_pressure() -> None:
+    """One step 2.85x slower in rollout (a straggler-bound batch), and a swing from the rollout
+    slower to training slower, fire nothing: neither stage has stayed the slower one."""
+    workload = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    controller = PlanController(a800_14b(), trigger=TriggerSettings(period_steps=100, warmup_steps=2))
+    _planned(controller, workload)
+    plan = controller.current
+    drifts = [1.0, 2.85, 1.0, 2.0, 1 / 2.0, 2.0, 1 / 2.0]
+    reasons = [controller.due(3 + i, StepTimes(3 + i, d * plan.t_rollout_s, plan.t_train_s)) for i, d in enumerate(drifts)]
+    assert reasons == [None] * len(drifts)
 
 
 def test_a_placement_adopted_between_two_questions_is_asked_anew() -> None:
@@ -184,6 +215,6 @@ def test_a_controller_checkpointed_before_drift_episodes_loads() -> None:
     controller = PlanController(a800_14b())
     state = pickle.dumps(controller)
     old = pickle.loads(state)
-    del old.__dict__["fired_drift"], old.__dict__["_asked"]
+    del old.__dict__["fired_drift"], old.__dict__["_asked"], old.__dict__["streak"]
     restored = pickle.loads(pickle.dumps(old))
-    assert restored.fired_drift is None and restored.due(0) is None
+    assert restored.fired_drift is None and restored.streak == (None, 0) and restored.due(0) is None
