@@ -230,7 +230,9 @@ def run_system(system: System, cost: CostModel, batches: list[list[SimTrajectory
             launch.dropped_groups, launch.dropped_tokens, rollout.resumed_prefill_tokens,
         ))
         run.untrained_tokens += launch.dropped_tokens
-        times = StepTimes(k, rollout.makespan_s, train_s if train_s > 0 else rollout.makespan_s)
+        # a step that trained nothing (the first of a one-step-off run) measures no balance: the
+        # trigger reads no drift from it (`drift_of`), as from a live run's first step
+        times = StepTimes(k, rollout.makespan_s, train_s)
         previous = landed.finished
         if progress:
             progress(system.name, k)

@@ -222,7 +222,7 @@ class GreedyHeuristic(System):
             train = gpus // 2
         else:
             train = self.config.train_gpus
-            if times is not None and step % self.trigger.period_steps == 0:
+            if times is not None and times.t_train_s > 0 and step % self.trigger.period_steps == 0:
                 if times.t_rollout_s > times.t_train_s:
                     train = max(quantum, train - quantum)
                 elif times.t_train_s > times.t_rollout_s:
