@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from libra.clock import Clock
 from libra.errors import LibraError
 from libra.planner.cost_model import CostModel
-from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate
+from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate, recost
 from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import (
     Decision,
@@ -74,6 +74,9 @@ class PlanController:
         self.probe_correction = [1.0] * len(self.variants)
         self.fired_drift: float | None = None  # the drift pressure last fired at, in the episode under way
         self.streak: tuple[int | None, int] = (None, 0)  # (last step counted, `trigger.streak` there)
+        # the plan in force as last weighed: costed on the workload of the last re-plan that kept it
+        # (None: as it was made); pressure measures the drift from this prediction
+        self.baseline: Plan | None = None
         # `due`'s last question (step, times, force, the plan in force) and its answer
         self._asked: tuple[tuple[int, StepTimes | None, bool, Plan | None], str | None] | None = None
 
@@ -81,6 +84,7 @@ class PlanController:
         """Unpickling a controller checkpointed before drift episodes were tracked."""
         state.setdefault("fired_drift", None)
         state.setdefault("streak", (None, 0))
+        state.setdefault("baseline", None)
         state.setdefault("_asked", None)
         self.__dict__.update(state)
 
@@ -88,9 +92,10 @@ class PlanController:
         """Why to plan at `step` (the trigger's reason), or None. `force`: plan now if there is no
         plan yet, even during warm-up (a run must start somewhere)."""
         expected = 1.0
-        if self.current is not None and self.current.t_train_s > 0 and not math.isinf(self.current.t_train_s):
+        base = self.baseline or self.current
+        if base is not None and base.t_train_s > 0 and not math.isinf(base.t_train_s):
             assert self.current_variant is not None  # the prediction as corrected by the rollouts measured under it
-            expected = corrected(self.current, self.rollout_correction[self.current_variant]).t_rollout_s / self.current.t_train_s
+            expected = corrected(base, self.rollout_correction[self.current_variant]).t_rollout_s / base.t_train_s
         question = (step, times, force, self.current)
         if self._asked is not None and self._asked[0][:3] == question[:3] and self._asked[0][3] is self.current:
             # asked again for the same step under the same plan (the planning flow, then `observe`);
@@ -169,8 +174,11 @@ class PlanController:
         if event.applied:
             self.current = raw  # kept as predicted; corrections are applied when plans are compared
             self.current_variant = variant
-            self.fired_drift = None  # a new plan predicts anew
-            self.streak = (step, 0)
+            self.baseline = None
+        elif self.current is not None:  # kept: what it predicts for this workload is the new baseline, so a
+            self.baseline = recost(planner, self.current)  # drift already planned for does not fire again
+        self.fired_drift = None  # predicted anew
+        self.streak = (step, 0)
         self.events.append(event)
         return event
 
@@ -182,6 +190,7 @@ class PlanController:
             raise ValueError(f"variant {variant} of {len(self.variants)}")
         self.current = plan
         self.current_variant = variant
+        self.baseline = None
 
     def record(self, measured_rollout_s: float, predicted_rollout_s: float, weight: float = 0.5) -> None:
         """Fold a step's measured rollout time, against what the plan in force predicted for that

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import Field
@@ -263,25 +263,32 @@ def plan(cost: CostModel, workload: Workload, settings: PlannerSettings | None =
 def evaluate(planner: Planner, current: Plan) -> float:
     """T_iter of an existing plan on the planner's (new) workload: the same split, the same training
     configuration and the same instances, with buckets re-assigned to the instance groups."""
+    return recost(planner, current).t_iter_s
+
+
+def recost(planner: Planner, current: Plan) -> Plan:
+    """`current` with its stage times and T_iter costed on the planner's (new) workload (`evaluate`);
+    every time infinite when its training no longer fits memory."""
     cost, workload, settings = planner.cost, planner.workload, planner.settings
     if current.train is None:
-        return math.inf
+        return replace(current, t_rollout_s=math.inf, t_train_s=math.inf, t_iter_s=math.inf)
     config = current.train.config
     if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
-        return math.inf
+        return replace(current, t_rollout_s=math.inf, t_train_s=math.inf, t_iter_s=math.inf)
     base_train = cost.train_time(config, workload).seconds
     base_rollout = fixed_layout_time(cost, workload, current.rollout.instance_counts)
     sync = cost.weight_sync_s()
     if current.mode == "colocated":
-        return base_rollout + base_train + sync + settings.offload_s
+        return replace(current, t_rollout_s=base_rollout, t_train_s=base_train,
+                       t_iter_s=base_rollout + base_train + sync + settings.offload_s)
     # hybrids speed each stage up by the factor the plan's own search credited them with
     share, hybrid = current.hybrid_rollout_share, current.hybrid_gpus
     t_train = base_train * current.t_train_s / current.train.seconds
     t_rollout = base_rollout * current.t_rollout_s / current.rollout.seconds
     switch = settings.hybrid_switch_s if hybrid and 0 < share < 1 else 0.0
     if current.mode == "sync":
-        return t_rollout + t_train + sync + switch
-    return max(t_rollout, t_train) + sync + switch
+        return replace(current, t_rollout_s=t_rollout, t_train_s=t_train, t_iter_s=t_rollout + t_train + sync + switch)
+    return replace(current, t_rollout_s=t_rollout, t_train_s=t_train, t_iter_s=max(t_rollout, t_train) + sync + switch)
 
 
 def fixed_layout_time(cost: CostModel, workload: Workload, counts: dict[int, int]) -> float:
