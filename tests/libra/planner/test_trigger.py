@@ -3,7 +3,7 @@ import random
 import pytest
 
 from libra.planner.controller import PlanController
-from libra.planner.planner import Planner, fixed_layout_time
+from libra.planner.planner import Planner, fixed_layout_time, recost
 from libra.planner.trigger import StepTimes, TriggerSettings, decide, replan_reason, streak, switch_cost_s
 from tests.libra.planner.builders import a800_14b, trace_workload
 
@@ -194,6 +194,28 @@ def test_a_lone_straggler_step_or_a_swing_is_no_pressure() -> None:
     drifts = [1.0, 2.85, 1.0, 2.0, 1 / 2.0, 2.0, 1 / 2.0]
     reasons = [controller.due(3 + i, StepTimes(3 + i, d * plan.t_rollout_s, plan.t_train_s)) for i, d in enumerate(drifts)]
     assert reasons == [None] * len(drifts)
+
+
+def test_a_drift_planned_for_and_kept_does_not_fire_again() -> None:
+    """The lengths double and the stage times follow: pressure re-plans; no move pays (moving costs
+    an hour here), so the plan stays, costed on the doubled workload. Steps that keep running as
+    that costing predicts are then no pressure, though they are as far from the plan's first
+    prediction as the step that fired."""
+    small = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    large = trace_workload("swe_gemini3_mini_A", scale=0.5)
+    controller = PlanController(a800_14b(), trigger=TriggerSettings(period_steps=10, warmup_steps=2, switch_base_s=3600.0))
+    _planned(controller, small)
+    plan = controller.current
+    now = recost(Planner(controller.cost, large, controller.planner_settings), plan)
+    drift = (now.t_rollout_s / now.t_train_s) / (plan.t_rollout_s / plan.t_train_s)
+    assert max(drift, 1 / drift) >= 1.25  # a drift the rule sees
+    times = [StepTimes(k, now.t_rollout_s, now.t_train_s) for k in range(3, 9)]
+    assert controller.due(3, times[0]) is None
+    event = controller.observe(4, large, times[1])
+    assert event is not None and event.reason.startswith("pressure") and not event.applied
+    assert controller.current is plan and controller.baseline == now
+    assert [controller.due(t.step, t) for t in times[2:]] == [None] * 4
+    assert controller.streak == (8, 0)
 
 
 def test_a_placement_adopted_between_two_questions_is_asked_anew() -> None:
