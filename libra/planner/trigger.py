@@ -1,6 +1,7 @@
 """When to re-plan, and whether to apply the new plan.
 
-Re-plan after warm-up every `period_steps` steps, and earlier on pressure: when the measured ratio
+Re-plan after warm-up every `period_steps` steps (and at its end, when a run had to start on a plan
+made before it), and earlier on pressure: when the measured ratio
 of the stages' times has drifted by `pressure_ratio` from the one the plan in force predicted
 (corrected by what its rollouts have measured) for `pressure_steps` steps in a row the same way
 (one slow step, a straggler, is noise, not a drift), once per drift episode. A new plan is applied
@@ -79,6 +80,8 @@ def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None
         return None
     if last_plan_step is None:
         return "initial"
+    if last_plan_step < settings.warmup_steps:  # a plan forced before the statistics settled (a run must
+        return "warm-up over"  # start somewhere) is made again once they have
     if step - last_plan_step >= settings.period_steps:
         return "periodic"
     drift = drift_of(times, expected_ratio)

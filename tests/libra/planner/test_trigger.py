@@ -14,6 +14,9 @@ def test_replan_reasons() -> None:
     assert replan_reason(2, None, None, s) == "initial"
     assert replan_reason(11, 2, None, s) is None
     assert replan_reason(12, 2, None, s) == "periodic"
+    # a plan forced during warm-up is provisional: made again when the warm-up is over, once
+    assert replan_reason(1, 0, None, s) is None and replan_reason(2, 0, None, s) == "warm-up over"
+    assert replan_reason(3, 2, None, s) is None
     assert replan_reason(5, 2, StepTimes(5, 100.0, 90.0), s) is None
     assert replan_reason(5, 2, StepTimes(5, 130.0, 100.0), s) == "pressure: rollout 1.30x slower than planned"
     assert replan_reason(5, 2, StepTimes(5, 100.0, 125.0), s) == "pressure: train 1.25x slower than planned"
