@@ -11,9 +11,10 @@ batch, its rollout instances only), every router over the same steps; the first 
 routers, the second half is scored by mean rollout makespan, as a ratio to routing on true lengths;
 beside them, the same GPUs as uniform instances of the layout's largest TP (nothing to route).
 
-Scale: Libra alone at 48, 256 and 1,024 GPUs with the batch grown in proportion, timed per step.
+Scale: Libra alone at 48, 256 and 1,024 GPUs with the batch grown in proportion, each run timed whole
+(200 steps) against the limit of 5 minutes.
 
-    python -m benchmarks.bench_sim [--steps 100] [--routing-steps 40] [--scale-steps 3] [--scale-only]
+    python -m benchmarks.bench_sim [--steps 100] [--routing-steps 40] [--scale-steps 200] [--scale-only]
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from libra.sim.runner import simulate
 from libra.sim.systems import SYSTEMS, plan_layout
 from libra.sim.training import workload_of
 from libra.sim.workloads import PRESETS, TRACES, WorkloadGenerator, workload_spec
+
+SCALE_LIMIT_S = 300.0  # the goal: 200 simulated steps at any cluster size in 5 minutes on 2 cores
 
 ROUTERS = ("oracle", "libra", "least-latency", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load")
 REPLAY = f"trace:{TRACES / 'taubench_airline.csv'}"
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--routing-steps", type=int, default=40)
-    parser.add_argument("--scale-steps", type=int, default=3)
+    parser.add_argument("--scale-steps", type=int, default=200, help="steps timed per cluster size (200: the whole run)")
     parser.add_argument("--workloads", nargs="*", default=[*PRESETS, REPLAY])
     parser.add_argument("--scale-nodes", type=int, nargs="*", default=[6, 32, 128])
     parser.add_argument("--no-save", action="store_true")
@@ -120,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         simulate(spec, CostModel(cluster, model), args.scale_steps, ["libra"], seed=0)
         per_step = (time.perf_counter() - started) / args.scale_steps
         scale.append({"gpus": cluster.gpus, "trajectories_per_step": spec.prompts_per_step * spec.group_size,
-                      "seconds_per_step": per_step, "seconds_for_200_steps": per_step * 200, "steps_timed": args.scale_steps})
+                      "seconds_per_step": per_step, "seconds_for_200_steps": per_step * 200, "steps_timed": args.scale_steps,
+                      "limit_s": SCALE_LIMIT_S})
         print(f"scale: {cluster.gpus} GPUs, {spec.prompts_per_step * spec.group_size} trajectories/step: "
-              f"{per_step:.2f} s per simulated step ({per_step * 200:.0f} s for 200 steps, libra)")
+              f"{per_step:.2f} s per simulated step over {args.scale_steps} steps ({per_step * 200:.0f} s for 200 steps, "
+              f"{per_step * 200 / SCALE_LIMIT_S:.2f} of the {SCALE_LIMIT_S:.0f} s limit; libra)")
     if not args.no_save:
         print(f"wrote {save('sim', {'model': 'Qwen3-14B', 'cluster': '6x8:a800', 'decode_fit': DECODE_FIT, 'tables': tables, 'routing': routed, 'scale': scale})}")
     return 0

@@ -167,7 +167,10 @@ def sim_section(result: dict) -> list[str]:
     lines.append("")
     lines.append("Simulation time for Libra alone (search-r1, batch grown with the cluster): " + "; ".join(
         f"{r['gpus']:,} GPUs ({r['trajectories_per_step']:,} trajectories/step) {r['seconds_per_step']:.2f} s per step, "
-        f"{r['seconds_for_200_steps']:.0f} s per 200 steps" for r in result["scale"]) + ".")
+        f"{r['seconds_for_200_steps']:.0f} s per 200 steps"
+        + (f" ({r['steps_timed']} steps timed)" if r.get("steps_timed", 200) != 200 else "")
+        + (f", {r['seconds_for_200_steps'] / r['limit_s']:.2f} of the {r['limit_s']:.0f} s limit" if "limit_s" in r else "")
+        for r in result["scale"]) + ".")
     return lines
 
 
