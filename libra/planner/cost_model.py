@@ -293,21 +293,26 @@ class CostModel:
                 memo[key] = comm
         return batch * matmul, weights, batch * one, one, comm
 
+    def _decode_terms(self, tp: int, batch: float) -> tuple[float, float, float, float]:
+        """A decode step's terms that do not depend on the context: the larger of the GEMMs' time
+        and the weights' read, the all-reduces, the per-sequence cost, and one context token's KV
+        read (kept per whole batch size: the simulator asks for the same few hundred)."""
+        key = ("step", tp, batch) if isinstance(batch, int) else None
+        terms = self._decode_memo.get(key) if key is not None else None
+        if terms is None:
+            c = self.coefficients
+            gemm, weights, _, _, comm = self.decode_step_features(tp, batch, 0.0)
+            terms = (max(c.decode_compute * gemm, c.decode_memory * weights), c.rollout_comm * comm,
+                     c.decode_seq_s * batch, self._decode_memo[tp][2])
+            if key is not None:
+                self._decode_memo[key] = terms
+        return terms
+
     def decode_step_s(self, tp: int, batch: float, context: float) -> float:
         c = self.coefficients
-        if isinstance(batch, int):  # the simulator's question: the terms that do not depend on the context, once
-            key = ("step", tp, batch)
-            terms = self._decode_memo.get(key)
-            if terms is None:
-                gemm, weights, _, _, comm = self.decode_step_features(tp, batch, 0.0)
-                terms = self._decode_memo[key] = (max(c.decode_compute * gemm, c.decode_memory * weights),
-                                                  c.rollout_comm * comm, c.decode_seq_s * batch, self._decode_memo[tp][2])
-            fixed, comm_s, per_seq_s, kv_per_token = terms
-            one = context * kv_per_token  # the same arithmetic, in the same order, as below
-            return fixed + c.decode_kv * (batch * one) + c.decode_kv_tail * one + comm_s + c.decode_step_s + per_seq_s
-        gemm, weights, kv, one, comm = self.decode_step_features(tp, batch, context)
-        return (max(c.decode_compute * gemm, c.decode_memory * weights) + c.decode_kv * kv + c.decode_kv_tail * one
-                + c.rollout_comm * comm + c.decode_step_s + c.decode_seq_s * batch)
+        fixed, comm_s, per_seq_s, kv_per_token = self._decode_terms(tp, batch)
+        one = context * kv_per_token  # one sequence's KV read, as `decode_step_features` has it
+        return fixed + c.decode_kv * (batch * one) + c.decode_kv_tail * one + comm_s + c.decode_step_s + per_seq_s
 
     def host_wait_s(self, sequences_elsewhere: float) -> float:
         """What a decode step also waits for when one process drives every instance

@@ -270,11 +270,10 @@ def recost(planner: Planner, current: Plan) -> Plan:
     """`current` with its stage times and T_iter costed on the planner's (new) workload (`evaluate`);
     every time infinite when its training no longer fits memory."""
     cost, workload, settings = planner.cost, planner.workload, planner.settings
-    if current.train is None:
+    if current.train is None or (cost.train_memory_bytes(current.train.config, workload.max_tokens)
+                                 > cost.train_memory_limit_bytes()):
         return replace(current, t_rollout_s=math.inf, t_train_s=math.inf, t_iter_s=math.inf)
     config = current.train.config
-    if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
-        return replace(current, t_rollout_s=math.inf, t_train_s=math.inf, t_iter_s=math.inf)
     base_train = cost.train_time(config, workload).seconds
     base_rollout = fixed_layout_time(cost, workload, current.rollout.instance_counts)
     sync = cost.weight_sync_s()
