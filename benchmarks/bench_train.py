@@ -1,6 +1,6 @@
 """The RL training loop, measured: learning across seeds, the pipeline, Prefect's cost and the trainer.
 
-    python -m benchmarks.bench_train [--steps 30] [--seeds 0 1 2] [--learning-only] [--quick]
+    python -m benchmarks.bench_train [--steps 30] [--seeds 0 1 2] [--learning-only] [--reference] [--quick]
 
 1. Learning: `libra train`'s flow with the main job's recipe (configs/demo.yaml: its rollout and
    trainer sections) from the shipped policy for `--steps` updates, once per seed: held-out reward
@@ -12,6 +12,14 @@
    the stages (the session's methods, timed around their bodies), as a share of the iteration.
 4. Trainer: tokens/s of `PolicyTrainer.train_step` against a bare torch loop (forward, masked
    log-prob loss, backward, AdamW step) over the same micro-batches of the same samples.
+
+5. Supervised reference (`--reference`, alone; the other figures kept): what the same number of
+   updates and samples reach with perfect labels instead of a reward. The shipped policy is trained
+   on as many of the math expert's demonstrations (fresh tasks, each seen once) as the recipe's run
+   rolls out, one update per batch of prompts_per_step x samples_per_prompt, at a few learning rates,
+   then at 2x and 4x the updates; each is evaluated as the runs are (greedy, the 128 held-out tasks).
+   Reinforcement from a 0/1 reward on the policy's own samples carries less per sample than the
+   expert's whole answer, so these say how far the recipe's budget can take this policy.
 
 Every run writes to a temporary directory (store, MLflow, Prefect, checkpoints); the figures go to
 benchmarks/out/train.json and the README's performance section (`python -m benchmarks.report`).
@@ -28,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import quiet_engines, run_locations, save, saved
+from benchmarks.common import OUT, quiet_engines, run_locations, save, saved
 from libra.config import LibraConfig
 from libra.rollout.policy import SHIPPED
 
@@ -193,6 +201,56 @@ def trainer_throughput(updates: int = 4) -> dict[str, Any]:
             "bare_tokens_per_s": tokens / bare_s, "ratio": bare_s / libra_s}
 
 
+REFERENCE_SEED = 20_000  # the expert demonstrations' tasks: neither the held-out (0) nor the warm start's (>= 10000 + seed 0)
+REFERENCE_RUNS = ((1e-4, 1), (3e-4, 1), (1e-3, 1), (1e-3, 2), (1e-3, 4))  # (learning rate, budget multiple)
+
+
+def supervised_reference(base: Path, steps: int, batch: int, eval_prompts: int = 128) -> list[dict[str, Any]]:
+    """For each (learning rate, multiple) of REFERENCE_RUNS: the shipped policy after multiple x `steps`
+    supervised updates of `batch` fresh expert demonstrations each (AdamW, constant rate, no weight
+    decay, as the recipe's updates), and its greedy held-out reward."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from flows.rollout import rollout_flow
+    from libra.optim import make_optimizer
+    from libra.rl.schedule import EVAL_SEED
+    from libra.rollout.envs import demonstration, make_env
+    from libra.rollout.policy import POLICY_FILES, encode, supervised_step
+    from libra.rollout.sandbox import temporary_workroot
+
+    env, tokenizer = make_env("math"), AutoTokenizer.from_pretrained(SHIPPED)
+    most = max(multiple for _, multiple in REFERENCE_RUNS) * steps * batch
+    examples = []
+    for task in env.tasks(most, seed=REFERENCE_SEED):
+        with temporary_workroot("libra-reference-") as workdir:
+            examples.append(encode(tokenizer, *demonstration(env, task, workdir)))
+    rows = []
+    for lr, multiple in REFERENCE_RUNS:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(SHIPPED, dtype=torch.float32).train()
+        optimizer = make_optimizer(model.parameters(), lr, weight_decay=0.0)
+        began = time.perf_counter()
+        updates = multiple * steps
+        losses = [supervised_step(model, optimizer, examples[u * batch:(u + 1) * batch]) for u in range(updates)]
+        train_s = time.perf_counter() - began
+        policy = base / f"reference-{lr:g}-{multiple}x"
+        model.save_pretrained(policy, safe_serialization=True)
+        for name in POLICY_FILES:
+            if not (policy / name).exists():
+                shutil.copyfile(SHIPPED / name, policy / name)
+        summary = rollout_flow("math", prompts=eval_prompts, samples=1, engine="vllm", instances=1, temperature=0.0,
+                               policy=str(policy), seed=EVAL_SEED, run=f"reference-{len(rows)}", track=False,
+                               config=LibraConfig.model_validate(run_locations(base)))
+        rows.append({"lr": lr, "updates": updates, "demonstrations": updates * batch, "heldout": summary["solved_fraction"],
+                     "final_loss": statistics.fmean(losses[-5:]), "train_s": train_s})
+        print(f"supervised reference: lr {lr:g}, {updates} updates of {batch} demonstrations: held-out reward "
+              f"{rows[-1]['heldout']:.3f} (loss {rows[-1]['final_loss']:.3f}, {train_s:.0f} s)", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
@@ -200,12 +258,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline-steps", type=int, default=8)
     parser.add_argument("--learning-only", action="store_true", help="the learning runs alone (the other figures "
                         "kept from the saved result)")
+    parser.add_argument("--reference", action="store_true", help="the supervised reference alone (the other "
+                        "figures kept from the saved result)")
     parser.add_argument("--quick", action="store_true", help="2 steps, one seed (a smoke run; figures not saved)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.pipeline_steps = 2, [0], 2
     quiet_engines()
     began = time.perf_counter()
+    if args.reference:
+        import yaml
+
+        recipe = yaml.safe_load(DEMO.read_text())["trainer"]
+        with tempfile.TemporaryDirectory(prefix="libra-bench-reference-") as tmp:
+            from flows.runtime import prepare_runtime, start_prefect
+
+            prepare_runtime(LibraConfig.model_validate(run_locations(Path(tmp))))
+            start_prefect()
+            rows = supervised_reference(Path(tmp), 2 if args.quick else recipe["steps"],
+                                        recipe["prompts_per_step"] * recipe["samples_per_prompt"])
+        if not args.quick:
+            kept = {k: v for k, v in saved("train").items() if k not in ("benchmark", "machine")}
+            print(f"saved {save('train', {**kept, 'reference': rows})}")
+        return 0
     if args.learning_only:
         kept = saved("train")
         trainer = kept["trainer"]
@@ -246,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline": {"iterations": args.pipeline_steps, "sync_s": sum(synchronous["iteration_s"]),
                      "one_step_off_s": sum(pipelined["iteration_s"]), "ratio_sync_over_one_step_off": ratio},
         "prefect": overhead, "trainer": trainer, "bench_s": time.perf_counter() - began,
+        **({"reference": saved("train")["reference"]} if (OUT / "train.json").exists() and "reference" in saved("train") else {}),
     }
     report_learning(result)
     if not args.quick:

@@ -335,7 +335,24 @@ def train_section(result: dict) -> list[str]:
         f"{'met' if prefect['overhead_share'] < 0.05 else 'missed'} | < 5% |",
         f"| trainer policy tokens/s | {trainer['libra_tokens_per_s']:.0f} | bare torch loop over the same micro-batches: "
         f"{trainer['bare_tokens_per_s']:.0f} | ratio {trainer['ratio']:.2f} | >= 0.8 |",
+        *reference_lines(result),
     ]
+
+
+def reference_lines(result: dict) -> list[str]:
+    """The supervised reference (`bench_train --reference`): the recipe's updates with perfect labels."""
+    if "reference" not in result:
+        return []
+    best_rl = max(v["reward_end"] for v in result["seeds"].values())
+    lines = ["", "Supervised reference (`python -m benchmarks.bench_train --reference`): the shipped policy trained on the "
+             "math expert's demonstrations of fresh tasks (each once, one update per batch of the recipe's size) instead "
+             "of rewarded on its own samples; held-out reward as above.", "",
+             "| learning rate | updates | demonstrations | held-out reward | / the best RL seed's final | / the goal 0.35 |",
+             "|---|---|---|---|---|---|"]
+    for row in result["reference"]:
+        lines.append(f"| {row['lr']:g} | {row['updates']} | {row['demonstrations']:,} | {row['heldout']:.3f} | "
+                     f"{row['heldout'] / best_rl:.2f} | {row['heldout'] / 0.35:.2f} |")
+    return lines
 
 
 def partial_static_section(result: dict) -> list[str]:

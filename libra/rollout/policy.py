@@ -116,6 +116,21 @@ def encode(tokenizer, text: str, spans: list[tuple[int, int]]) -> tuple[list[int
     return enc["input_ids"] + [eos], labels + [eos]
 
 
+def supervised_step(model, optimizer: torch.optim.Optimizer, batch: list[tuple[list[int], list[int]]]) -> float:
+    """One supervised update on `batch` (token ids and labels, as `encode` makes them): the mean
+    cross-entropy on the labelled tokens, the gradient clipped to norm 1; returns the loss."""
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.tensor([i + [0] * (width - len(i)) for i, _ in batch])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
+    mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
 def _record_if_built_with(directory: Path, settings: PolicySettings) -> dict | None:
     record_path = directory / "libra_policy.json"
     if not record_path.is_file():
@@ -157,17 +172,7 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
     model.train()
     for step in range(settings.steps):
         set_learning_rate(optimizer, learning_rate(step, settings.steps, settings.lr, warmup=50))
-        batch = rng.sample(examples, settings.batch)
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.tensor([i + [0] * (width - len(i)) for i, _ in batch])
-        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in batch])
-        mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch])
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(supervised_step(model, optimizer, rng.sample(examples, settings.batch)))
         if progress:
             progress(step + 1, settings.steps, losses[-1])
         if step % 100 == 0 or step == settings.steps - 1:
