@@ -223,6 +223,11 @@ class TrainerConfig(_Section):
     oversample: float = Field(1.0, ge=1.0, le=8.0, description="groups rolled out per iteration, as a multiple of "
                               "prompts_per_step; with dynamic_sampling the update takes the first prompts_per_step "
                               "groups whose rewards differ")
+    partial_credit: float = Field(0.0, ge=0.0, lt=1.0, description="what a wrong answer is trained on: this times "
+                                  "the share of its task that it got right (the math tasks: the question's numbers "
+                                  "in their places in its last python call), so a group of near misses still "
+                                  "carries a gradient; the stored reward and the held-out reward stay the "
+                                  "environment's exact one (0: off; below 1, so only the right answer earns 1)")
     micro_batch_tokens: int = Field(8192, ge=64, le=10_000_000, description="padded tokens per forward/backward pass")
     pipeline: Literal["one_step_off", "sync", "async"] = Field("one_step_off", description="one_step_off: rollout k+1 "
                                                                "runs while k trains; async: it also goes on generating "
@@ -375,6 +380,9 @@ class LibraConfig(_Section):
         if self.trainer.pipeline == "async" and not self.rollout.partial:
             raise ValueError("trainer.pipeline async generates past the batch until the update is done and carries "
                              "what is unfinished to the next batch: set rollout.partial: true")
+        if self.rollout.partial and self.trainer.partial_credit:
+            raise ValueError(f"trainer.partial_credit {self.trainer.partial_credit:g} grades a trajectory's tool calls, "
+                             "which rollout.partial's resumed trajectories made in an earlier episode: use one of them")
         if self.rollout.partial and self.trainer.dynamic_sampling:
             raise ValueError("rollout.partial closes the batch at prompts_per_step complete groups and "
                              "trainer.dynamic_sampling picks among over-sampled ones: use one of them")

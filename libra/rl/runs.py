@@ -48,7 +48,7 @@ def config_digest(config: LibraConfig) -> str:
     for section, key, default in (("trainer", "layout", "fixed"), ("trainer", "dynamic_sampling", False),
                                   ("trainer", "oversample", 1.0), ("trainer", "epochs", 1),
                                   ("trainer", "decoupled_cap", 0.0), ("rollout", "partial", False),
-                                  ("rollout", "overprovision", 1.0)):
+                                  ("trainer", "partial_credit", 0.0), ("rollout", "overprovision", 1.0)):
         values = trainer if section == "trainer" else rollout
         if values[key] == default:
             values.pop(key)
@@ -113,10 +113,21 @@ def resume_point(config: LibraConfig, policy: Path, root: Path) -> tuple[Checkpo
     return state, latest, latest
 
 
+def check_partial_credit(config: LibraConfig) -> None:
+    """trainer.partial_credit is refused for an environment that grades no partial work."""
+    from libra.rollout.envs import make_env
+
+    t = config.trainer
+    if t.partial_credit and not make_env(t.env, config.sandbox).grades_partial_work:
+        raise LibraError(f"trainer.partial_credit {t.partial_credit:g}: the {t.env} environment grades no partial work "
+                         "(its reward is right or wrong); set trainer.partial_credit 0, or train on math")
+
+
 def open_session(config: LibraConfig, restart: bool = False) -> TrainingSession:
     """The run's session: from its newest checkpoint when one exists, else from the policy. The run
     is locked for this process until the session closes; `restart` removes its checkpoints first."""
     run, policy = config.trainer.run_name(), check_policy(config)
+    check_partial_credit(config)
     root = Path(config.trainer.checkpoint_dir) / run
     lock = hold_run(root)
     try:

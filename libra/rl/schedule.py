@@ -127,13 +127,24 @@ class GroupSelection:
     trained_groups: int
 
 
-def select_groups(runs: Sequence[TrajectoryRun], dynamic: bool, wanted: int) -> GroupSelection:
+def trained_rewards(runs: Sequence[TrajectoryRun], partial_credit: float) -> dict[str, float]:
+    """What each scored trajectory is trained on, by id: its reward; with `partial_credit`
+    (trainer.partial_credit), a wrong answer's is that weight times its episode's partial credit
+    (one that gave no answer earns none)."""
+    return {r.trajectory_id: r.reward if not partial_credit or r.reward >= 1 or r.answer is None
+            else partial_credit * r.episode.partial_credit() for r in runs}
+
+
+def select_groups(runs: Sequence[TrajectoryRun], dynamic: bool, wanted: int,
+                  rewards: Mapping[str, float] | None = None) -> GroupSelection:
     """The groups of `runs` (whole groups, in order) an update trains on. Without dynamic sampling,
     every one; with it, the first `wanted` groups whose rewards differ, the groups whose rewards are
     all equal left out (DAPO). When no group's rewards differ, every group is trained on: its
-    advantages are all 0, and the step is counted as such (`uniform` == `trained_groups`)."""
+    advantages are all 0, and the step is counted as such (`uniform` == `trained_groups`).
+    `rewards`: what each is trained on, by trajectory id (`trained_rewards`; default its reward)."""
     groups = _groups(runs)
-    uniform = {pid for pid, members in groups.items() if len({m.reward for m in members}) == 1}
+    reward = (lambda r: rewards[r.trajectory_id]) if rewards is not None else (lambda r: r.reward)
+    uniform = {pid for pid, members in groups.items() if len({reward(m) for m in members}) == 1}
     chosen = list(groups)
     if dynamic:
         informative = [pid for pid in groups if pid not in uniform]

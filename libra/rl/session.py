@@ -47,6 +47,7 @@ from libra.rl.schedule import (
     hybrids_wanted,
     rollout_spec,
     select_groups,
+    trained_rewards,
     whole_groups,
 )
 from libra.rl.trainers import Reshard, layout_of
@@ -237,9 +238,13 @@ class TrainingSession:
         t = self.config.trainer
         # the groups the update takes (dynamic sampling leaves those whose rewards are all equal out);
         # the store records every whole group, trained on or not
-        selection = select_groups(kept, t.dynamic_sampling and step != EVALUATION, t.prompts_per_step)
+        # what each is trained on: its reward, or a wrong answer's partial credit (trainer.partial_credit);
+        # the store and the held-out reward keep the environment's reward
+        rewards = trained_rewards(kept, t.partial_credit if step != EVALUATION else 0.0)
+        selection = select_groups(kept, t.dynamic_sampling and step != EVALUATION, t.prompts_per_step, rewards)
         stats = RolloutStats.of(rolled.result, kept, self.engine_version, selection, rolled.stale_dropped)
-        batch = Batch(step, tuple(to_samples(selection.trained, t.normalize_std)), tuple(r.record() for r in kept),
+        samples = to_samples(selection.trained, t.normalize_std, [rewards[r.trajectory_id] for r in selection.trained])
+        batch = Batch(step, tuple(samples), tuple(r.record() for r in kept),
                       stats, rolled.decode)
         self.batches.scored(batch)
         return batch

@@ -65,22 +65,29 @@ class TrainingSample:
         return [v for v, m in zip(self.token_versions, self.loss_mask, strict=True) if m]
 
 
-def to_sample(trajectory: Finished, advantage: float) -> TrainingSample:
+def to_sample(trajectory: Finished, advantage: float, reward: float | None = None) -> TrainingSample:
+    """`trajectory` as trained on with `advantage`; `reward`: what it is trained on (default its reward)."""
     versions = tuple(trajectory.versions)
     uniform = all(v == trajectory.model_version for v, m in zip(versions, trajectory.mask, strict=False) if m)
     return TrainingSample(trajectory.trajectory_id, trajectory.prompt_id, tuple(trajectory.ids), tuple(trajectory.mask),
-                          tuple(trajectory.logprobs), float(advantage), float(trajectory.reward),
+                          tuple(trajectory.logprobs), float(advantage),
+                          float(trajectory.reward if reward is None else reward),
                           int(trajectory.model_version), () if uniform else versions)
 
 
-def to_samples(trajectories: Sequence[Finished], normalize_std: bool = True) -> list[TrainingSample]:
-    """Every trajectory with its advantage within its prompt's group."""
+def to_samples(trajectories: Sequence[Finished], normalize_std: bool = True,
+               rewards: Sequence[float] | None = None) -> list[TrainingSample]:
+    """Every trajectory with its advantage within its prompt's group; `rewards`: what each is
+    trained on, in order (default: its reward)."""
     if not trajectories:
         return []
+    rewards = [float(t.reward) for t in trajectories] if rewards is None else [float(r) for r in rewards]
+    if len(rewards) != len(trajectories):
+        raise ValueError(f"{len(rewards)} rewards for {len(trajectories)} trajectories")
     labels = {p: i for i, p in enumerate(dict.fromkeys(t.prompt_id for t in trajectories))}
-    advantages = group_advantages(torch.tensor([float(t.reward) for t in trajectories]),
-                                  torch.tensor([labels[t.prompt_id] for t in trajectories]), normalize_std)
-    return [to_sample(t, a) for t, a in zip(trajectories, advantages.tolist(), strict=True)]
+    advantages = group_advantages(torch.tensor(rewards), torch.tensor([labels[t.prompt_id] for t in trajectories]),
+                                  normalize_std)
+    return [to_sample(t, a, r) for t, a, r in zip(trajectories, advantages.tolist(), rewards, strict=True)]
 
 
 @dataclass(frozen=True)

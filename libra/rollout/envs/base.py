@@ -30,11 +30,17 @@ class Episode(Protocol):
 
     def reward(self, answer: str) -> float: ...
 
+    def partial_credit(self) -> float:
+        """The share of the task a wrong answer got right, in [0, 1], from what this episode's tools
+        were asked (0 where the environment grades no partial work: `Env.grades_partial_work`)."""
+        ...
+
 
 class Env(Protocol):
     name: str
     tools: tuple[str, ...]
     instructions: str
+    grades_partial_work: bool  # its episodes' partial_credit means something (trainer.partial_credit)
 
     def tasks(self, count: int, seed: int) -> list[Task]: ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +33,7 @@ NAMES = ["Ana", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jon"]
 class MathEnv:
     name = "math"
     tools = ("python",)
+    grades_partial_work = True
     instructions = ("Solve the problem. Compute with <tool>python: CODE</tool> (print the result), then reply "
                     "<answer>NUMBER</answer>.")
 
@@ -70,10 +72,19 @@ class MathEnv:
 class _Episode:
     def __init__(self, task: Task, workdir: Path, sandbox: Sandbox, limits: SandboxLimits) -> None:
         self.task, self.workdir, self.sandbox, self.limits = task, workdir, sandbox, limits
+        self.last_code = ""  # the last python call's code (kept here: the sandboxed code cannot change it)
 
     def call(self, name: str, argument: str) -> tuple[str, str]:
+        self.last_code = argument
         result = self.sandbox.run(argument, self.workdir, self.limits)
         return result.output or "(no output: print the result)", result.status
 
     def reward(self, answer: str) -> float:
         return 1.0 if answer.strip() == self.task.answer else 0.0
+
+    def partial_credit(self) -> float:
+        """The task's numbers (its expression's, in order) that the last python call has in the same
+        places, over the longer of the two lists: every number copied right and no other scores 1;
+        a call with extra numbers scores less."""
+        want, got = re.findall(r"\d+", self.task.data["expression"]), re.findall(r"\d+", self.last_code)
+        return sum(a == b for a, b in zip(want, got, strict=False)) / max(len(want), len(got), 1)

@@ -104,6 +104,7 @@ def _tests(names: list[str]) -> str:
 class RepoEnv:
     name = "repo"
     tools = ("test", "read", "edit")
+    grades_partial_work = False
     instructions = ("Fix the bug so the tests pass. Run the tests with <tool>test: all</tool>, read a file with "
                     "<tool>read: FILE</tool>, replace line N with <tool>edit: FILE N: NEW LINE</tool>; when the "
                     "tests pass reply <answer>done</answer>.")
@@ -205,3 +206,6 @@ class _Episode:
     def reward(self, answer: str) -> float:
         self._tests()
         return 1.0 if self.passed else 0.0
+
+    def partial_credit(self) -> float:
+        return 0.0  # the tests pass or they do not

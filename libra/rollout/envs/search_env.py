@@ -52,6 +52,7 @@ class BM25:
 class SearchEnv:
     name = "search"
     tools = ("search",)
+    grades_partial_work = False
     instructions = ("Answer the question by searching the library with <tool>search: QUERY</tool>; when you know, "
                     "reply <answer>NAME</answer>.")
 
@@ -149,3 +150,6 @@ class _Episode:
 
     def reward(self, answer: str) -> float:
         return 1.0 if answer.strip().lower() == self.task.answer.lower() else 0.0
+
+    def partial_credit(self) -> float:
+        return 0.0  # an answer is the title or it is not

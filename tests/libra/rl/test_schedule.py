@@ -14,6 +14,7 @@ from libra.rl.schedule import (
     rolled_prompts,
     select_groups,
     train_task_seed,
+    trained_rewards,
 )
 from libra.trainer.samples import TrainingSample
 
@@ -114,6 +115,24 @@ def test_dynamic_sampling_trains_on_the_first_groups_whose_rewards_differ():
     assert [r.prompt_id for r in short.trained] == ["b", "b", "d", "d", "e", "e"]
 
 
+def test_partial_credit_trains_a_wrong_answer_on_its_share_and_never_a_right_one_or_none():
+    def scored(tid: str, prompt: str, reward: float, answer: str | None, credit: float) -> SimpleNamespace:
+        return SimpleNamespace(trajectory_id=tid, prompt_id=prompt, reward=reward, answer=answer,
+                               episode=SimpleNamespace(partial_credit=lambda: credit))
+
+    runs = [scored("a0", "a", 1.0, "7", 1.0), scored("a1", "a", 0.0, "8", 2 / 3), scored("a2", "a", 0.0, None, 1.0),
+            scored("b0", "b", 0.0, "1", 1 / 3), scored("b1", "b", 0.0, "2", 2 / 3)]
+    assert trained_rewards(runs, 0.0) == {"a0": 1.0, "a1": 0.0, "a2": 0.0, "b0": 0.0, "b1": 0.0}
+    shaped = trained_rewards(runs, 0.5)
+    assert shaped == {"a0": 1.0, "a1": pytest.approx(1 / 3), "a2": 0.0, "b0": pytest.approx(1 / 6),
+                      "b1": pytest.approx(1 / 3)}
+    # group b's answers are both wrong, so without the credit it carries no gradient; with it, it does
+    assert select_groups(runs, dynamic=False, wanted=2).uniform == 1
+    assert select_groups(runs, dynamic=False, wanted=2, rewards=shaped).uniform == 0
+    with pytest.raises(ValueError, match="less than 1"):
+        TrainerConfig(partial_credit=1.0)
+
+
 def test_a_batch_whose_groups_all_have_equal_rewards_is_trained_on_whole_and_counted():
     runs = [run("a", 0.0), run("a", 0.0), run("b", 1.0), run("b", 1.0)]
     chosen = select_groups(runs, dynamic=True, wanted=1)
@@ -141,6 +160,10 @@ def test_partial_rollout_settings_that_cannot_work_are_refused_in_one_line():
                                          "trainer.dynamic_sampling picks among over-sampled ones: use one of them"):
         LibraConfig.model_validate({"rollout": {"partial": True},
                                     "trainer": {"dynamic_sampling": True, "oversample": 2.0}})
+    with pytest.raises(ValueError, match="trainer.partial_credit 0.5 grades a trajectory's tool calls, which "
+                                         "rollout.partial's resumed trajectories made in an earlier episode"):
+        LibraConfig.model_validate({"rollout": {"partial": True, "overprovision": 1.5},
+                                    "trainer": {"partial_credit": 0.5}})
     with pytest.raises(ValueError, match="trainer.pipeline async generates past the batch .* set rollout.partial: true"):
         LibraConfig.model_validate({"trainer": {"pipeline": "async"}})
     with pytest.raises(ValueError, match="pipeline async trains on batches 1 update old: max_staleness must be >= 1"):

@@ -171,6 +171,14 @@ def test_tools_that_fail_or_hang_and_an_engine_killed_mid_batch_never_stall_a_st
         session.close()
 
 
+def test_partial_credit_is_refused_for_an_environment_that_grades_no_partial_work(policy_dir, tmp_path):  # noqa: F811
+    config = small(tmp_path, policy_dir, partial_credit=0.5)
+    config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"env": "search"})})
+    with pytest.raises(LibraError, match="trainer.partial_credit 0.5: the search environment grades no partial work"):
+        open_session(config)
+    assert not (tmp_path / "checkpoints").exists()  # refused before anything is written
+
+
 def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy_moves(policy_dir, tmp_path):  # noqa: F811
     """A few updates with dynamic sampling over twice the groups on the HF engine: finite losses,
     weights that changed, and no group whose rewards were all equal in an update."""

@@ -49,6 +49,24 @@ def test_math_answers_are_checked_exactly(tmp_path):
     assert status == "error" and "ZeroDivisionError" in output
 
 
+def test_a_math_episode_credits_the_numbers_its_last_call_copied_in_place(tmp_path):
+    env = make_env("math")
+    task = next(t for t in env.tasks(20, seed=0) if t.data["category"] == "marbles")  # "{a} + {b} * {c}"
+    a, b, c = task.data["expression"].replace("+", " ").replace("*", " ").split()
+    episode = env.open(task, tmp_path)
+    assert episode.partial_credit() == 0.0  # no call made
+    episode.call("python", f"print({a} + {b} * {c})")
+    assert episode.partial_credit() == 1.0
+    episode.call("python", f"print({a} + {c} * {c})")  # the last call counts: one number wrong
+    assert episode.partial_credit() == pytest.approx(2 / 3)
+    episode.call("python", f"print({a} + {b} * {c} + 1000 + 2000 + 3000)")  # numbers of its own dilute the credit
+    assert episode.partial_credit() == pytest.approx(3 / 6)
+    episode.call("python", f"print({b} * {c} + {a})")  # the right result, the numbers out of place
+    assert episode.partial_credit() == 0.0
+    assert env.grades_partial_work and not make_env("search").grades_partial_work
+    assert not make_env("repo").grades_partial_work
+
+
 def test_repo_tools_refuse_bad_calls(tmp_path):
     env = make_env("repo")
     task = env.tasks(1, seed=0)[0]
