@@ -5,14 +5,15 @@
     Reads                    the queries one page ran, with their times (shown on the page)
 
 The store is read through `storage.catalog.Catalog`, whose connection can only read the files a
-run's manifest lists: the dashboard cannot change the store whatever it asks. MLflow is read
-through its client; a SQLite database that does not exist is not opened (opening it would create
-it). A run's *version* changes whenever a commit changes its manifest or MLflow's database file
+run's manifest lists: the dashboard cannot change the store whatever it asks. MLflow's SQLite
+file is read with `sqlite3`, read-only, and not opened while it does not exist (opening it would
+create it); a tracking server is read through MLflow's client. A run's *version* changes whenever a commit changes its manifest or MLflow's database file
 changes: an open page redraws when it does.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -158,10 +159,13 @@ class Tracking:
     """Metric histories of training runs, from MLflow (read-only). A run is found by its `libra.run`
     tag; of several (a run trained again from the start) the one not superseded is read.
 
-    A SQLite database is opened read-only (SQLite's `mode=ro`), and only once its tables exist: the
-    client MLflow builds would otherwise create tables, or a default experiment, in a database a
-    training is still setting up. A tracking server (http, https) is read through its API. Other
-    URIs (a file store) are not read: the file store's client creates folders as it opens."""
+    A SQLite database is read with `sqlite3` itself, read-only (SQLite's `mode=ro`), and only once
+    MLflow's tables exist: MLflow's own client creates tables, or a default experiment, in a database
+    a training is still setting up, and creates folders for the file's path wherever it runs. What
+    is read is MLflow's tables of runs, tags and metrics, as `MlflowClient.search_runs` and
+    `get_metric_history` would give them (active runs of active experiments; a NaN is stored as
+    `is_nan`). A tracking server (http, https) is read through its API. Other URIs (a file store)
+    are not read: the file store's client creates folders as it opens."""
 
     def __init__(self, uri: str | None) -> None:
         from libra.files import absolute_tracking_uri
@@ -208,11 +212,12 @@ class Tracking:
             return metrics
 
     def _read(self, run: str) -> dict[str, list[tuple[int, float]]]:
+        if self._path is not None:
+            return _sqlite_history(self._path, run)
         import mlflow
 
         if self._client is None:
-            uri = f"sqlite:///file:{self._path}?mode=ro&uri=true" if self._path is not None else self.uri
-            self._client = mlflow.MlflowClient(tracking_uri=uri)
+            self._client = mlflow.MlflowClient(tracking_uri=self.uri)
         quoted = run.replace("'", "\\'")
         found = self._client.search_runs(experiment_ids=[e.experiment_id for e in self._client.search_experiments()],
                                          filter_string=f"tags.`libra.run` = '{quoted}'", max_results=50)
@@ -222,6 +227,36 @@ class Tracking:
         latest = max(live, key=lambda r: r.info.start_time or 0)
         return {key: sorted((m.step, m.value) for m in self._client.get_metric_history(latest.info.run_id, key))
                 for key in HISTORY_METRICS if key in latest.data.metrics}
+
+
+_LATEST_RUN = """
+SELECT r.run_uuid FROM runs r JOIN experiments e ON e.experiment_id = r.experiment_id
+JOIN tags t ON t.run_uuid = r.run_uuid AND t.key = 'libra.run' AND t.value = ?
+WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active'
+  AND NOT EXISTS (SELECT 1 FROM tags s WHERE s.run_uuid = r.run_uuid AND s.key = 'libra.superseded' AND s.value = 'true')
+ORDER BY COALESCE(r.start_time, 0) DESC LIMIT 1
+"""
+
+
+def _sqlite_history(path: Path, run: str) -> dict[str, list[tuple[int, float]]]:
+    """`Tracking.history` from MLflow's SQLite file, opened read-only: the latest active run tagged
+    `libra.run` = `run` and not superseded, each of `HISTORY_METRICS` it logged as sorted (step, value)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+    try:
+        found = con.execute(_LATEST_RUN, (run,)).fetchone()
+        if found is None:
+            return {}
+        marks = ", ".join("?" * len(HISTORY_METRICS))
+        rows = con.execute(f"SELECT key, step, value, is_nan FROM metrics WHERE run_uuid = ? AND key IN ({marks})",
+                           (found[0], *HISTORY_METRICS)).fetchall()
+    finally:
+        con.close()
+    history: dict[str, list[tuple[int, float]]] = {}
+    for key, step, value, is_nan in rows:
+        history.setdefault(key, []).append((int(step), math.nan if is_nan else float(value)))
+    return {key: sorted(history[key]) for key in HISTORY_METRICS if key in history}
 
 
 def _has_mlflow_tables(path: Path) -> bool:

@@ -243,3 +243,38 @@ def test_cli_refuses_a_port_in_use(dash_root) -> None:
     finally:
         taken.close()
     assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+
+
+def test_mlflow_histories_read_as_its_client_gives_them_and_nothing_created(dash_root, tmp_path, monkeypatch) -> None:
+    """The SQLite file read directly gives what MLflow's client gives (the run not superseded, every
+    logged value in step order, NaN kept), and reading leaves nothing in the working directory (MLflow's
+    client makes folders for the file's path there)."""
+    import math
+
+    import mlflow
+
+    from dashboards.sources import HISTORY_METRICS, Reads, Tracking
+
+    path = tmp_path / "mlflow.db"
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}")
+    experiment = client.create_experiment("e")
+    older = client.create_run(experiment, tags={"libra.run": "r"}).info.run_id
+    client.log_metric(older, "reward", 9.0, step=0)
+    newer = client.create_run(experiment, tags={"libra.run": "r"}).info.run_id
+    for step, value in ((2, 0.5), (0, math.nan), (1, 0.25), (1, 0.125)):
+        client.log_metric(newer, "reward", value, step=step)
+    client.log_metric(newer, "heldout_reward", 0.3, step=4)
+    client.log_metric(newer, "not_shown", 1.0, step=0)
+    deleted = client.create_run(client.create_experiment("gone"), tags={"libra.run": "r"}).info.run_id
+    client.log_metric(deleted, "reward", 7.0, step=0)
+    client.delete_experiment(client.get_run(deleted).info.experiment_id)
+    expected = {key: sorted((m.step, m.value) for m in client.get_metric_history(newer, key))
+                for key in HISTORY_METRICS if client.get_metric_history(newer, key)}
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    got = Tracking(f"sqlite:///{path}").history("r", Reads())
+    assert list(got) == ["heldout_reward", "reward"] and got["heldout_reward"] == [(4, 0.3)]
+    assert [s for s, _ in got["reward"]] == [0, 1, 1, 2] and math.isnan(got["reward"][0][1])
+    assert got["reward"][1:] == [(1, 0.125), (1, 0.25), (2, 0.5)] == expected["reward"][1:]
+    assert Tracking(f"sqlite:///{path}").history("other", Reads()) == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
