@@ -256,6 +256,7 @@ class Planned(System):
         self.controller = PlanController(self.cost, self.planner_settings, trigger, variants=variants,
                                          probe=None if frozen else self.probe)
         self.context = 1.0  # mean context of the last batch (prices the router's lanes)
+        self.batch_size = 0  # trajectories a step trains (a partial rollout's probe trains that many)
         self._routed_layout: tuple[InstanceSpec, ...] = ()
 
     def probe(self, plan: Plan) -> float:
@@ -264,8 +265,12 @@ class Planned(System):
         (least-load, MLFQ, or Libra's with what it has learned, on a detached copy so the replay
         teaches it nothing), and its training from the cost model, sped up by the hybrids that
         rollout releases. Under partial rollouts the replay closes at the batch's share of its
-        groups (1 / overprovision of them, the rest cut), as the step's rollout would. Replays are
-        cached per (step, instances) while the step is recent."""
+        groups (1 / overprovision of them, the rest cut), as the step's rollout would, and what is
+        trained is a step's batch shaped as the replayed trajectories: as many as a step trains,
+        not as many as the step finished (the first step of a partial run finishes 1.5x its batch;
+        over a run every group is trained, so the shape is that of all of them, not the groups the
+        replay completed first, which are the short ones). Replays are cached per (step,
+        instances) while the step is recent."""
         layout, bounds = plan_layout(plan)
         assert plan.train is not None
         seconds = []
@@ -278,7 +283,7 @@ class Planned(System):
                 self.replays[key] = (rollout.makespan_s, rollout.hybrid_released_s)
             makespan, released = self.replays[key]
             train_s, train_config = train_seconds(self.cost, plan.train.config, plan.train_gpus, batch,
-                                                  self.planner_settings)
+                                                  self.planner_settings, self.batch_size if self.mode.partial else None)
             train_s, _ = with_hybrids(self.cost, train_s, train_config, released)
             seconds.append(max(makespan, train_s) + self.cost.weight_sync_s())
         return sum(seconds) / len(seconds)
@@ -312,6 +317,7 @@ class Planned(System):
                          * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
         self.context = mean_context(previous)
+        self.batch_size = len(upcoming)
         self.recent.append((step - 1, previous))
         self.replays = {k: v for k, v in self.replays.items() if k[0] >= self.recent[0][0]}
         # plan for the recent steps' mean workload, not the last batch alone (whose size and longest

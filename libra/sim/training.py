@@ -29,10 +29,11 @@ def lengths_of(trajectories: list[SimTrajectory]) -> list[TrajectoryLength]:
 
 
 def train_seconds(cost: CostModel, config: TrainConfig, gpus: int, batch: list[SimTrajectory],
-                  settings: PlannerSettings) -> tuple[float, TrainConfig]:
-    """Training time of `batch`; a configuration that no longer fits memory is replaced by the best
-    one on the same GPUs (the trainer re-shards), falling back to ZeRO-3 sharding when nothing else fits."""
-    workload = workload_of(batch)
+                  settings: PlannerSettings, count: int | None = None) -> tuple[float, TrainConfig]:
+    """Training time of `batch` (with `count`: of a step of that many trajectories shaped as `batch`);
+    a configuration that no longer fits memory is replaced by the best one on the same GPUs (the
+    trainer re-shards), falling back to ZeRO-3 sharding when nothing else fits."""
+    workload = build_workload(lengths_of(batch), count)
     if cost.train_memory_bytes(config, workload.max_tokens) > cost.train_memory_limit_bytes():
         for fallback in (cost, replace(cost, training=cost.training.model_copy(update={"zero_stage": 3}))):
             best = Planner(fallback, workload, settings).training.best(gpus)

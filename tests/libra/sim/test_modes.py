@@ -149,3 +149,26 @@ def test_a_stream_of_uneven_batches_trains_its_mean_batch_and_never_runs_dry() -
     assert feed.needed == 3
     launched = feed.launch(0, colocated=False)
     assert len({launched.close.groups[t.trajectory_id] for t in launched.trajectories}) == 3
+
+
+def test_a_partial_probe_prices_training_for_a_step_s_batch_not_all_the_step_finished() -> None:
+    """The first step of a partial run finishes 1.5x its batch (every group it started, short samples
+    of the carried ones too); a plan probed on it trains a batch's worth, shaped as those trajectories."""
+    from libra.planner.planner import PlannerSettings
+    from libra.planner.trigger import TriggerSettings
+    from libra.sim.systems import make_system, plan_layout
+    from libra.sim.training import train_seconds
+
+    spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
+    generator = WorkloadGenerator(spec, 2)
+    system = make_system("+planner", COST, PlannerSettings(), TriggerSettings(), RolloutMode("partial"), 4)
+    batch = generator.step(0)
+    finished = batch + generator.step(1)[:16]  # 1.5x the batch
+    system.configure(0, finished, batch, None)
+    plan = system.controller.current
+    makespan, released = system.replays[(-1, *plan_layout(plan))]
+    trained, config = train_seconds(COST, plan.train.config, plan.train_gpus, finished, system.planner_settings, len(batch))
+    all_of_it, _ = train_seconds(COST, plan.train.config, plan.train_gpus, finished, system.planner_settings)
+    assert not released and trained < all_of_it
+    expected = max(makespan, trained) + COST.weight_sync_s()
+    assert system.probe(plan) == expected
