@@ -197,17 +197,38 @@ class VerlColocated(System):
         return self.config
 
 
-class StaticUniform(System):
-    name = "static-uniform"
+class FixedSplit(System):
+    """`train_gpus` GPUs train and the rest roll out on uniform instances of the tuned size
+    (`best_uniform_tp`), never moved: a fixed split set by hand."""
+
+    name = "fixed-split"
+
+    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
+                 mode: RolloutMode | None = None, group_size: int = 1, *, train_gpus: int) -> None:
+        super().__init__(cost, planner, trigger, mode, group_size)
+        if not 0 < train_gpus < cost.cluster.gpus:
+            raise ValueError(f"a fixed split trains on 1 to {cost.cluster.gpus - 1} of {cost.cluster.gpus} GPUs, "
+                             f"got {train_gpus}")
+        self.train_gpus = train_gpus
 
     def configure(self, step, previous, upcoming, times):
         if self.config is None:
             gpus = self.cost.cluster.gpus
-            train = gpus // 2
+            train = self.train_gpus
             workload = self.planned_workload(previous)
             self.config = StepConfig("one_step_off", train, self._best_train(workload, train),
                                      uniform_layout(self.cost, gpus - train, workload), ())
         return self.config
+
+
+class StaticUniform(FixedSplit):
+    """Half the GPUs train, half roll out on uniform instances of the tuned size."""
+
+    name = "static-uniform"
+
+    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
+                 mode: RolloutMode | None = None, group_size: int = 1) -> None:
+        super().__init__(cost, planner, trigger, mode, group_size, train_gpus=cost.cluster.gpus // 2)
 
 
 class GreedyHeuristic(System):
@@ -257,6 +278,8 @@ class Planned(System):
                                          probe=None if frozen else self.probe)
         self.context = 1.0  # mean context of the last batch (prices the router's lanes)
         self.batch_size = 0  # trajectories a step trains (a partial rollout's probe trains that many)
+        # step -> (its measured rollout seconds, the instances, bounds and shares it ran on)
+        self.ran: dict[int, tuple[float, tuple[InstanceSpec, ...], tuple[int, ...], tuple[float, ...]]] = {}
         self._routed_layout: tuple[InstanceSpec, ...] = ()
 
     def probe(self, plan: Plan) -> float:
@@ -264,29 +287,52 @@ class Planned(System):
         rollout replayed through the rollout simulator with this stage's own router as it stands
         (least-load, MLFQ, or Libra's with what it has learned, on a detached copy so the replay
         teaches it nothing), and its training from the cost model, sped up by the hybrids that
-        rollout releases. Under partial rollouts the replay closes at the batch's share of its
-        groups (1 / overprovision of them, the rest cut), as the step's rollout would, and what is
-        trained is a step's batch shaped as the replayed trajectories: as many as a step trains,
-        not as many as the step finished (the first step of a partial run finishes 1.5x its batch;
-        over a run every group is trained, so the shape is that of all of them, not the groups the
-        replay completed first, which are the short ones). Replays are cached per (step,
-        instances) while the step is recent."""
+        rollout releases. Replays are cached per (step, instances) while the step is recent.
+
+        Under partial rollouts the replay closes at the batch's share of its groups (1 /
+        overprovision of them, the rest cut), as the step's rollout would, and what is trained is a
+        step's batch shaped as the replayed trajectories: as many as a step trains, not as many as
+        the step finished (the first step of a partial run finishes 1.5x its batch). The replay only
+        has the trajectories the step finished, not the suspended ones whose ends it never saw, so
+        its groups complete early: its rollout times are scaled by the recent steps' measured
+        rollout over their replay under the instances they ran on (`_calibration`)."""
         layout, bounds = plan_layout(plan)
         assert plan.train is not None
+        factor = self._calibration()
         seconds = []
         for step, batch in self.recent:
-            key = (step, layout, bounds)
-            if key not in self.replays:
-                router = self._make_router(layout, bounds, plan_shares(plan, workload_of(batch)), detached=True)
-                rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(
-                    batch, close=self._probe_close(batch))
-                self.replays[key] = (rollout.makespan_s, rollout.hybrid_released_s)
-            makespan, released = self.replays[key]
+            makespan, released = self._replay(step, batch, layout, bounds, plan_shares(plan, workload_of(batch)))
+            released = [(gpus, at * factor) for gpus, at in released]
             train_s, train_config = train_seconds(self.cost, plan.train.config, plan.train_gpus, batch,
                                                   self.planner_settings, self.batch_size if self.mode.partial else None)
             train_s, _ = with_hybrids(self.cost, train_s, train_config, released)
-            seconds.append(max(makespan, train_s) + self.cost.weight_sync_s())
+            seconds.append(max(makespan * factor, train_s) + self.cost.weight_sync_s())
         return sum(seconds) / len(seconds)
+
+    def _replay(self, step: int, batch: list[SimTrajectory], layout: tuple[InstanceSpec, ...], bounds: tuple[int, ...],
+                shares: tuple[float, ...]) -> tuple[float, list[tuple[int, float]]]:
+        """(makespan, hybrids' release) of `batch` (step `step`'s) rolled out on `layout` (cached)."""
+        key = (step, layout, bounds)
+        if key not in self.replays:
+            router = self._make_router(layout, bounds, shares, detached=True)
+            rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(
+                batch, close=self._probe_close(batch))
+            self.replays[key] = (rollout.makespan_s, rollout.hybrid_released_s)
+        return self.replays[key]
+
+    def _calibration(self) -> float:
+        """Under partial rollouts, the recent steps' measured rollout seconds over their replay on the
+        instances each ran on (1 with nothing measured yet, and without partial rollouts, where a
+        replay runs the step's own trajectories from their start)."""
+        if not self.mode.partial:
+            return 1.0
+        measured = replayed = 0.0
+        for step, batch in self.recent:
+            if step in self.ran:
+                rollout_s, layout, bounds, shares = self.ran[step]
+                measured += rollout_s
+                replayed += self._replay(step, batch, layout, bounds, shares)[0]
+        return measured / replayed if measured > 0 and replayed > 0 else 1.0
 
     def _probe_close(self, batch: list[SimTrajectory]) -> Close | None:
         """A replay's close under partial rollouts: at the batch's groups over the overprovision."""
@@ -316,10 +362,13 @@ class Planned(System):
             predicted = (fixed_layout_time(self.cost, self.planned_workload(previous), plan.rollout.instance_counts)
                          * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
+        if times is not None and self.config is not None:
+            self.ran[step - 1] = (times.t_rollout_s, self.config.layout, self.config.bounds, self.config.shares)
         self.context = mean_context(previous)
         self.batch_size = len(upcoming)
         self.recent.append((step - 1, previous))
         self.replays = {k: v for k, v in self.replays.items() if k[0] >= self.recent[0][0]}
+        self.ran = {k: v for k, v in self.ran.items() if k >= self.recent[0][0]}
         # plan for the recent steps' mean workload, not the last batch alone (whose size and longest
         # trajectory vary from step to step)
         workload = self.planned_workload([t for _, batch in self.recent for t in batch], steps=len(self.recent))
