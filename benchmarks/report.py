@@ -242,6 +242,36 @@ def modes_long_section(result: dict) -> list[str]:
                                  "--save-as modes_long")
 
 
+def headroom_section(result: dict) -> list[str]:
+    goal = result["goal"]
+    lines = [
+        f"**Room over the best fixed split with partial rollouts** (`python -m benchmarks.bench_headroom`; "
+        f"{result['model']} on {result['hardware']}, seed 0, over-provision 1.5, staleness bound 4; {result['machine']}). "
+        "Every fixed split (training GPUs in steps of 4 at 48 GPUs, 16 at 256; the rest roll out on uniform instances "
+        "of the tuned size, never moved), Libra, and the relaxation: every trajectory decoding alone on an instance of "
+        "its own while training has the whole cluster (`libra/sim/relaxation.py`). Trained tokens per second; "
+        f"seconds are means over the steps after the first. {goal}x the best split: the step time it needs, the fewest "
+        "training GPUs that train a batch within it, and the rollout's close on the GPUs they leave and on all but "
+        "the fewest a split trains on.",
+        "",
+        "| workload | GPUs | steps | best split (training GPUs) | half / half | Libra | relaxation (over best) | "
+        f"step for {goal}x | training GPUs needed | close on the rest | close on the most rollout GPUs (training GPUs) | "
+        "close, every trajectory alone |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in result["cells"]:
+        best = c["splits"][str(c["best_split"])]
+        needed = "none" if c["train_needed"] is None else f"{c['train_needed']}"
+        left = "-" if c["rollout_left_s"] is None else f"{c['rollout_left_s']:.1f} s"
+        half = "-" if c["half"] is None else f"{c['half']:,.0f}"
+        lines.append(
+            f"| {c['workload']} | {c['gpus']} | {c['steps']} | {best['tokens_per_s']:,.0f} ({c['best_split']}) | {half} | "
+            f"{c['planned']['libra']:,.0f} | {c['relaxation']['tokens_per_s']:,.0f} ({c['ceiling_over_best']:.2f}x) | "
+            f"{c['target_step_s']:.1f} s | {needed} | {left} | {c['rollout_most_s']:.1f} s ({c['fewest_train']}) | "
+            f"{c['relaxation']['rollout_s']:.1f} s |")
+    return lines
+
+
 def pool_section(result: dict) -> list[str]:
     lines = [
         f"**Elastic hybrid pool** (`python -m benchmarks.bench_pool`; {result['core_ranks']} core rank and "
@@ -359,7 +389,7 @@ def dashboard_section(result: dict) -> list[str]:
 
 SECTIONS = {"store": store_section, "planner": planner_section, "cost_model": cost_model_section,
             "router": router_section, "sim": sim_section, "regimes": regimes_section, "modes": modes_section,
-            "modes_long": modes_long_section, "modes_256": modes_256_section,
+            "modes_long": modes_long_section, "modes_256": modes_256_section, "headroom": headroom_section,
             "pool": pool_section, "rollout": rollout_section, "train": train_section,
             "partial": partial_section, "partial_static": partial_static_section, "megatron": megatron_section,
             "train_policies": train_policies_section, "live_hybrids": live_hybrids_section,

@@ -1,0 +1,136 @@
+"""How much room a partial rollout leaves over the best fixed split: every fixed split, the
+relaxation, and what 1.15x the best split would take.
+
+Each cell runs `--steps` RL steps of one workload with partial rollouts (Qwen3-14B on A800s, seed 0,
+the batch grown with the cluster as in `bench_modes`, over-provision 1.5, staleness bound 4):
+
+- every fixed split (`FixedSplit`: `t` GPUs train, the rest roll out on uniform instances of the
+  tuned size, never moved) for `t` in steps of a node's GPUs / 2 (48 GPUs) or two nodes (256),
+  where both stages fit their GPUs;
+- AReaL-static-optimal and Libra, for reference;
+- the relaxation (`libra.sim.relaxation`): every trajectory decoding alone and training on the
+  whole cluster at once, which no system is expected to beat.
+
+Figures: trained tokens per second of simulated time, the mean rollout close and training time of
+each split (steps after the first, which has no carried groups), the relaxation's ceiling over the
+best split, and for a step 1.15x shorter than the best split's: the fewest training GPUs that train
+a batch in it, and the close a uniform rollout reaches on the GPUs left and on all but the fewest.
+
+    python -m benchmarks.bench_headroom [--steps 30] [--nodes 6 32] [--workloads search-r1 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchmarks.bench_sim import REPLAY
+from benchmarks.common import DECODE_FIT, save
+from libra.errors import InfeasibleError
+from libra.planner.cost_model import CostModel
+from libra.planner.planner import PlannerSettings
+from libra.planner.profiles import MODELS, parse_cluster
+from libra.planner.trigger import TriggerSettings
+from libra.sim.modes import RolloutMode
+from libra.sim.relaxation import Relaxation
+from libra.sim.runner import (
+    SystemRun,
+    run_system,
+    samples_per_group,
+    simulate,
+    spare_batches,
+    workload_batches,
+)
+from libra.sim.systems import FixedSplit
+from libra.sim.workloads import PRESETS, workload_spec
+
+GOAL = 1.15  # the goal: Libra with partial rollouts over the best fixed split with them
+STEPS = {6: 30, 32: 10}  # steps per cell by nodes (as bench_modes and its 256-GPU table)
+
+
+def means(run: SystemRun) -> tuple[float, float, float]:
+    """(rollout close, training, step) seconds, mean over the steps after the first."""
+    later = run.steps[1:] or run.steps
+    return (sum(s.rollout_s for s in later) / len(later), sum(s.train_s for s in later) / len(later),
+            sum(s.step_s for s in later) / len(later))
+
+
+def cell(name: str, nodes: int, steps: int) -> dict:
+    base = workload_spec(name)
+    spec = workload_spec(name, prompts_per_step=max(1, base.prompts_per_step * nodes // 6))
+    cost = CostModel(parse_cluster(f"{nodes}x8:a800"), MODELS["qwen3-14b"])
+    mode = RolloutMode("partial")
+    batches, warmup = workload_batches(spec, steps, 0)
+    spare = spare_batches(spec, steps, 0)
+    group = samples_per_group(batches[0])
+    settings, trigger = PlannerSettings(), TriggerSettings()
+    started = time.perf_counter()
+
+    def run(system) -> SystemRun:
+        return run_system(system, cost, batches, warmup, settings, mode=mode, spare=spare)
+
+    quantum = 4 if nodes * 8 <= 64 else 16
+    splits = {}
+    for train in range(quantum, cost.cluster.gpus, quantum):
+        try:
+            r = run(FixedSplit(cost, settings, trigger, mode, group, train_gpus=train))
+        except InfeasibleError:  # training (or the rollout) does not fit the GPUs this split gives it
+            continue
+        rollout_s, train_s, step_s = means(r)
+        splits[train] = {"tokens_per_s": r.tokens_per_s, "rollout_s": rollout_s, "train_s": train_s, "step_s": step_s}
+    planned = simulate(spec, cost, steps, ["areal-static-optimal", "libra"], seed=0, mode=mode)
+    relaxed = run(Relaxation(cost, settings, trigger, mode, group))
+    best = max(splits, key=lambda t: splits[t]["tokens_per_s"])
+    target_s = splits[best]["step_s"] / GOAL
+    sync = cost.weight_sync_s()
+    enough = [t for t in splits if splits[t]["train_s"] + sync <= target_s]
+    train_needed = min(enough) if enough else None
+    fewest = min(splits)
+    relaxed_rollout, relaxed_train, _ = means(relaxed)
+    label = "trace replay (tau-bench)" if name == REPLAY else name
+    out = {
+        "workload": label, "gpus": cost.cluster.gpus, "steps": steps, "splits": splits, "best_split": best,
+        "half": splits.get(cost.cluster.gpus // 2, {}).get("tokens_per_s"),
+        "planned": {s: r.tokens_per_s for s, r in planned.items()},
+        "relaxation": {"tokens_per_s": relaxed.tokens_per_s, "rollout_s": relaxed_rollout, "train_s": relaxed_train},
+        "ceiling_over_best": relaxed.tokens_per_s / splits[best]["tokens_per_s"],
+        "target_step_s": target_s, "train_needed": train_needed,
+        "rollout_left_s": splits[train_needed]["rollout_s"] if train_needed else None,
+        "fewest_train": fewest, "rollout_most_s": splits[fewest]["rollout_s"],
+        "wall_s": time.perf_counter() - started,
+    }
+    print(f"{label}, {cost.cluster.gpus} GPUs, {steps} steps, partial ({out['wall_s']:.0f} s):")
+    for t, m in splits.items():
+        mark = "  <- best" if t == best else ""
+        print(f"  train {t:>3} GPUs: {m['tokens_per_s']:8.0f} tokens/s  rollout {m['rollout_s']:6.1f} s  "
+              f"training {m['train_s']:6.1f} s{mark}")
+    print(f"  areal-static-optimal {planned['areal-static-optimal'].tokens_per_s:.0f}, libra {planned['libra'].tokens_per_s:.0f}; "
+          f"relaxation {relaxed.tokens_per_s:.0f} (rollout {relaxed_rollout:.1f} s, training {relaxed_train:.1f} s): "
+          f"{out['ceiling_over_best']:.2f}x the best split")
+    if train_needed is None:
+        print(f"  {GOAL}x the best split needs steps of {target_s:.1f} s: no split trains a batch that fast")
+    else:
+        print(f"  {GOAL}x the best split needs steps of {target_s:.1f} s: training needs {train_needed} GPUs, "
+              f"leaving {cost.cluster.gpus - train_needed} to a rollout that closes at {out['rollout_left_s']:.1f} s "
+              f"(uniform); on {cost.cluster.gpus - fewest} GPUs it closes at {out['rollout_most_s']:.1f} s", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, help="steps per cell (default: 30 at 6 nodes, 10 at 32)")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[6, 32])
+    parser.add_argument("--workloads", nargs="*", default=[*PRESETS, "tau-bench-replay"],
+                        help="presets, trace:FILE.csv, or tau-bench-replay (the bundled tau-bench trace replayed)")
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args(argv)
+    workloads = [REPLAY if name == "tau-bench-replay" else name for name in args.workloads]
+    cells = [cell(name, nodes, args.steps or STEPS.get(nodes, 30)) for nodes in args.nodes for name in workloads
+             if nodes == 6 or name != "r2e-gym"]
+    if not args.no_save:
+        print(f"wrote {save('headroom', {'model': 'Qwen3-14B', 'hardware': 'A800', 'decode_fit': DECODE_FIT, 'goal': GOAL, 'cells': cells})}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
