@@ -278,8 +278,8 @@ class Planned(System):
                                          probe=None if frozen else self.probe)
         self.context = 1.0  # mean context of the last batch (prices the router's lanes)
         self.batch_size = 0  # trajectories a step trains (a partial rollout's probe trains that many)
-        # step -> (its measured rollout seconds, the instances, bounds and shares it ran on)
-        self.ran: dict[int, tuple[float, tuple[InstanceSpec, ...], tuple[int, ...], tuple[float, ...]]] = {}
+        # step -> (its measured rollout and training seconds, the instances, bounds and shares it ran on)
+        self.ran: dict[int, tuple[float, float, tuple[InstanceSpec, ...], tuple[int, ...], tuple[float, ...]]] = {}
         self._routed_layout: tuple[InstanceSpec, ...] = ()
 
     def probe(self, plan: Plan) -> float:
@@ -323,15 +323,20 @@ class Planned(System):
     def _calibration(self) -> float:
         """Under partial rollouts, the recent steps' measured rollout seconds over their replay on the
         instances each ran on (1 with nothing measured yet, and without partial rollouts, where a
-        replay runs the step's own trajectories from their start)."""
+        replay runs the step's own trajectories from their start). In the asynchronous mode a
+        rollout goes on until the update beside it is done: a step whose rollout lasted no longer
+        than its training may have been held, and says nothing of where it closed."""
         if not self.mode.partial:
             return 1.0
         measured = replayed = 0.0
         for step, batch in self.recent:
-            if step in self.ran:
-                rollout_s, layout, bounds, shares = self.ran[step]
-                measured += rollout_s
-                replayed += self._replay(step, batch, layout, bounds, shares)[0]
+            if step not in self.ran:
+                continue
+            rollout_s, train_s, layout, bounds, shares = self.ran[step]
+            if self.mode.name == "async" and rollout_s <= train_s:
+                continue
+            measured += rollout_s
+            replayed += self._replay(step, batch, layout, bounds, shares)[0]
         return measured / replayed if measured > 0 and replayed > 0 else 1.0
 
     def _probe_close(self, batch: list[SimTrajectory]) -> Close | None:
@@ -363,7 +368,8 @@ class Planned(System):
                          * plan.t_rollout_s / plan.rollout.seconds)
             self.controller.record(times.t_rollout_s, predicted)
         if times is not None and self.config is not None:
-            self.ran[step - 1] = (times.t_rollout_s, self.config.layout, self.config.bounds, self.config.shares)
+            self.ran[step - 1] = (times.t_rollout_s, times.t_train_s, self.config.layout, self.config.bounds,
+                                  self.config.shares)
         self.context = mean_context(previous)
         self.batch_size = len(upcoming)
         self.recent.append((step - 1, previous))

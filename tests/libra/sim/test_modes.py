@@ -177,7 +177,8 @@ def test_a_partial_probe_prices_training_for_a_step_s_batch_not_all_the_step_fin
 def test_a_partial_probe_is_calibrated_by_the_rollouts_measured_under_the_plan_in_force() -> None:
     """A replay has only the trajectories a step finished (not the suspended stragglers that kept
     their groups open), so under partial rollouts its times are scaled by the recent steps' measured
-    rollout over their replay on the instances they ran on; without partial rollouts nothing is."""
+    rollout over their replay on the instances they ran on; without partial rollouts nothing is, and
+    an asynchronous rollout held by a longer update says nothing of its close."""
     from libra.planner.planner import PlannerSettings
     from libra.planner.trigger import StepTimes, TriggerSettings
     from libra.sim.systems import make_system
@@ -185,23 +186,24 @@ def test_a_partial_probe_is_calibrated_by_the_rollouts_measured_under_the_plan_i
 
     spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
     generator = WorkloadGenerator(spec, 2)
-    for mode in ("partial", "sync"):
+    for mode, measured in (("partial", lambda k: (40.0 + k, 10.0)), ("sync", lambda k: (40.0 + k, 10.0)),
+                           ("async", lambda k: (60.0, 60.0))):
         system = make_system("+planner", COST, PlannerSettings(), TriggerSettings(), RolloutMode(mode), 4)
         previous, times = generator.step(-1), None
         for k in range(3):
             batch = generator.step(k)
             config = system.configure(k, previous, batch, times)
-            times = StepTimes(k, 40.0 + k, 10.0)  # as if measured: longer than any replay here
+            times = StepTimes(k, *measured(k))  # as if measured: longer than any replay here
             previous = batch[: len(batch) * 3 // 4]
         system.configure(3, previous, generator.step(3), times)
-        assert sorted(system.ran) == [1, 2] and system.ran[2][:2] == (42.0, config.layout)
-        replayed = sum(system._replay(s, b, *system.ran[s][1:])[0] for s, b in system.recent)
+        assert sorted(system.ran) == [1, 2] and system.ran[2][:3] == (*measured(2), config.layout)
+        replayed = sum(system._replay(s, b, *system.ran[s][2:])[0] for s, b in system.recent)
         factor = system._calibration()
         assert factor == ((41.0 + 42.0) / replayed if mode == "partial" else 1.0)
         plan = system.controller.current
         trains = [train_seconds(COST, plan.train.config, plan.train_gpus, b, system.planner_settings,
-                                len(batch) if mode == "partial" else None)[0] for _, b in system.recent]
-        steps = [max(system.replays[(s, *system.ran[s][1:3])][0] * factor, train) + COST.weight_sync_s()
+                                len(batch) if mode != "sync" else None)[0] for _, b in system.recent]
+        steps = [max(system.replays[(s, *system.ran[s][2:4])][0] * factor, train) + COST.weight_sync_s()
                  for (s, _), train in zip(system.recent, trains, strict=True)]
         assert system.probe(plan) == pytest.approx(sum(steps) / len(steps), rel=1e-12)
         assert factor > 1 if mode == "partial" else factor == 1.0
