@@ -38,6 +38,7 @@ from libra.sim.runner import (
     run_system,
     samples_per_group,
     simulate,
+    simulation_cost,
     spare_batches,
     workload_batches,
 )
@@ -58,7 +59,7 @@ def means(run: SystemRun) -> tuple[float, float, float]:
 def cell(name: str, nodes: int, steps: int) -> dict:
     base = workload_spec(name)
     spec = workload_spec(name, prompts_per_step=max(1, base.prompts_per_step * nodes // 6))
-    cost = CostModel(parse_cluster(f"{nodes}x8:a800"), MODELS["qwen3-14b"])
+    cost = simulation_cost(spec, CostModel(parse_cluster(f"{nodes}x8:a800"), MODELS["qwen3-14b"]))
     mode = RolloutMode("partial")
     batches, warmup = workload_batches(spec, steps, 0)
     spare = spare_batches(spec, steps, 0)

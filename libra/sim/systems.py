@@ -140,6 +140,10 @@ class System:
 
     def configure(self, step: int, previous: list[SimTrajectory], upcoming: list[SimTrajectory],
                   times: StepTimes | None) -> StepConfig:
+        """Step `step`'s configuration. `previous`: the last step's trajectories, whole (the
+        warm-up batch before step 0; under partial rollouts the groups it completed for training,
+        with the samples that kept them open, or what it finished if it completed none);
+        `upcoming`: the step's new batch; `times`: the last step's measured stage times."""
         raise NotImplementedError
 
     def planned_workload(self, trajectories: list[SimTrajectory], steps: int = 1) -> Workload:
@@ -291,11 +295,10 @@ class Planned(System):
 
         Under partial rollouts the replay closes at the batch's share of its groups (1 /
         overprovision of them, the rest cut), as the step's rollout would, and what is trained is a
-        step's batch shaped as the replayed trajectories: as many as a step trains, not as many as
-        the step finished (the first step of a partial run finishes 1.5x its batch). The replay only
-        has the trajectories the step finished, not the suspended ones whose ends it never saw, so
-        its groups complete early: its rollout times are scaled by the recent steps' measured
-        rollout over their replay under the instances they ran on (`_calibration`)."""
+        step's batch shaped as the replayed trajectories (as many as a step trains). A replay starts
+        every group afresh, while a step continues the groups it carried, which complete early: its
+        rollout times are scaled by the recent steps' measured rollout over their replay on the
+        instances they ran on (`_calibration`)."""
         layout, bounds = plan_layout(plan)
         assert plan.train is not None
         factor = self._calibration()

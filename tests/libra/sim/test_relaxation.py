@@ -9,7 +9,14 @@ from libra.planner.profiles import MODELS, parse_cluster
 from libra.planner.trigger import TriggerSettings
 from libra.sim.modes import RolloutMode
 from libra.sim.relaxation import Relaxation
-from libra.sim.runner import run_system, samples_per_group, simulate, spare_batches, workload_batches
+from libra.sim.runner import (
+    run_system,
+    samples_per_group,
+    simulate,
+    simulation_cost,
+    spare_batches,
+    workload_batches,
+)
 from libra.sim.systems import FixedSplit, StaticUniform
 from libra.sim.workloads import workload_spec
 
@@ -17,9 +24,11 @@ COST = CostModel(parse_cluster("6x8:a800"), MODELS["qwen3-14b"])
 
 
 def run(system_class, spec, mode, steps=6, **kwargs):
+    """One system over `steps` batches of `spec` (seed 1), as `simulate` runs it."""
     batches, warmup = workload_batches(spec, steps, 1)
-    system = system_class(COST, PlannerSettings(), TriggerSettings(), mode, samples_per_group(batches[0]), **kwargs)
-    return run_system(system, COST, batches, warmup, PlannerSettings(), mode=mode,
+    cost = simulation_cost(spec, COST)
+    system = system_class(cost, PlannerSettings(), TriggerSettings(), mode, samples_per_group(batches[0]), **kwargs)
+    return run_system(system, cost, batches, warmup, PlannerSettings(), mode=mode,
                       spare=spare_batches(spec, steps, 1) if mode.partial else [])
 
 
@@ -41,5 +50,7 @@ def test_a_fixed_split_trains_on_the_gpus_it_is_given_and_static_uniform_is_half
     assert {s.train_gpus for s in quarter.steps} == {12} and {s.rollout_gpus for s in quarter.steps} <= {32, 36}
     half = run(FixedSplit, spec, mode, steps=3, train_gpus=24)
     assert [s.step_s for s in half.steps] == [s.step_s for s in run(StaticUniform, spec, mode, steps=3).steps]
+    simulated = simulate(spec, COST, 3, ["static-uniform"], seed=1, mode=mode)["static-uniform"]
+    assert [s.step_s for s in half.steps] == [s.step_s for s in simulated.steps]
     with pytest.raises(ValueError, match="a fixed split trains on 1 to 47 of 48 GPUs, got 48"):
         FixedSplit(COST, PlannerSettings(), TriggerSettings(), train_gpus=48)
