@@ -207,3 +207,31 @@ def test_a_partial_probe_is_calibrated_by_the_rollouts_measured_under_the_plan_i
                  for (s, _), train in zip(system.recent, trains, strict=True)]
         assert system.probe(plan) == pytest.approx(sum(steps) / len(steps), rel=1e-12)
         assert factor > 1 if mode == "partial" else factor == 1.0
+
+
+def test_under_partial_rollouts_a_system_plans_from_whole_groups() -> None:
+    """What a step finished lacks the suspended samples that kept their groups open: a system is
+    given the groups the step completed for training, every sample of each."""
+    from collections import Counter
+
+    from libra.planner.planner import PlannerSettings
+    from libra.planner.trigger import TriggerSettings
+    from libra.sim.runner import run_system, spare_batches, workload_batches
+    from libra.sim.systems import StaticUniform
+
+    seen = []
+
+    class Spy(StaticUniform):
+        def configure(self, step, previous, upcoming, times):
+            seen.append(list(previous))
+            return super().configure(step, previous, upcoming, times)
+
+    spec = workload_spec("search-r1", group_size=4, prompts_per_step=8)
+    mode = RolloutMode("partial")
+    batches, warmup = workload_batches(spec, 5, 3)
+    run = run_system(Spy(COST, PlannerSettings(), TriggerSettings(), mode, 4), COST, batches, warmup, PlannerSettings(),
+                     mode=mode, spare=spare_batches(spec, 5, 3))
+    assert seen[0] == warmup and sum(s.suspended for s in run.steps) > 0
+    for k, previous in enumerate(seen[1:]):
+        assert set(Counter(t.prompt_id for t in previous).values()) == {4} and len(previous) == 32
+        assert previous == run.trained[k]
