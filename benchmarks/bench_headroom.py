@@ -2,7 +2,8 @@
 relaxation, and what 1.15x the best split would take.
 
 Each cell runs `--steps` RL steps of one workload with partial rollouts (Qwen3-14B on A800s, seed 0,
-the batch grown with the cluster as in `bench_modes`, over-provision 1.5, staleness bound 4):
+the batch grown with the cluster as in `bench_modes`, over-provision 1.5, staleness bound 4; r2e-gym
+at 48 GPUs only, as in `bench_modes`' 256-GPU table):
 
 - every fixed split (`FixedSplit`: `t` GPUs train, the rest roll out on uniform instances of the
   tuned size, never moved) for `t` in steps of a node's GPUs / 2 (48 GPUs) or two nodes (256),
