@@ -8,8 +8,7 @@ batching slows down. The relaxation keeps that latency and takes the GPU budget 
   fastest (as many instances as trajectories in flight), so no sample waits for a batch slot or
   shares a decode step;
 - training runs on the whole cluster, in the configuration fastest for the step's workload
-  (`TrainingTable.best` over every count of GPUs a plan could give it, at the planner's
-  granularity);
+  (`TrainingTable.best`: the fastest on any count of GPUs up to the cluster's);
 - the rest is the run's own: the same batches, over-provision, close, staleness bound, weight sync
   and one-step-off pipelining (`runner.run_system`).
 
@@ -26,7 +25,6 @@ from __future__ import annotations
 import math
 
 from libra.errors import InfeasibleError
-from libra.planner.planner import Planner
 from libra.planner.training_search import TrainingTable
 from libra.sim.bound import TPS
 from libra.sim.rollout import InstanceSpec, mean_context
@@ -41,14 +39,11 @@ class Relaxation(System):
     def configure(self, step, previous, upcoming, times):
         gpus = self.cost.cluster.gpus
         workload = self.planned_workload(previous)
-        table = TrainingTable(self.cost, workload)
-        step_gpus = Planner(self.cost, workload, self.planner_settings, table).granularity()
-        found = [best for g in range(step_gpus, gpus + 1, step_gpus) if (best := table.best(g)) is not None]
-        if not found:
+        train = TrainingTable(self.cost, workload).best(gpus)
+        if train is None:
             raise InfeasibleError(f"no training configuration fits {gpus} GPUs")
-        train = min(found, key=lambda best: best.seconds).config
         context = mean_context(previous)
         tps = [tp for tp in TPS if tp <= self.cost.cluster.gpus_per_node and self.cost.kv_capacity_tokens(tp) > 0]
         tp = min(tps, key=lambda tp: (self.cost.decode_step_s(tp, 1, context), -tp))
         in_flight = math.ceil(self.mode.overprovision * len(upcoming)) + len(upcoming) if self.mode.partial else len(upcoming)
-        return StepConfig("one_step_off", gpus, train, tuple(InstanceSpec(tp, 0) for _ in range(in_flight)), ())
+        return StepConfig("one_step_off", gpus, train.config, tuple(InstanceSpec(tp, 0) for _ in range(in_flight)), ())
