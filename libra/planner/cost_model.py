@@ -38,6 +38,7 @@ Rollout (a group of `count` instances of TP `tp` serving some length buckets, co
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 
@@ -257,6 +258,11 @@ class CostModel:
     # ---------------------------------------------------------------- rollout
     def weights_per_gpu_bytes(self, tp: int) -> float:
         return self.model.weight_bytes / tp
+
+    def instance_tps(self, choices: Sequence[int]) -> tuple[int, ...]:
+        """Of `choices`, the TP sizes a rollout instance can have here: within one node, with room
+        for KV cache beside the weights."""
+        return tuple(tp for tp in choices if tp <= self.cluster.gpus_per_node and self.kv_capacity_tokens(tp) > 0)
 
     def kv_capacity_tokens(self, tp: int) -> int:
         """Tokens of KV cache a TP-`tp` instance holds (0 if the weights do not fit)."""

@@ -34,7 +34,7 @@ def best_training(cost: CostModel, gpus: int, workload: Workload) -> TrainEstima
 def best_rollout(cost: CostModel, gpus: int, workload: Workload) -> float:
     """Smallest makespan over every instance layout using at most `gpus` GPUs and every
     assignment of the sorted buckets to groups in increasing TP order."""
-    tps = [tp for tp in TP_CHOICES if tp <= cost.cluster.gpus_per_node and cost.kv_capacity_tokens(tp) > 0]
+    tps = cost.instance_tps(TP_CHOICES)
     buckets = workload.buckets
     best = math.inf
     for assignment in itertools.combinations_with_replacement(range(len(tps)), len(buckets)):

@@ -73,7 +73,7 @@ class RolloutSearch:
         self.cost = cost
         self.workload = workload
         self.buckets = workload.buckets
-        self.tps = tuple(tp for tp in tps if tp <= cost.cluster.gpus_per_node and cost.kv_capacity_tokens(tp) > 0)
+        self.tps = cost.instance_tps(tps)
         self._times: dict[tuple[int, int, int, int], float] = {}
         self.dp_evaluations = 0
         self.group_evaluations = 0

@@ -113,7 +113,7 @@ def rollout_gpu_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> flo
 
 def longest_s(cost: CostModel, trajectories: Sequence[SimTrajectory]) -> float:
     """Least seconds of the slowest trajectory run alone, each turn on the fastest TP that holds it."""
-    tps = [tp for tp in TPS if tp <= cost.cluster.gpus_per_node and cost.kv_capacity_tokens(tp) > 0]
+    tps = cost.instance_tps(TPS)
     limit = {tp: min(cost.kv_capacity_tokens(tp), cost.rollout.max_context_tokens) for tp in tps}
     slowest = 0.0
     for trajectory in trajectories:

@@ -43,7 +43,6 @@ class Relaxation(System):
         if train is None:
             raise InfeasibleError(f"no training configuration fits {gpus} GPUs")
         context = mean_context(previous)
-        tps = [tp for tp in TPS if tp <= self.cost.cluster.gpus_per_node and self.cost.kv_capacity_tokens(tp) > 0]
-        tp = min(tps, key=lambda tp: (self.cost.decode_step_s(tp, 1, context), -tp))
+        tp = min(self.cost.instance_tps(TPS), key=lambda tp: (self.cost.decode_step_s(tp, 1, context), -tp))
         in_flight = math.ceil(self.mode.overprovision * len(upcoming)) + len(upcoming) if self.mode.partial else len(upcoming)
         return StepConfig("one_step_off", gpus, train.config, tuple(InstanceSpec(tp, 0) for _ in range(in_flight)), ())
