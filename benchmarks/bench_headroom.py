@@ -38,7 +38,7 @@ from libra.sim.runner import (
     SystemRun,
     run_system,
     samples_per_group,
-    simulate,
+    simulate_system,
     simulation_cost,
     spare_batches,
     workload_batches,
@@ -80,7 +80,8 @@ def cell(name: str, nodes: int, steps: int) -> dict:
             continue
         rollout_s, train_s, step_s = means(r)
         splits[train] = {"tokens_per_s": r.tokens_per_s, "rollout_s": rollout_s, "train_s": train_s, "step_s": step_s}
-    planned = simulate(spec, cost, steps, ["areal-static-optimal", "libra"], seed=0, mode=mode)
+    planned = {name: simulate_system(name, cost, batches, warmup, settings, trigger, mode=mode, spare=spare)
+               for name in ("areal-static-optimal", "libra")}
     relaxed = run(Relaxation(cost, settings, trigger, mode, group))
     best = max(splits, key=lambda t: splits[t]["tokens_per_s"])
     target_s = splits[best]["step_s"] / GOAL
