@@ -10,7 +10,14 @@ at 48 GPUs only, as in `bench_modes`' 256-GPU table):
   where both stages fit their GPUs;
 - AReaL-static-optimal and Libra, for reference;
 - the relaxation (`libra.sim.relaxation`): every trajectory decoding alone and training on the
-  whole cluster at once, which no system is expected to beat.
+  whole cluster at once, which no system is expected to beat;
+- two clairvoyant probes around the best split, which read every trajectory's future: the groups
+  that will close the batch on instances of their own (`ClairvoyantClose`: the best split and its
+  neighbours at 48 GPUs, the best split at 256; the lanes a quarter, half or three quarters of the
+  rollout GPUs, of every instance size pair, holding 1x or 1.25x the groups the batch needs), and
+  hybrids leaving the rollout's tail for training (`HybridSplit`: one or two quanta of hybrid
+  GPUs, leaving at 0.2-0.8 of the needed groups still to complete), their joins at the pool's cost
+  and free. Each reports its best configuration.
 
 Figures: trained tokens per second of simulated time, the mean rollout close and training time of
 each split (steps after the first, which has no carried groups), the relaxation's ceiling over the
@@ -23,6 +30,7 @@ a batch in it, and the close a uniform rollout reaches on the GPUs left and on a
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 from benchmarks.bench_sim import REPLAY
@@ -43,7 +51,7 @@ from libra.sim.runner import (
     spare_batches,
     workload_batches,
 )
-from libra.sim.systems import FixedSplit
+from libra.sim.systems import ClairvoyantClose, FixedSplit, HybridSplit, best_uniform_tp
 from libra.sim.workloads import PRESETS, workload_spec
 
 GOAL = 1.15  # the goal: Libra with partial rollouts over the best fixed split with them
@@ -55,6 +63,31 @@ def means(run: SystemRun) -> tuple[float, float, float]:
     later = run.steps[1:] or run.steps
     return (sum(s.rollout_s for s in later) / len(later), sum(s.train_s for s in later) / len(later),
             sum(s.step_s for s in later) / len(later))
+
+
+LANE_SHARES = (0.25, 0.5, 0.75)  # of the rollout GPUs given to the closing groups' instances
+MARGINS = (1.0, 1.25)  # closing groups set apart, per group the batch needs
+LEAVE = (0.2, 0.4, 0.6, 0.8)  # hybrids leave once this share of the needed groups is still to complete
+
+
+def best_of(runs: dict[str, SystemRun]) -> dict | None:
+    """The configuration that trained the most tokens per second, with its means."""
+    if not runs:
+        return None
+    key = max(runs, key=lambda k: runs[k].tokens_per_s)
+    rollout_s, train_s, step_s = means(runs[key])
+    return {"config": key, "tokens_per_s": runs[key].tokens_per_s, "rollout_s": rollout_s, "train_s": train_s,
+            "step_s": step_s, "tried": len(runs)}
+
+
+def lane_configs(rollout_gpus: int, sizes: tuple[int, ...]):
+    """(lane, rest) instance sets over `rollout_gpus`: the lane a share of them (`LANE_SHARES`)."""
+    for lane_tp, rest_tp in itertools.product(sizes, repeat=2):
+        for share in LANE_SHARES:
+            lane_gpus = min(max(lane_tp, round(share * rollout_gpus / lane_tp) * lane_tp), rollout_gpus - rest_tp)
+            rest = (rollout_gpus - lane_gpus) // rest_tp
+            if lane_gpus >= lane_tp and rest >= 1:
+                yield (lane_gpus // lane_tp, lane_tp), (rest, rest_tp)
 
 
 def cell(name: str, nodes: int, steps: int) -> dict:
@@ -84,6 +117,33 @@ def cell(name: str, nodes: int, steps: int) -> dict:
                for name in ("areal-static-optimal", "libra")}
     relaxed = run(Relaxation(cost, settings, trigger, mode, group))
     best = max(splits, key=lambda t: splits[t]["tokens_per_s"])
+    # clairvoyant probes around the best split: the closing groups on instances of their own, and
+    # hybrids (joins at their cost, and free)
+    workload = FixedSplit(cost, settings, trigger, mode, group, train_gpus=best).planned_workload(warmup)
+    fits = tuple(tp for tp in (1, 2, 4, 8) if tp <= cost.cluster.gpus_per_node
+                 and cost.instance_fits(tp, cost.rollout.max_context_tokens))
+    wide = cost.cluster.gpus <= 64
+    lanes, hybrids, free = {}, {}, {}
+    for train in ([best - quantum, best, best + quantum] if wide else [best]):
+        if train not in splits:
+            continue
+        rollout_gpus = cost.cluster.gpus - train
+        uniform = best_uniform_tp(cost, rollout_gpus, workload)
+        sizes = tuple(tp for tp in fits if tp >= 2) if wide else tuple(sorted({uniform, max(fits)}))
+        for (lane, rest), margin in itertools.product(lane_configs(rollout_gpus, sizes), MARGINS):
+            lanes[f"train {train}, lane {lane[0]}xTP{lane[1]}, rest {rest[0]}xTP{rest[1]}, margin {margin}"] = run(
+                ClairvoyantClose(cost, settings, trigger, mode, group, train_gpus=train, lane=lane, rest=rest,
+                                 margin=margin))
+    for train in ([best - 2 * quantum, best - quantum, best] if wide else [best - quantum, best]):
+        for extra in (quantum, 2 * quantum):
+            core = cost.cluster.gpus - train - extra
+            if train not in splits or core < 1 or extra % best_uniform_tp(cost, core, workload):
+                continue
+            for leave, join_s in itertools.product(LEAVE, (None, 0.0)):
+                key = f"train {train}, hybrids {extra}, leave at {leave}"
+                (free if join_s == 0.0 else hybrids)[key] = run(HybridSplit(
+                    cost, settings, trigger, mode, group, train_gpus=train, hybrid_gpus=extra, leave_fraction=leave,
+                    join_s=join_s))
     target_s = splits[best]["step_s"] / GOAL
     sync = cost.weight_sync_s()
     enough = [t for t in splits if splits[t]["train_s"] + sync <= target_s]
@@ -100,6 +160,7 @@ def cell(name: str, nodes: int, steps: int) -> dict:
         "target_step_s": target_s, "train_needed": train_needed,
         "rollout_left_s": splits[train_needed]["rollout_s"] if train_needed else None,
         "fewest_train": fewest, "rollout_most_s": splits[fewest]["rollout_s"],
+        "clairvoyant_lanes": best_of(lanes), "hybrids": best_of(hybrids), "free_hybrids": best_of(free),
         "wall_s": time.perf_counter() - started,
     }
     print(f"{label}, {cost.cluster.gpus} GPUs, {steps} steps, partial ({out['wall_s']:.0f} s):")
@@ -110,6 +171,11 @@ def cell(name: str, nodes: int, steps: int) -> dict:
     print(f"  areal-static-optimal {planned['areal-static-optimal'].tokens_per_s:.0f}, libra {planned['libra'].tokens_per_s:.0f}; "
           f"relaxation {relaxed.tokens_per_s:.0f} (rollout {relaxed_rollout:.1f} s, training {relaxed_train:.1f} s): "
           f"{out['ceiling_over_best']:.2f}x the best split")
+    for label_, probe in (("clairvoyant lanes", out["clairvoyant_lanes"]), ("hybrids", out["hybrids"]),
+                          ("free hybrids", out["free_hybrids"])):
+        if probe:
+            print(f"  best of {probe['tried']} {label_}: {probe['tokens_per_s']:.0f} tokens/s "
+                  f"({probe['tokens_per_s'] / splits[best]['tokens_per_s']:.3f}x the best split; {probe['config']})")
     if train_needed is None:
         print(f"  {GOAL}x the best split needs steps of {target_s:.1f} s: no split trains a batch that fast")
     else:

@@ -252,12 +252,14 @@ def headroom_section(result: dict) -> list[str]:
         "its own while training has the whole cluster (`libra/sim/relaxation.py`). Trained tokens per second; "
         f"seconds are means over the steps after the first. {goal}x the best split: the step time it needs, the fewest "
         "training GPUs that train a batch within it, and the rollout's close on the GPUs they leave and on all but "
-        "the fewest a split trains on.",
+        "the fewest a split trains on. Clairvoyant probes around the best split (they read every trajectory's "
+        "future; the best of the configurations tried, over the best split): the groups that will close the batch "
+        "on instances of their own, and hybrids that leave the rollout's tail for training, their joins paid and free.",
         "",
         "| workload | GPUs | steps | best split (training GPUs) | half / half | Libra | relaxation (over best) | "
         f"step for {goal}x | training GPUs needed | close on the rest | close on the most rollout GPUs (training GPUs) | "
-        "close, every trajectory alone |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "close, every trajectory alone | closing groups apart (tried) | hybrids (tried) | hybrids, free joins |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result["cells"]:
         best = c["splits"][str(c["best_split"])]
@@ -268,8 +270,16 @@ def headroom_section(result: dict) -> list[str]:
             f"| {c['workload']} | {c['gpus']} | {c['steps']} | {best['tokens_per_s']:,.0f} ({c['best_split']}) | {half} | "
             f"{c['planned']['libra']:,.0f} | {c['relaxation']['tokens_per_s']:,.0f} ({c['ceiling_over_best']:.2f}x) | "
             f"{c['target_step_s']:.1f} s | {needed} | {left} | {c['rollout_most_s']:.1f} s ({c['fewest_train']}) | "
-            f"{c['relaxation']['rollout_s']:.1f} s |")
+            f"{c['relaxation']['rollout_s']:.1f} s | {_probe(c, 'clairvoyant_lanes', best)} | "
+            f"{_probe(c, 'hybrids', best)} | {_probe(c, 'free_hybrids', best)} |")
     return lines
+
+
+def _probe(cell: dict, key: str, best: dict) -> str:
+    probe = cell.get(key)
+    if not probe:
+        return "-"
+    return f"{probe['tokens_per_s'] / best['tokens_per_s']:.3f}x ({probe['tried']})"
 
 
 def pool_section(result: dict) -> list[str]:

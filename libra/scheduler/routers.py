@@ -14,7 +14,8 @@ tool return. All share one interface so they can be replayed, simulated and depl
   instances that would decode fastest with them: Libra's makespan placement without length
   evidence), `AlwaysShortest`, `MLFQ`
   (demote when tokens so far pass the bucket bound), `LengthPredictor` (per-prompt history mean,
-  else a log-log regression on prompt size; optionally re-predicts at each return) and `Oracle`.
+  else a log-log regression on prompt size; optionally re-predicts at each return), `Oracle` and
+  `GroupLanes` (named groups apart from the rest: a clairvoyant probe of placement, not a policy).
   `Budgeted` puts any of them under the same migration budget as Libra's router.
 """
 
@@ -147,6 +148,25 @@ class LeastLoad(Router):
         bucket = self.current.pop(trajectory_id, None)
         if bucket is not None:
             self.active[bucket] -= 1
+
+
+class GroupLanes(Router):
+    """The trajectories of the groups in `first` run on bucket 0's instances and every other one on
+    bucket 1's, from their start to their end. Told which groups will close a partial batch (by
+    someone who knows the lengths), it measures what placing those apart could give; it is not a
+    policy anyone can run."""
+
+    name = "group-lanes"
+
+    def __init__(self, groups: Mapping[str, str], first: frozenset[str]) -> None:
+        super().__init__(Buckets((1,)), measure="total")
+        self.groups = groups
+        self.first = first
+
+    def start(self, trajectory_id: str, prompt_id: str, prompt_tokens: int) -> RouteDecision:
+        bucket = 0 if self.groups[trajectory_id] in self.first else 1
+        self.current[trajectory_id] = bucket
+        return RouteDecision(bucket, None)
 
 
 class LeastLatency(LeastLoad):

@@ -187,7 +187,7 @@ def run_system(system: System, cost: CostModel, batches: list[list[SimTrajectory
         close = launch.close
         if close is not None and mode.name == "async" and not colocated and pending is not None:
             def hold(released, base_s=base_s, base_config=base_config, switch=config.switch_cost_s):
-                return with_hybrids(cost, base_s, base_config, released)[0] - switch
+                return with_hybrids(cost, base_s, base_config, released, join_s=system.join_s)[0] - switch
             close = Close(close.groups, close.needed, hold=hold)
         rollout = system.rollout(k, config, list(launch.trajectories), launch.resume, close)
         landed = feed.land(k, rollout, launch.trajectories)
@@ -210,7 +210,8 @@ def run_system(system: System, cost: CostModel, batches: list[list[SimTrajectory
             trained = []
             if pending is not None:
                 train_config = base_config
-                train_s, events = with_hybrids(cost, base_s, train_config, rollout.hybrid_released_s)
+                train_s, events = with_hybrids(cost, base_s, train_config, rollout.hybrid_released_s,
+                                                join_s=system.join_s)
                 trained = pending[1]
             rollout_side = rollout.makespan_s + config.switch_cost_s
             step_s = max(rollout_side, train_s) + sync_s

@@ -53,12 +53,13 @@ def join_seconds(cost: CostModel, config: TrainConfig) -> float:
 
 
 def with_hybrids(cost: CostModel, train_s: float, config: TrainConfig, released: list[tuple[int, float]],
-                 joins: JoinSettings = DEFAULT_JOINS) -> tuple[float, list]:
+                 joins: JoinSettings = DEFAULT_JOINS, join_s: float | None = None) -> tuple[float, list]:
     """Training time when hybrid GPUs join as extra replicas: each asks to join at its release and
     has the snapshot `join_seconds` later; the pool's join policy (`libra.pools.joins`) then lets it
     in (the snapshot is of the step being trained, so it is no step behind) or, past
-    `join_timeout_s`, turns it away. A hybrid arriving after the step would have ended is no help."""
-    join_s = join_seconds(cost, config)
+    `join_timeout_s`, turns it away. A hybrid arriving after the step would have ended is no help.
+    `join_s` replaces what a join costs (`join_seconds`)."""
+    join_s = join_seconds(cost, config) if join_s is None else join_s
     replica = config.tp * config.pp
     arrivals = sorted(t + join_s for _, t in released)
     gpus_joined = 0
