@@ -42,15 +42,7 @@ from libra.planner.profiles import MODELS, parse_cluster
 from libra.planner.trigger import TriggerSettings
 from libra.sim.modes import RolloutMode
 from libra.sim.relaxation import Relaxation
-from libra.sim.runner import (
-    SystemRun,
-    run_system,
-    samples_per_group,
-    simulate_system,
-    simulation_cost,
-    spare_batches,
-    workload_batches,
-)
+from libra.sim.runner import SystemRun, draw, simulate_system
 from libra.sim.systems import ClairvoyantClose, FixedSplit, HybridSplit, best_uniform_tp
 from libra.sim.workloads import PRESETS, workload_spec
 
@@ -93,16 +85,13 @@ def lane_configs(rollout_gpus: int, sizes: tuple[int, ...]):
 def cell(name: str, nodes: int, steps: int) -> dict:
     base = workload_spec(name)
     spec = workload_spec(name, prompts_per_step=max(1, base.prompts_per_step * nodes // 6))
-    cost = simulation_cost(spec, CostModel(parse_cluster(f"{nodes}x8:a800"), MODELS["qwen3-14b"]))
-    mode = RolloutMode("partial")
-    batches, warmup = workload_batches(spec, steps, 0)
-    spare = spare_batches(spec, steps, 0)
-    group = samples_per_group(batches[0])
+    drawn = draw(spec, CostModel(parse_cluster(f"{nodes}x8:a800"), MODELS["qwen3-14b"]), steps, 0, RolloutMode("partial"))
+    cost, mode, group = drawn.cost, drawn.mode, drawn.group_size
     settings, trigger = PlannerSettings(), TriggerSettings()
     started = time.perf_counter()
 
     def run(system) -> SystemRun:
-        return run_system(system, cost, batches, warmup, settings, mode=mode, spare=spare)
+        return drawn.run(system, settings)
 
     quantum = 4 if nodes * 8 <= 64 else 16
     splits = {}
@@ -113,13 +102,12 @@ def cell(name: str, nodes: int, steps: int) -> dict:
             continue
         rollout_s, train_s, step_s = means(r)
         splits[train] = {"tokens_per_s": r.tokens_per_s, "rollout_s": rollout_s, "train_s": train_s, "step_s": step_s}
-    planned = {name: simulate_system(name, cost, batches, warmup, settings, trigger, mode=mode, spare=spare)
-               for name in ("areal-static-optimal", "libra")}
+    planned = {name: simulate_system(name, drawn, settings, trigger) for name in ("areal-static-optimal", "libra")}
     relaxed = run(Relaxation(cost, settings, trigger, mode, group))
     best = max(splits, key=lambda t: splits[t]["tokens_per_s"])
     # clairvoyant probes around the best split: the closing groups on instances of their own, and
     # hybrids (joins at their cost, and free)
-    workload = FixedSplit(cost, settings, trigger, mode, group, train_gpus=best).planned_workload(warmup)
+    workload = FixedSplit(cost, settings, trigger, mode, group, train_gpus=best).planned_workload(drawn.warmup)
     fits = tuple(tp for tp in (1, 2, 4, 8) if tp <= cost.cluster.gpus_per_node
                  and cost.instance_fits(tp, cost.rollout.max_context_tokens))
     wide = cost.cluster.gpus <= 64

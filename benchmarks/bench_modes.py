@@ -25,7 +25,7 @@ from benchmarks.common import DECODE_FIT, save
 from libra.planner.cost_model import CostModel
 from libra.planner.profiles import MODELS, parse_cluster
 from libra.sim.modes import MODES, RolloutMode
-from libra.sim.runner import simulate, simulation_cost, workload_batches
+from libra.sim.runner import draw, simulate_system
 from libra.sim.workloads import PRESETS, workload_spec
 from tasks.sim_tasks import run_bounds
 
@@ -37,13 +37,13 @@ def cell(name: str, nodes: int, steps: int, modes: tuple[str, ...] = MODES, stag
     base = workload_spec(name)
     spec = workload_spec(name, prompts_per_step=max(1, base.prompts_per_step * nodes // 6))
     cost = CostModel(parse_cluster(f"{nodes}x8:a800"), MODELS["qwen3-14b"])
-    batches, _ = workload_batches(spec, steps, 0)
     label = "trace replay (tau-bench)" if name == REPLAY else name
     out = {"workload": label, "gpus": nodes * 8, "steps": steps, "modes": {}}
     for mode in modes:
         started = time.perf_counter()
-        runs = simulate(spec, cost, steps, [*FIXED, *stages], seed=0, mode=RolloutMode(mode))
-        bounds = run_bounds(simulation_cost(spec, cost), batches, runs)
+        drawn = draw(spec, cost, steps, 0, RolloutMode(mode))
+        runs = {s: simulate_system(s, drawn) for s in [*FIXED, *stages]}
+        bounds = run_bounds(drawn.cost, drawn.batches, runs)
         out["modes"][mode] = {s: {"tokens_per_s": r.tokens_per_s, "offpolicy_share": r.offpolicy_share,
                                   "vs_bound": bounds[s] / r.total_time_s,
                                   "untrained_share": r.untrained_tokens / max(1, r.untrained_tokens + sum(

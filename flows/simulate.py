@@ -146,7 +146,7 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
                                                                              progress)
             for name in request.systems}
     bounds = bound_task(drawn, runs)
-    summary = summarize(runs, drawn.gpus, request.workload, bounds)
+    summary = summarize(runs, drawn.cost.cluster.gpus, request.workload, bounds)
     summary["rollout_mode"] = request.rollout_mode
     summary["simulation_wall_s"] = time.perf_counter() - began
     record_store_task(runs, request.run, settings.store)

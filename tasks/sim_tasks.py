@@ -6,8 +6,7 @@ request no system can run, before anything starts."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -15,18 +14,10 @@ from prefect.cache_policies import NO_CACHE
 from libra.config import LibraConfig, PlannerConfig, StoreConfig
 from libra.errors import InfeasibleError, LibraError
 
+if TYPE_CHECKING:
+    from libra.sim.runner import Drawn
+
 SimProgress = Callable[[str, int], None]  # told (system, step) after each simulated step
-
-
-@dataclass(frozen=True)
-class SimWorkload:
-    """The simulated steps every system runs, and the cost model they are timed with."""
-
-    batches: list  # per step: its SimTrajectory list
-    warmup: list  # the batch the planning systems plan step 0 on
-    spare: list  # batches after the last step (a partial run draws further groups from them)
-    cost: Any  # the planner's CostModel for the request's cluster and model (the bound's)
-    gpus: int
 
 
 def request_cost(request, planner: PlannerConfig):
@@ -38,31 +29,27 @@ def request_cost(request, planner: PlannerConfig):
 
 
 @task(name="workload", cache_policy=NO_CACHE)
-def workload_task(request, planner: PlannerConfig) -> SimWorkload:
-    from libra.sim.runner import spare_batches, workload_batches
+def workload_task(request, planner: PlannerConfig) -> Drawn:
+    """The simulated steps every system runs, and the cost model they are timed with."""
+    from libra.sim.runner import draw
 
-    cost = request_cost(request, planner)
-    batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
-    spare = spare_batches(request.spec(), request.steps, request.seed) if request.mode().partial else []
-    return SimWorkload(batches, warmup, spare, cost, cost.cluster.gpus)
+    return draw(request.spec(), request_cost(request, planner), request.steps, request.seed, request.mode())
 
 
 @task(name="simulate-system", cache_policy=NO_CACHE)
-def simulate_system_task(request, system: str, drawn: SimWorkload, planner: PlannerConfig,
+def simulate_system_task(request, system: str, drawn: Drawn, planner: PlannerConfig,
                          progress: SimProgress | None = None):
     """One system's run (`libra.sim.runner.SystemRun`) over the drawn steps; `progress` hears of
     each step."""
     from libra.planner.planner import PlannerSettings
-    from libra.sim.runner import simulate_system, simulation_cost
+    from libra.sim.runner import simulate_system
 
     def step_done(name: str, step: int) -> None:
         if progress is not None:
             progress(name, step)
 
     try:
-        return simulate_system(system, simulation_cost(request.spec(), drawn.cost), drawn.batches, drawn.warmup,
-                               PlannerSettings.of(planner), planner, progress=step_done, mode=request.mode(),
-                               spare=drawn.spare)
+        return simulate_system(system, drawn, PlannerSettings.of(planner), planner, progress=step_done)
     except InfeasibleError as exc:
         raise cannot_run(request, drawn.cost.model.name, str(exc)) from None
 
@@ -87,7 +74,7 @@ def cannot_run(request, model: str, reason: str) -> LibraError:
 
 
 @task(name="bound", cache_policy=NO_CACHE)
-def bound_task(drawn: SimWorkload, runs: dict) -> dict[str, float]:
+def bound_task(drawn: Drawn, runs: dict) -> dict[str, float]:
     """Each run's proven bound in seconds (`libra.sim.bound`): over the drawn steps for synchronous
     runs (every one trains the same batches), over the batches it trained for partial ones."""
     return run_bounds(drawn.cost, drawn.batches, runs)

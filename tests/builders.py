@@ -121,14 +121,13 @@ def write_simulated_run(root: Path, run: str, steps: int = 12, systems: str = "l
     from flows.simulate import simulation_request
     from libra.config import PlannerConfig, StoreConfig
     from libra.planner.planner import PlannerSettings
-    from libra.sim.runner import simulate_system, simulation_cost, workload_batches
+    from libra.sim.runner import draw, simulate_system
     from tasks.sim_records import record_store
     from tasks.sim_tasks import request_cost
 
     planner = PlannerConfig()
     request = simulation_request("search-r1", cluster, steps=steps, systems=systems, run=run)
     cost = request_cost(request, planner)
-    batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
-    runs = {p: simulate_system(p, simulation_cost(request.spec(), cost), batches, warmup, PlannerSettings.of(planner),
-                               planner) for p in request.systems}
+    drawn = draw(request.spec(), cost, request.steps, request.seed)
+    runs = {p: simulate_system(p, drawn, PlannerSettings.of(planner), planner) for p in request.systems}
     record_store(runs, run, StoreConfig(root=str(root), fsync=False))

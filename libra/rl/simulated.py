@@ -38,9 +38,9 @@ from libra.planner.trigger import TriggerSettings
 from libra.planner.workload import Workload
 from libra.rl.cluster import STRATEGIES, LocalCluster, Placement, initial_placement, placement_of
 from libra.rl.planning import adopt_placement, live_variants, move_held
-from libra.sim.modes import RolloutMode, samples_per_group
+from libra.sim.modes import RolloutMode
 from libra.sim.rollout import InstanceSpec
-from libra.sim.runner import SystemRun, run_system
+from libra.sim.runner import Drawn, SystemRun
 from libra.sim.systems import StepConfig, System
 from libra.sim.training import workload_of
 from libra.sim.workloads import SimTrajectory, SimTurn
@@ -141,8 +141,8 @@ def predict(batches: Sequence[list[SimTrajectory]], cost: CostModel, cluster: Lo
         raise LibraError("no steps to simulate: the run recorded no turns")
     trigger = TriggerSettings.of(config).model_copy(update={"engine_start_s": engine_start_s})
     settings = live_variants(cluster, config)[0]
-    return {name: run_system(LocalPlacement(name, cluster, cost, config, trigger, len(batches)), cost,
-                             list(batches), batches[0], settings)
+    drawn = Drawn(cost, RolloutMode(), list(batches), batches[0], [])
+    return {name: drawn.run(LocalPlacement(name, cluster, cost, config, trigger, len(batches)), settings)
             for name in strategies}
 
 
@@ -160,10 +160,9 @@ def predict_modes(batches: Sequence[list[SimTrajectory]], cost: CostModel, clust
     trigger = TriggerSettings.of(config)
     settings = live_variants(cluster, config)[0]
     spare = [[replace(t, trajectory_id=f"again/{t.trajectory_id}") for t in batch] for batch in batches[:2]]
-    group_size = samples_per_group(batches[0])
     runs = {}
     for live, name in LIVE_MODES.items():
-        mode = RolloutMode(name, overprovision, max_staleness)
-        system = LocalPlacement(strategy, cluster, cost, config, trigger, len(batches), mode, group_size)
-        runs[live] = run_system(system, cost, list(batches), batches[0], settings, mode=mode, spare=spare)
+        drawn = Drawn(cost, RolloutMode(name, overprovision, max_staleness), list(batches), batches[0], spare)
+        system = LocalPlacement(strategy, cluster, cost, config, trigger, len(batches), drawn.mode, drawn.group_size)
+        runs[live] = drawn.run(system, settings)
     return runs

@@ -115,6 +115,39 @@ class SystemRun:
                 "train": sum(s.idle_train_gpu_s for s in self.steps)}
 
 
+@dataclass(frozen=True)
+class Drawn:
+    """One simulation's inputs, drawn once and shared by every system run over them: the cost model
+    the systems plan and are timed with (`simulation_cost`), the rollout mode, every step's batch,
+    the warm-up batch the planning systems plan step 0 on, and the batches after the last step that
+    a partial run draws further groups from (`spare_batches`; none in the synchronous mode)."""
+
+    cost: CostModel
+    mode: RolloutMode
+    batches: list[list[SimTrajectory]]
+    warmup: list[SimTrajectory]
+    spare: list[list[SimTrajectory]]
+
+    @property
+    def group_size(self) -> int:
+        """Samples per prompt (where a partial batch closes depends on it)."""
+        return samples_per_group(self.batches[0]) if self.batches else 1
+
+    def run(self, system: System, planner: PlannerSettings | None = None,
+            progress: Callable[[str, int], None] | None = None) -> SystemRun:
+        """`system` (made with this cost model, mode and group size) over the drawn steps."""
+        return run_system(system, self.cost, self.batches, self.warmup, planner or PlannerSettings(), progress,
+                          self.mode, self.spare)
+
+
+def draw(spec: WorkloadSpec, cost: CostModel, steps: int, seed: int = 0, mode: RolloutMode | None = None) -> Drawn:
+    """`steps` batches of `spec` drawn with `seed` for a run in `mode` on `cost`'s cluster and model."""
+    mode = mode or RolloutMode()
+    batches, warmup = workload_batches(spec, steps, seed)
+    return Drawn(simulation_cost(spec, cost), mode, batches, warmup,
+                 spare_batches(spec, steps, seed) if mode.partial else [])
+
+
 def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, systems: list[str], seed: int = 0,
              planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
              progress: Callable[[str, int], None] | None = None,
@@ -123,11 +156,8 @@ def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, systems: list[str]
     unknown = [p for p in systems if p not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; systems: {', '.join(SYSTEMS)}")
-    cost = simulation_cost(spec, cost)
-    batches, warmup = workload_batches(spec, steps, seed)
-    spare = spare_batches(spec, steps, seed) if mode is not None and mode.partial else []
-    return {name: simulate_system(name, cost, batches, warmup, planner, trigger, progress, mode, spare)
-            for name in systems}
+    drawn = draw(spec, cost, steps, seed, mode)
+    return {name: simulate_system(name, drawn, planner, trigger, progress) for name in systems}
 
 
 def simulation_cost(spec: WorkloadSpec, cost: CostModel) -> CostModel:
@@ -150,18 +180,14 @@ def spare_batches(spec: WorkloadSpec, steps: int, seed: int) -> list[list[SimTra
     return [generator.step(k) for k in range(steps, steps + SPARE_BATCHES)]
 
 
-def simulate_system(name: str, cost: CostModel, batches: list[list[SimTrajectory]], warmup: list[SimTrajectory],
-                    planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
-                    progress: Callable[[str, int], None] | None = None, mode: RolloutMode | None = None,
-                    spare: list[list[SimTrajectory]] | None = None) -> SystemRun:
-    """One system over `batches` (`cost` from `simulation_cost`) in `mode`; a partial run draws
-    further groups from `spare` (`spare_batches`)."""
+def simulate_system(name: str, drawn: Drawn, planner: PlannerSettings | None = None,
+                    trigger: TriggerSettings | None = None,
+                    progress: Callable[[str, int], None] | None = None) -> SystemRun:
+    """The system named `name` over `drawn`'s steps."""
     planner = planner or PlannerSettings()
-    mode = mode or RolloutMode()
-    group_size = samples_per_group(batches[0]) if batches else 1
-    system = make_system(name, cost, planner, trigger or TriggerSettings(), mode, group_size)
-    system.plan_ahead(batches)
-    return run_system(system, cost, batches, warmup, planner, progress, mode, spare or [])
+    system = make_system(name, drawn.cost, planner, trigger or TriggerSettings(), drawn.mode, drawn.group_size)
+    system.plan_ahead(drawn.batches)
+    return drawn.run(system, planner, progress)
 
 
 def run_system(system: System, cost: CostModel, batches: list[list[SimTrajectory]],

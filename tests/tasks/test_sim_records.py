@@ -25,7 +25,7 @@ def test_the_stored_steps_add_up_to_each_systems_run(tmp_path):
     from flows.simulate import simulation_request
     from libra.config import PlannerConfig, StoreConfig
     from libra.planner.planner import PlannerSettings
-    from libra.sim.runner import simulate_system, simulation_cost, workload_batches
+    from libra.sim.runner import draw, simulate_system
     from storage.catalog import Catalog
     from tasks.sim_records import record_store
     from tasks.sim_tasks import request_cost
@@ -33,9 +33,8 @@ def test_the_stored_steps_add_up_to_each_systems_run(tmp_path):
     planner = PlannerConfig()
     request = simulation_request("search-r1", "2x8:a800", steps=6, systems="libra,verl-colocated", run="sums")
     cost = request_cost(request, planner)
-    batches, warmup = workload_batches(request.spec(), request.steps, request.seed)
-    runs = {p: simulate_system(p, simulation_cost(request.spec(), cost), batches, warmup, PlannerSettings.of(planner),
-                               planner) for p in request.systems}
+    drawn = draw(request.spec(), cost, request.steps, request.seed)
+    runs = {p: simulate_system(p, drawn, PlannerSettings.of(planner), planner) for p in request.systems}
     assert runs["libra"].tail_train_s > 0 and runs["verl-colocated"].tail_train_s == 0  # one-step-off, colocated
     record_store(runs, "sums", StoreConfig(root=str(tmp_path), fsync=False))
     with Catalog(tmp_path, "sums") as catalog:

@@ -9,14 +9,7 @@ from libra.planner.profiles import MODELS, parse_cluster
 from libra.planner.trigger import TriggerSettings
 from libra.sim.modes import RolloutMode
 from libra.sim.relaxation import Relaxation
-from libra.sim.runner import (
-    run_system,
-    samples_per_group,
-    simulate,
-    simulation_cost,
-    spare_batches,
-    workload_batches,
-)
+from libra.sim.runner import draw, simulate
 from libra.sim.systems import FixedSplit, StaticUniform
 from libra.sim.workloads import workload_spec
 
@@ -25,11 +18,8 @@ COST = CostModel(parse_cluster("6x8:a800"), MODELS["qwen3-14b"])
 
 def run(system_class, spec, mode, steps=6, **kwargs):
     """One system over `steps` batches of `spec` (seed 1), as `simulate` runs it."""
-    batches, warmup = workload_batches(spec, steps, 1)
-    cost = simulation_cost(spec, COST)
-    system = system_class(cost, PlannerSettings(), TriggerSettings(), mode, samples_per_group(batches[0]), **kwargs)
-    return run_system(system, cost, batches, warmup, PlannerSettings(), mode=mode,
-                      spare=spare_batches(spec, steps, 1) if mode.partial else [])
+    drawn = draw(spec, COST, steps, 1, mode)
+    return drawn.run(system_class(drawn.cost, PlannerSettings(), TriggerSettings(), mode, drawn.group_size, **kwargs))
 
 
 @pytest.mark.parametrize("mode", ["partial", "async"])
