@@ -82,6 +82,32 @@ def lane_configs(rollout_gpus: int, sizes: tuple[int, ...]):
                 yield (lane_gpus // lane_tp, lane_tp), (rest, rest_tp)
 
 
+class Watched(FixedSplit):
+    """A fixed split that keeps its rollouts (to see how crowded its instances are as groups complete)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rollouts = []
+
+    def rollout(self, step, config, batch, resume=None, close=None):
+        result = super().rollout(step, config, batch, resume, close)
+        self.rollouts.append(result)
+        return result
+
+
+def crowd(system: Watched) -> dict:
+    """Turns on the rollout instances when the first of the batch's groups completed, when half of
+    them had, and at its close, per instance, mean over the steps after the first."""
+    later = [r for r in system.rollouts[1:] if r.group_crowd] or system.rollouts
+    instances = len(system.config.layout)
+
+    def mean(at) -> float:
+        return sum(r.group_crowd[at(len(r.group_crowd))] for r in later) / len(later) / instances
+
+    return {"instances": instances, "tp": system.config.layout[0].tp, "at_first": mean(lambda n: 0),
+            "at_half": mean(lambda n: (n - 1) // 2), "at_close": mean(lambda n: n - 1)}
+
+
 def cell(name: str, nodes: int, steps: int) -> dict:
     base = workload_spec(name)
     spec = workload_spec(name, prompts_per_step=max(1, base.prompts_per_step * nodes // 6))
@@ -105,6 +131,8 @@ def cell(name: str, nodes: int, steps: int) -> dict:
     planned = {name: simulate_system(name, drawn, settings, trigger) for name in ("areal-static-optimal", "libra")}
     relaxed = run(Relaxation(cost, settings, trigger, mode, group))
     best = max(splits, key=lambda t: splits[t]["tokens_per_s"])
+    watched = Watched(cost, settings, trigger, mode, group, train_gpus=best)
+    run(watched)
     # clairvoyant probes around the best split: the closing groups on instances of their own, and
     # hybrids (joins at their cost, and free)
     workload = FixedSplit(cost, settings, trigger, mode, group, train_gpus=best).planned_workload(drawn.warmup)
@@ -148,7 +176,7 @@ def cell(name: str, nodes: int, steps: int) -> dict:
         "target_step_s": target_s, "train_needed": train_needed,
         "rollout_left_s": splits[train_needed]["rollout_s"] if train_needed else None,
         "fewest_train": fewest, "rollout_most_s": splits[fewest]["rollout_s"],
-        "clairvoyant_lanes": best_of(lanes), "hybrids": best_of(hybrids), "free_hybrids": best_of(free),
+        "crowd": crowd(watched), "clairvoyant_lanes": best_of(lanes), "hybrids": best_of(hybrids), "free_hybrids": best_of(free),
         "wall_s": time.perf_counter() - started,
     }
     print(f"{label}, {cost.cluster.gpus} GPUs, {steps} steps, partial ({out['wall_s']:.0f} s):")
@@ -159,6 +187,9 @@ def cell(name: str, nodes: int, steps: int) -> dict:
     print(f"  areal-static-optimal {planned['areal-static-optimal'].tokens_per_s:.0f}, libra {planned['libra'].tokens_per_s:.0f}; "
           f"relaxation {relaxed.tokens_per_s:.0f} (rollout {relaxed_rollout:.1f} s, training {relaxed_train:.1f} s): "
           f"{out['ceiling_over_best']:.2f}x the best split")
+    c = out["crowd"]
+    print(f"  the best split's {c['instances']} TP{c['tp']} instances hold {c['at_first']:.1f} turns each when the first of "
+          f"the batch's groups completes, {c['at_half']:.1f} when half have, {c['at_close']:.1f} at its close")
     for label_, probe in (("clairvoyant lanes", out["clairvoyant_lanes"]), ("hybrids", out["hybrids"]),
                           ("free hybrids", out["free_hybrids"])):
         if probe:

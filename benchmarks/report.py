@@ -254,12 +254,15 @@ def headroom_section(result: dict) -> list[str]:
         "training GPUs that train a batch within it, and the rollout's close on the GPUs they leave and on all but "
         "the fewest a split trains on. Clairvoyant probes around the best split (they read every trajectory's "
         "future; the best of the configurations tried, over the best split): the groups that will close the batch "
-        "on instances of their own, and hybrids that leave the rollout's tail for training, their joins paid and free.",
+        "on instances of their own, and hybrids that leave the rollout's tail for training, their joins paid and free. "
+        "How crowded the best split's rollout instances are: turns on each (decoding or queued) when the first of "
+        "the batch's groups completes, when half have, and at the close.",
         "",
         "| workload | GPUs | steps | best split (training GPUs) | half / half | Libra | relaxation (over best) | "
         f"step for {goal}x | training GPUs needed | close on the rest | close on the most rollout GPUs (training GPUs) | "
-        "close, every trajectory alone | closing groups apart (tried) | hybrids (tried) | hybrids, free joins |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "close, every trajectory alone | closing groups apart (tried) | hybrids (tried) | hybrids, free joins | "
+        "best split's instances: turns on each at first / half / close |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result["cells"]:
         best = c["splits"][str(c["best_split"])]
@@ -271,8 +274,15 @@ def headroom_section(result: dict) -> list[str]:
             f"{c['planned']['libra']:,.0f} | {c['relaxation']['tokens_per_s']:,.0f} ({c['ceiling_over_best']:.2f}x) | "
             f"{c['target_step_s']:.1f} s | {needed} | {left} | {c['rollout_most_s']:.1f} s ({c['fewest_train']}) | "
             f"{c['relaxation']['rollout_s']:.1f} s | {_probe(c, 'clairvoyant_lanes', best)} | "
-            f"{_probe(c, 'hybrids', best)} | {_probe(c, 'free_hybrids', best)} |")
+            f"{_probe(c, 'hybrids', best)} | {_probe(c, 'free_hybrids', best)} | {_crowd(c)} |")
     return lines
+
+
+def _crowd(cell: dict) -> str:
+    c = cell.get("crowd")
+    if not c:
+        return "-"
+    return f"{c['instances']} x TP{c['tp']}: {c['at_first']:.0f} / {c['at_half']:.0f} / {c['at_close']:.0f}"
 
 
 def _probe(cell: dict, key: str, best: dict) -> str:

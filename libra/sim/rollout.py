@@ -275,6 +275,7 @@ class RolloutResult:
     hybrid_released_s: list[tuple[int, float]] = field(default_factory=list)  # (GPUs, when they left rollout)
     generated: dict[str, int] = field(default_factory=dict)  # tokens each trajectory generated in this rollout
     completed_groups: list[str] = field(default_factory=list)  # a partial rollout's complete groups, in order
+    group_crowd: list[int] = field(default_factory=list)  # turns on instances (decoding or queued) as each completed
     suspended: dict[str, Progress] = field(default_factory=dict)  # where the unfinished trajectories stopped
     resumed: int = 0  # trajectories continued from an earlier rollout
     resumed_prefill_tokens: int = 0  # context prefilled again to continue them
@@ -430,6 +431,7 @@ class RolloutSim:
         if self.group_left[group]:
             return
         self.result.completed_groups.append(group)
+        self.result.group_crowd.append(len(self.running))
         if len(self.result.completed_groups) >= self.close.needed and self.closing is None:
             self._schedule_close()
 

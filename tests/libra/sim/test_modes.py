@@ -34,7 +34,7 @@ def test_the_batch_closes_at_its_last_needed_group_and_suspends_the_rest_where_t
     prefill = 4 * COST.prefill_s(1, 100, 100)
     steps = 50 * COST.decode_step_s(1, 4, 100) + 10 * COST.decode_step_s(1, 3, 100)
     assert result.makespan_s == pytest.approx(prefill + steps)
-    assert result.completed_groups == ["a"]
+    assert result.completed_groups == ["a"] and result.group_crowd == [2]  # b's two turns still decoding
     assert result.suspended == {"b/0": Progress(0, 60), "b/1": Progress(0, 60)}
     assert result.generated == {"a/0": 50, "a/1": 60, "b/0": 60, "b/1": 60}
     assert result.gen_tokens == 230
