@@ -103,15 +103,23 @@ class Workload:
         ))
 
 
-def close_quantile(group_size: int, overprovision: float) -> float:
-    """Where a partial rollout closes in the distribution of trajectory lengths: it closes once 1 /
-    `overprovision` of the groups in flight are complete, a group is complete when its slowest
-    sample is, and P(the slowest of G samples <= x) = F(x)^G, so F(x) = (1 / overprovision)^(1 / G)
-    (0.975 for 16 samples at 1.5x): the close is about that quantile trajectory's end. Samples of a
-    group are taken as independent, which puts the close a little late when they are alike."""
-    if group_size < 1 or overprovision < 1:
-        raise ValueError(f"group_size >= 1 and overprovision >= 1, got {group_size} and {overprovision}")
-    return (1.0 / overprovision) ** (1.0 / group_size)
+def close_quantile(group_size: int, overprovision: float, groups: int) -> float:
+    """Where a partial rollout closes, in the steady state of a run, in the distribution of
+    trajectory lengths. A step keeps `overprovision` (o) x k groups in flight, k = `groups` being
+    the batch's: the (o - 1) x k it carried, which had a step's head start and complete first, and
+    k fresh ones. So the batch closes once (2 - o) x k of the fresh groups are complete (at least
+    one of them). A group is complete when its slowest sample is, and P(the slowest of G samples
+    <= x) = F(x)^G, so F(x) = (2 - o)^(1 / G) (0.958 for 16 samples at 1.5x): the close is about
+    that quantile trajectory's end.
+
+    Taken as given: every carried group completes before the fresh ones that close the batch (most
+    do, not all), which puts the close a little early; a group's samples are independent, which
+    puts it a little late when they are alike. The first step carries nothing and closes later, at
+    F(x) = (1 / o)^(1 / G); a plan is made for the steps after it."""
+    if group_size < 1 or overprovision < 1 or groups < 1:
+        raise ValueError(f"group_size, groups >= 1 and overprovision >= 1, got {group_size}, {groups} and {overprovision}")
+    fresh = max(2.0 - overprovision, 1.0 / groups)
+    return fresh ** (1.0 / group_size)
 
 
 def close_of(trajectories: Sequence[TrajectoryLength], quantile: float) -> TrajectoryLength:

@@ -154,7 +154,8 @@ class System:
         workload = workload_of(trajectories, steps)
         if not self.mode.partial or not trajectories:
             return workload
-        close = close_of(lengths_of(trajectories), close_quantile(self.group_size, self.mode.overprovision))
+        groups = max(1, round(len({t.prompt_id for t in trajectories}) / steps))  # a step's
+        close = close_of(lengths_of(trajectories), close_quantile(self.group_size, self.mode.overprovision, groups))
         return workload.closing_at(close)
 
     def router(self, config: StepConfig, upcoming: list[SimTrajectory]) -> Router:
