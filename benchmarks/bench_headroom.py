@@ -88,24 +88,32 @@ class Watched(FixedSplit):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.rollouts = []
+        self.carried = []  # per rollout: (groups it carried in, how many of them completed before its close)
 
     def rollout(self, step, config, batch, resume=None, close=None):
         result = super().rollout(step, config, batch, resume, close)
         self.rollouts.append(result)
+        if close is not None:
+            carried = {close.groups[tid] for tid in resume or {}}
+            self.carried.append((len(carried), sum(g in carried for g in result.completed_groups)))
         return result
 
 
 def crowd(system: Watched) -> dict:
     """Turns on the rollout instances when the first of the batch's groups completed, when half of
-    them had, and at its close, per instance, mean over the steps after the first."""
+    them had, and at its close, per instance, mean over the steps after the first; and the range,
+    over those steps, of the groups carried in and of how many of them completed before the close."""
     later = [r for r in system.rollouts[1:] if r.group_crowd] or system.rollouts
     instances = len(system.config.layout)
 
     def mean(at) -> float:
         return sum(r.group_crowd[at(len(r.group_crowd))] for r in later) / len(later) / instances
 
+    steady = system.carried[1:] or system.carried
     return {"instances": instances, "tp": system.config.layout[0].tp, "at_first": mean(lambda n: 0),
-            "at_half": mean(lambda n: (n - 1) // 2), "at_close": mean(lambda n: n - 1)}
+            "at_half": mean(lambda n: (n - 1) // 2), "at_close": mean(lambda n: n - 1),
+            "carried": [min(c for c, _ in steady), max(c for c, _ in steady)],
+            "carried_completed": [min(d for _, d in steady), max(d for _, d in steady)]}
 
 
 def cell(name: str, nodes: int, steps: int) -> dict:
@@ -189,7 +197,9 @@ def cell(name: str, nodes: int, steps: int) -> dict:
           f"{out['ceiling_over_best']:.2f}x the best split")
     c = out["crowd"]
     print(f"  the best split's {c['instances']} TP{c['tp']} instances hold {c['at_first']:.1f} turns each when the first of "
-          f"the batch's groups completes, {c['at_half']:.1f} when half have, {c['at_close']:.1f} at its close")
+          f"the batch's groups completes, {c['at_half']:.1f} when half have, {c['at_close']:.1f} at its close; "
+          f"{c['carried_completed'][0]}-{c['carried_completed'][1]} of the {c['carried'][0]}-{c['carried'][1]} groups "
+          "a step carries complete before it closes")
     for label_, probe in (("clairvoyant lanes", out["clairvoyant_lanes"]), ("hybrids", out["hybrids"]),
                           ("free hybrids", out["free_hybrids"])):
         if probe:

@@ -256,12 +256,13 @@ def headroom_section(result: dict) -> list[str]:
         "future; the best of the configurations tried, over the best split): the groups that will close the batch "
         "on instances of their own, and hybrids that leave the rollout's tail for training, their joins paid and free. "
         "How crowded the best split's rollout instances are: turns on each (decoding or queued) when the first of "
-        "the batch's groups completes, when half have, and at the close.",
+        "the batch's groups completes, when half have, and at the close; and how many of the groups a step carries "
+        "complete before it closes (range over the steps after the first).",
         "",
         "| workload | GPUs | steps | best split (training GPUs) | half / half | Libra | relaxation (over best) | "
         f"step for {goal}x | training GPUs needed | close on the rest | close on the most rollout GPUs (training GPUs) | "
         "close, every trajectory alone | closing groups apart (tried) | hybrids (tried) | hybrids, free joins | "
-        "best split's instances: turns on each at first / half / close |",
+        "best split's instances: turns on each at first / half / close; carried groups that complete before it |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result["cells"]:
@@ -282,7 +283,15 @@ def _crowd(cell: dict) -> str:
     c = cell.get("crowd")
     if not c:
         return "-"
-    return f"{c['instances']} x TP{c['tp']}: {c['at_first']:.0f} / {c['at_half']:.0f} / {c['at_close']:.0f}"
+    carried = ""
+    if "carried" in c:
+        done, held = c["carried_completed"], c["carried"]
+        carried = f"; {_span(done)} of {_span(held)} carried groups complete first"
+    return f"{c['instances']} x TP{c['tp']}: {c['at_first']:.0f} / {c['at_half']:.0f} / {c['at_close']:.0f}{carried}"
+
+
+def _span(pair: list[int]) -> str:
+    return f"{pair[0]}" if pair[0] == pair[1] else f"{pair[0]}-{pair[1]}"
 
 
 def _probe(cell: dict, key: str, best: dict) -> str:
