@@ -73,13 +73,18 @@ def best_of(runs: dict[str, SystemRun]) -> dict | None:
 
 
 def lane_configs(rollout_gpus: int, sizes: tuple[int, ...]):
-    """(lane, rest) instance sets over `rollout_gpus`: the lane a share of them (`LANE_SHARES`)."""
+    """(lane, rest) instance sets over `rollout_gpus`, each once: the lane (count, TP) a share of
+    them (`LANE_SHARES`, rounded to its instance size), the rest (count, TP) as many instances as
+    the GPUs left hold."""
+    seen = set()
     for lane_tp, rest_tp in itertools.product(sizes, repeat=2):
         for share in LANE_SHARES:
             lane_gpus = min(max(lane_tp, round(share * rollout_gpus / lane_tp) * lane_tp), rollout_gpus - rest_tp)
             rest = (rollout_gpus - lane_gpus) // rest_tp
-            if lane_gpus >= lane_tp and rest >= 1:
-                yield (lane_gpus // lane_tp, lane_tp), (rest, rest_tp)
+            config = ((lane_gpus // lane_tp, lane_tp), (rest, rest_tp))
+            if lane_gpus >= lane_tp and rest >= 1 and config not in seen:
+                seen.add(config)
+                yield config
 
 
 class Watched(FixedSplit):

@@ -28,6 +28,16 @@ def test_router_benchmark_smoke(capsys) -> None:
     assert "libra allowed 60.9% like cmlfq" in out  # Libra's router given C-MLFQ's migration allowance
 
 
+def test_headroom_lanes_are_each_tried_once_on_the_rollout_gpus() -> None:
+    from benchmarks.bench_headroom import lane_configs
+
+    assert list(lane_configs(16, (4, 8))) == [
+        ((1, 4), (3, 4)), ((2, 4), (2, 4)), ((3, 4), (1, 4)),  # TP4 lanes of 4, 8 and 12 GPUs
+        ((1, 4), (1, 8)), ((2, 4), (1, 8)),  # beside one TP8 instance (4 GPUs idle, then none)
+        ((1, 8), (2, 4)), ((1, 8), (1, 4)), ((1, 8), (1, 8))]
+    assert list(lane_configs(8, (8,))) == []  # one instance: nothing to set apart
+
+
 def test_sim_benchmark_smoke(capsys) -> None:
     assert bench_sim.main(["--steps", "2", "--workloads", "search-r1", "--scale-nodes", "1", "--scale-steps", "1",
                            "--no-save"]) == 0
