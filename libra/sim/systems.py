@@ -17,6 +17,11 @@ None of them changes how instances, tools or training behave (that is `rollout` 
                           variants, runs the best candidates in the physics and picks the sequence of
                           plans that finishes the run soonest, switches for free, routes on true
                           remaining lengths (the limit)
+
+Not systems a user picks, but probes of a partial run's room (`benchmarks/bench_headroom.py`):
+`FixedSplit` (any hand-set split), `HybridSplit` (a fixed split with hybrids, joins paid or free)
+and `ClairvoyantClose` (the groups that will close the batch, read from the future, on instances of
+their own); the relaxation is `libra.sim.relaxation`.
 """
 
 from __future__ import annotations
