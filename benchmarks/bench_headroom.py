@@ -41,9 +41,10 @@ from libra.planner.planner import PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
 from libra.planner.trigger import TriggerSettings
 from libra.sim.modes import RolloutMode
+from libra.sim.probes import ClairvoyantClose, HybridSplit
 from libra.sim.relaxation import Relaxation
 from libra.sim.runner import SystemRun, draw, simulate_system
-from libra.sim.systems import ClairvoyantClose, FixedSplit, HybridSplit, best_uniform_tp
+from libra.sim.systems import FixedSplit, best_uniform_tp, full_context_tps
 from libra.sim.workloads import PRESETS, workload_spec
 
 GOAL = 1.15  # the goal: Libra with partial rollouts over the best fixed split with them
@@ -88,7 +89,8 @@ def lane_configs(rollout_gpus: int, sizes: tuple[int, ...]):
 
 
 class Watched(FixedSplit):
-    """A fixed split that keeps its rollouts (to see how crowded its instances are as groups complete)."""
+    """A fixed split that keeps its rollouts (to see how crowded its instances are as groups complete,
+    `crowd`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -133,24 +135,23 @@ def cell(name: str, nodes: int, steps: int) -> dict:
         return drawn.run(system, settings)
 
     quantum = 4 if nodes * 8 <= 64 else 16
-    splits = {}
+    splits, crowds = {}, {}
     for train in range(quantum, cost.cluster.gpus, quantum):
+        watched = Watched(cost, settings, trigger, mode, group, train_gpus=train)
         try:
-            r = run(FixedSplit(cost, settings, trigger, mode, group, train_gpus=train))
+            r = run(watched)
         except InfeasibleError:  # training (or the rollout) does not fit the GPUs this split gives it
             continue
         rollout_s, train_s, step_s = means(r)
         splits[train] = {"tokens_per_s": r.tokens_per_s, "rollout_s": rollout_s, "train_s": train_s, "step_s": step_s}
+        crowds[train] = crowd(watched)
     planned = {name: simulate_system(name, drawn, settings, trigger) for name in ("areal-static-optimal", "libra")}
     relaxed = run(Relaxation(cost, settings, trigger, mode, group))
     best = max(splits, key=lambda t: splits[t]["tokens_per_s"])
-    watched = Watched(cost, settings, trigger, mode, group, train_gpus=best)
-    run(watched)
     # clairvoyant probes around the best split: the closing groups on instances of their own, and
     # hybrids (joins at their cost, and free)
     workload = FixedSplit(cost, settings, trigger, mode, group, train_gpus=best).planned_workload(drawn.warmup)
-    fits = tuple(tp for tp in (1, 2, 4, 8) if tp <= cost.cluster.gpus_per_node
-                 and cost.instance_fits(tp, cost.rollout.max_context_tokens))
+    fits = full_context_tps(cost)
     wide = cost.cluster.gpus <= 64
     lanes, hybrids, free = {}, {}, {}
     for train in ([best - quantum, best, best + quantum] if wide else [best]):
@@ -189,7 +190,7 @@ def cell(name: str, nodes: int, steps: int) -> dict:
         "target_step_s": target_s, "train_needed": train_needed,
         "rollout_left_s": splits[train_needed]["rollout_s"] if train_needed else None,
         "fewest_train": fewest, "rollout_most_s": splits[fewest]["rollout_s"],
-        "crowd": crowd(watched), "clairvoyant_lanes": best_of(lanes), "hybrids": best_of(hybrids), "free_hybrids": best_of(free),
+        "crowd": crowds[best], "clairvoyant_lanes": best_of(lanes), "hybrids": best_of(hybrids), "free_hybrids": best_of(free),
         "wall_s": time.perf_counter() - started,
     }
     print(f"{label}, {cost.cluster.gpus} GPUs, {steps} steps, partial ({out['wall_s']:.0f} s):")

@@ -18,10 +18,9 @@ None of them changes how instances, tools or training behave (that is `rollout` 
                           plans that finishes the run soonest, switches for free, routes on true
                           remaining lengths (the limit)
 
-Not systems a user picks, but probes of a partial run's room (`benchmarks/bench_headroom.py`):
-`FixedSplit` (any hand-set split), `HybridSplit` (a fixed split with hybrids, joins paid or free)
-and `ClairvoyantClose` (the groups that will close the batch, read from the future, on instances of
-their own); the relaxation is `libra.sim.relaxation`.
+Not a system a user picks: `FixedSplit`, any hand-set split (static-uniform is the half/half one),
+which `benchmarks/bench_headroom.py` sweeps; its probes of a partial run's room are in
+`libra.sim.probes` and `libra.sim.relaxation`.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload, close_of, close_quantile
 from libra.scheduler.libra_router import LibraRouter
-from libra.scheduler.routers import MLFQ, Buckets, GroupLanes, LeastLoad, Oracle, Router
+from libra.scheduler.routers import MLFQ, Buckets, LeastLoad, Oracle, Router
 from libra.sim.modes import RolloutMode
 from libra.sim.rollout import (
     Close,
@@ -80,11 +79,15 @@ class StepConfig:
         return sum(i.tp for i in self.layout if i.hybrid)
 
 
+def full_context_tps(cost: CostModel) -> tuple[int, ...]:
+    """The instance sizes (within a node) that hold the engine's longest context."""
+    return tuple(tp for tp in cost.instance_tps((1, 2, 4, 8)) if cost.instance_fits(tp, cost.rollout.max_context_tokens))
+
+
 def best_uniform_tp(cost: CostModel, gpus: int, workload: Workload) -> int:
     """The instance size a tuned static configuration would use: among the sizes that hold the
     engine's longest context, the one the cost model says rolls `workload` out soonest on `gpus`."""
-    sizes = [tp for tp in (1, 2, 4, 8) if tp <= min(gpus, cost.cluster.gpus_per_node)
-             and cost.instance_fits(tp, cost.rollout.max_context_tokens)]
+    sizes = [tp for tp in full_context_tps(cost) if tp <= gpus]
     if not sizes:
         raise InfeasibleError(f"no instance size of at most {gpus} GPUs holds {cost.rollout.max_context_tokens} tokens")
     return min(sizes, key=lambda tp: (cost.group_time(tp, gpus // tp, workload.buckets), tp))
@@ -224,12 +227,14 @@ class FixedSplit(System):
 
     def configure(self, step, previous, upcoming, times):
         if self.config is None:
-            gpus = self.cost.cluster.gpus
-            train = self.train_gpus
             workload = self.planned_workload(previous)
-            self.config = StepConfig("one_step_off", train, self._best_train(workload, train),
-                                     uniform_layout(self.cost, gpus - train, workload), ())
+            self.config = StepConfig("one_step_off", self.train_gpus, self._best_train(workload, self.train_gpus),
+                                     self.layout(workload), ())
         return self.config
+
+    def layout(self, workload: Workload) -> tuple[InstanceSpec, ...]:
+        """The rollout's instances, set once from the first workload: uniform, of the tuned size."""
+        return uniform_layout(self.cost, self.cost.cluster.gpus - self.train_gpus, workload)
 
 
 class StaticUniform(FixedSplit):
@@ -240,104 +245,6 @@ class StaticUniform(FixedSplit):
     def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
                  mode: RolloutMode | None = None, group_size: int = 1) -> None:
         super().__init__(cost, planner, trigger, mode, group_size, train_gpus=cost.cluster.gpus // 2)
-
-
-class HybridSplit(FixedSplit):
-    """A fixed split with `hybrid_gpus` more GPUs that roll out (on instances of the tuned size) until
-    the rollout is down to its tail (`leave_fraction` of the groups it still needs), then join
-    training as extra replicas; `join_s` 0.0 makes every join free (the ceiling of what hybrids
-    could give; `bench_headroom`)."""
-
-    name = "hybrid-split"
-
-    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
-                 mode: RolloutMode | None = None, group_size: int = 1, *, train_gpus: int, hybrid_gpus: int,
-                 leave_fraction: float, join_s: float | None = None) -> None:
-        super().__init__(cost, planner, trigger, mode, group_size, train_gpus=train_gpus)
-        if not 0 < hybrid_gpus < cost.cluster.gpus - train_gpus:
-            raise ValueError(f"hybrids take 1 to {cost.cluster.gpus - train_gpus - 1} of the "
-                             f"{cost.cluster.gpus - train_gpus} GPUs training leaves, got {hybrid_gpus}")
-        if not 0 < leave_fraction < 1:
-            raise ValueError(f"hybrids leave at a share of the rollout between 0 and 1, got {leave_fraction}")
-        self.hybrid_gpus = hybrid_gpus
-        self.hybrid_leave_fraction = leave_fraction
-        self.join_s = join_s
-
-    def configure(self, step, previous, upcoming, times):
-        if self.config is None:
-            gpus = self.cost.cluster.gpus
-            workload = self.planned_workload(previous)
-            core = uniform_layout(self.cost, gpus - self.train_gpus - self.hybrid_gpus, workload)
-            tp = core[0].tp
-            if self.hybrid_gpus % tp:
-                raise ValueError(f"{self.hybrid_gpus} hybrid GPUs do not make instances of TP{tp}, the rollout's size")
-            hybrids = tuple(InstanceSpec(tp, 0, hybrid=True) for _ in range(self.hybrid_gpus // tp))
-            self.config = StepConfig("one_step_off", self.train_gpus, self._best_train(workload, self.train_gpus),
-                                     core + hybrids, ())
-        return self.config
-
-
-def alone_s(cost: CostModel, tp: int, trajectory: SimTrajectory, progress: Progress | None = None) -> float:
-    """Seconds `trajectory` has left (from `progress`, else from its start) decoding alone on an
-    instance of TP `tp`: each turn's tokens at a batch of one at its context, each tool result
-    prefilled, each tool call's latency (a suspended one's time left)."""
-    first, done = (progress.turn, progress.done) if progress is not None else (0, 0)
-    context = progress.context(trajectory) if progress is not None else trajectory.prompt_tokens
-    seconds = progress.tool_left_s if progress is not None else 0.0
-    for index in range(first, len(trajectory.turns)):
-        turn = trajectory.turns[index]
-        gen = turn.gen_tokens - (done if index == first else 0)
-        seconds += gen * cost.decode_step_s(tp, 1, context + gen / 2)
-        context += gen
-        if index < len(trajectory.turns) - 1:
-            seconds += turn.tool_latency_s + cost.prefill_s(tp, turn.payload_tokens, context)
-            context += turn.payload_tokens
-    return seconds
-
-
-class ClairvoyantClose(FixedSplit):
-    """A fixed split whose partial rollouts know every trajectory's future: the `margin` x needed
-    groups in flight that would complete first alone (their slowest sample's `alone_s`) run on
-    instances of their own (`lane`: count x TP, bucket 0), every other group on the rest (`rest`,
-    bucket 1). No one can run it (it reads the lengths); it measures how much a placement that sets
-    the groups closing the batch apart could shorten the close (`bench_headroom`)."""
-
-    name = "clairvoyant-close"
-
-    def __init__(self, cost: CostModel, planner: PlannerSettings, trigger: TriggerSettings,
-                 mode: RolloutMode | None = None, group_size: int = 1, *, train_gpus: int,
-                 lane: tuple[int, int], rest: tuple[int, int], margin: float = 1.0) -> None:
-        super().__init__(cost, planner, trigger, mode, group_size, train_gpus=train_gpus)
-        if not self.mode.partial:
-            raise ValueError("a clairvoyant close needs partial rollouts (a batch that closes at its groups)")
-        rollout = lane[0] * lane[1] + rest[0] * rest[1]
-        if min(*lane, *rest) < 1 or rollout > cost.cluster.gpus - train_gpus:
-            raise ValueError(f"lanes of {lane[0]} x TP{lane[1]} and {rest[0]} x TP{rest[1]} need {rollout} GPUs; "
-                             f"training leaves {cost.cluster.gpus - train_gpus}")
-        if margin < 1:
-            raise ValueError(f"the lanes hold at least the groups the batch needs (margin >= 1), got {margin}")
-        self.lane, self.rest, self.margin = lane, rest, margin
-
-    def configure(self, step, previous, upcoming, times):
-        if self.config is None:
-            workload = self.planned_workload(previous)
-            layout = tuple([InstanceSpec(self.lane[1], 0)] * self.lane[0] + [InstanceSpec(self.rest[1], 1)] * self.rest[0])
-            self.config = StepConfig("one_step_off", self.train_gpus, self._best_train(workload, self.train_gpus),
-                                     layout, ())
-        return self.config
-
-    def rollout(self, step, config, batch, resume=None, close=None):
-        if close is None:  # nothing closes this rollout early: every group is needed
-            return super().rollout(step, config, batch, resume, close)
-        resume = resume or {}
-        slowest: dict[str, float] = {}
-        for t in batch:
-            left = alone_s(self.cost, self.lane[1], t, resume.get(t.trajectory_id))
-            group = close.groups[t.trajectory_id]
-            slowest[group] = max(slowest.get(group, 0.0), left)
-        first = sorted(slowest, key=lambda g: (slowest[g], g))[:math.ceil(close.needed * self.margin)]
-        router = GroupLanes(close.groups, frozenset(first))
-        return RolloutSim(self.cost, config.layout, router).run(batch, resume, close)
 
 
 class GreedyHeuristic(System):

@@ -11,9 +11,10 @@ from libra.scheduler.keys import ToolReturn
 from libra.scheduler.routers import GroupLanes
 from libra.sim import systems
 from libra.sim.modes import RolloutMode
+from libra.sim.probes import ClairvoyantClose, HybridSplit, alone_s
 from libra.sim.relaxation import Relaxation
 from libra.sim.rollout import Progress
-from libra.sim.systems import ClairvoyantClose, FixedSplit, HybridSplit, alone_s
+from libra.sim.systems import FixedSplit
 from libra.sim.training import join_seconds, with_hybrids
 from libra.sim.workloads import SimTrajectory, SimTurn, workload_spec
 from tests.libra.sim.test_relaxation import COST, run
