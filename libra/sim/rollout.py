@@ -126,7 +126,8 @@ class Instance:
         self.max_context = cost.rollout.max_context_tokens  # one sequence's limit
         self.max_batch = cost.rollout.max_batch
         self.active: dict[int, _Seq] = {}
-        self.heap: list[tuple[float, int]] = []
+        self.heap: list[tuple[float, int, int]] = []  # (done at, admission order: ties end in it, key)
+        self.admitted = 0
         self.queue: deque[tuple[_Seq, int]] = deque()  # (sequence, tokens to prefill)
         self.kv_used = 0
         self.virtual = 0.0  # tokens each active sequence has decoded since the instance started
@@ -183,7 +184,8 @@ class Instance:
             seq.done_at = self.virtual + seq.gen
             key = id(seq)
             self.active[key] = seq
-            heapq.heappush(self.heap, (seq.done_at, key))
+            self.admitted += 1
+            heapq.heappush(self.heap, (seq.done_at, self.admitted, key))
             self.kv_used += seq.reserved
             self.context_sum += seq.context
         self._rate()
@@ -219,7 +221,7 @@ class Instance:
         self._sync()
         finished = []
         while self.heap and self.heap[0][0] <= self.virtual + 1e-9:
-            _, key = heapq.heappop(self.heap)
+            _, _, key = heapq.heappop(self.heap)
             seq = self.active.pop(key)
             self.kv_used -= seq.reserved
             self.context_sum -= seq.context
