@@ -27,10 +27,12 @@ not from checks inside the interpreter. What a call's code gets:
   what it writes to its output), no core dumps; wall time (the call's namespaces are torn down);
   stdout and stderr cut at `max_output_bytes` when read back;
 - where Libra runs as root (`libra.mounts`, `libra.rollout.cgroups`): the memory of all of a call's
-  processes together (a memory cgroup per call, its /tmp included), and a working directory that is
-  a tmpfs of the trajectory's own, mounted nosuid,nodev and capped at `sandbox.workdir_bytes` for
-  all its calls together (`Sandbox.prepare`). Elsewhere a warning says once what holds instead:
-  memory per process times the process count, bytes per file.
+  processes together (a memory cgroup per call, its /tmp included), the cores they keep busy
+  together (`call_cpus`, a CPU cgroup's quota) and their count (a pids cgroup), and a working
+  directory that is a tmpfs of the trajectory's own, mounted nosuid,nodev and capped at
+  `sandbox.workdir_bytes` for all its calls together (`Sandbox.prepare`). Elsewhere a warning says
+  once what holds instead: memory per process times the process count, CPU time per process, bytes
+  per file.
 
 Two ways to start a call, the same isolation:
 - the sandbox server (`sandbox_server.py`; default, `sandbox.server: true`): one bwrap sandbox per process and
@@ -98,10 +100,11 @@ class SandboxLimits:
     cpu_s: int = 5  # CPU seconds per process (RLIMIT_CPU)
     memory_bytes: int = 512 * 2**20  # address space per process (RLIMIT_AS)
     file_bytes: int = 16 * 2**20  # largest file it may write, its output files included (RLIMIT_FSIZE)
-    processes: int = 16  # processes and threads of the sandbox's user (RLIMIT_NPROC)
+    processes: int = 16  # processes and threads of the sandbox's user (RLIMIT_NPROC), and of the call (a cgroup, where there is one)
     max_output_bytes: int = 16_384  # stdout and stderr, each, as read back
     tmp_bytes: int = 16 * 2**20  # size of its private /tmp
     call_memory_bytes: int = 2**30  # memory of all its processes together, /tmp's included (a cgroup, where there is one)
+    call_cpus: float = 1.0  # cores all its processes together may keep busy (a cgroup's CPU quota, where there is one)
 
 
 @dataclass(frozen=True)
@@ -133,16 +136,17 @@ class Launcher:
     setpriv: str | None = None  # with the caller root: setpriv, which starts bwrap as `uid`
     uid: int | None = None  # the host uid the sandbox runs as when the caller is root (None: the caller's)
 
-    def server_argv(self, root: Path, fd: int, cgroups: Path | None = None) -> list[str]:
+    def server_argv(self, root: Path, fd: int, cgroups: tuple[Path, ...] = ()) -> list[str]:
         """The command that starts the sandbox server with the working-directory root at ROOTS, the
-        directory of calls' memory cgroups (if any) at CGROUPS and its socket at descriptor `fd`."""
+        directories of calls' cgroups (if any, one a hierarchy) at CGROUPS/0, CGROUPS/1, ... and its
+        socket at descriptor `fd`."""
         assert self.bwrap is not None
         drop = [self.setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"] if self.uid is not None else []
         options = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
                    "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
                    *_system_dirs(), *_interpreter_dirs(self.python), "--proc", "/proc", "--dev", "/dev",
                    "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--bind", str(root), ROOTS,
-                   *(["--bind", str(cgroups), CGROUPS] if cgroups is not None else []), "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
+                   *(arg for i, top in enumerate(cgroups) for arg in ("--bind", str(top), f"{CGROUPS}/{i}")), "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
         script = f"ROOTS, INSIDE, CGROUPS = {ROOTS!r}, {INSIDE!r}, {CGROUPS!r}\n" + SERVE
         return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV),
                                  filter_program().hex()]
@@ -280,8 +284,9 @@ class Sandbox:
             "to run tools without isolation")
 
     def cgroups(self) -> CallCgroups | None:
-        """This process's memory cgroups for calls (made on first use), or None where the machine
-        allows none: a warning then says once which guarantee holds."""
+        """This process's cgroups for calls (made on first use), or None where the machine allows no
+        memory cgroup: a warning then says once which guarantee holds (and also where it allows one
+        but not the CPU or process controllers)."""
         launcher = self.launcher()
         with self._lock:
             if self._cgroups is None or self._cgroups[0] != os.getpid():
@@ -291,8 +296,15 @@ class Sandbox:
                         made = CallCgroups.open(launcher.uid if launcher.uid is not None else os.geteuid(), self.clock)
                         atexit.register(made.close)
                     except CgroupUnavailable as exc:
-                        _warn_once(f"tool calls get no memory cgroup ({exc}): the memory a call holds is capped per "
-                                   "process (its address space) times its process limit, not as a whole")
+                        _warn_once(f"tool calls get no cgroups ({exc}): the memory a call holds is capped per "
+                                   "process (its address space) times its process limit, not as a whole, and its CPU "
+                                   "time per process, so a call may keep every core busy until its time limit")
+                    if made is not None and "cpu" in made.missing:
+                        _warn_once(f"tool calls get no CPU cgroup ({made.missing['cpu']}): a call's CPU time is capped per "
+                                   "process, so it may keep every core busy until its time limit")
+                    if made is not None and "pids" in made.missing:
+                        _warn_once(f"tool calls get no process cgroup ({made.missing['pids']}): a call's processes are "
+                                   "capped by the sandbox user's process limit alone")
                 self._cgroups = (os.getpid(), made)
             return self._cgroups[1]
 
@@ -306,9 +318,9 @@ class Sandbox:
                     host.close()
                 base = workroot_base()
                 cgroups = self._cgroups[1] if self._cgroups is not None and self._cgroups[0] == os.getpid() else None
-                top = cgroups.top if cgroups is not None else None
+                tops = cgroups.tops if cgroups is not None else ()
                 try:
-                    self._host = host = Server(lambda fd: launcher.server_argv(base, fd, top))
+                    self._host = host = Server(lambda fd: launcher.server_argv(base, fd, tops))
                 except ServerStopped as exc:
                     raise SandboxUnavailable(f"the sandbox server did not start: {exc}") from None
                 atexit.register(host.close)
@@ -352,7 +364,8 @@ class Sandbox:
         # bwrap enters the directory itself (as INSIDE); without isolation the code runs in it
         cwd, env = (Path("/"), {}) if launcher.isolation == "bwrap" else (workdir, {**_ENV, "HOME": str(workdir), "PWD": str(workdir)})
         cgroups = self.cgroups()
-        cgroup = cgroups.make(limits.call_memory_bytes, launcher.uid if served else None) if cgroups is not None else None
+        cgroup = (cgroups.make(limits.call_memory_bytes, limits.call_cpus, limits.processes, launcher.uid if served else None)
+                  if cgroups is not None else None)
         call = Stopwatch(self.clock)
         try:
             with tempfile.TemporaryFile(prefix="libra-sandbox-") as out, tempfile.TemporaryFile(prefix="libra-sandbox-") as err:
@@ -364,7 +377,7 @@ class Sandbox:
                         return SandboxResult("error", None, "", f"sandbox: {exc}", call.seconds(), False,
                                              launcher.isolation)
                 else:
-                    join = cgroups.procs(cgroup) if cgroups is not None and cgroup is not None else None
+                    join = cgroups.procs(cgroup) if cgroups is not None and cgroup is not None else ()
                     exit_code, timed_out = _launch(launcher, limits, workdir, cwd, env, code, out, err, self.clock, join)
                 seconds = call.seconds()
                 stdout, cut_out = _read(out, limits.max_output_bytes)
@@ -372,7 +385,7 @@ class Sandbox:
             out_of_memory = cgroups is not None and cgroup is not None and cgroups.oom_killed(cgroup)
         finally:
             if cgroups is not None and cgroup is not None and not cgroups.remove(cgroup):
-                _warn_once(f"a tool call's memory cgroup could not be removed under {cgroups.top}")
+                _warn_once(f"a tool call's cgroups could not be removed under {', '.join(map(str, cgroups.tops))}")
         if out_of_memory:
             stderr = (stderr + "\n" if stderr else "") + (f"[killed: the call's processes held more than "
                                                           f"{limits.call_memory_bytes} bytes together]")
@@ -491,15 +504,16 @@ def make_workroot(prefix: str = "libra-work-") -> Path:
 
 
 def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path, env: dict, code: str,
-            out, err, clock: Clock, join: Path | None = None) -> tuple[int, bool]:
-    """(exit code, timed out) of one call started on its own, in the memory cgroup whose
-    `cgroup.procs` is `join` (if any: a shell moves itself there, then becomes the call); whatever
+            out, err, clock: Clock, join: tuple[Path, ...] = ()) -> tuple[int, bool]:
+    """(exit code, timed out) of one call started on its own, in the cgroups whose `cgroup.procs`
+    are `join` (if any: a shell moves itself there, then becomes the call); whatever
     it started is gone when this returns (with bwrap: its init has exited, and the kernel ends a PID
     namespace's other processes before its init's exit completes)."""
     info_r, info_w = os.pipe() if launcher.isolation == "bwrap" else (None, None)
     argv = launcher.argv(limits, workdir, info_w)
-    if join is not None:
-        argv = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', str(join), *argv]
+    if join:
+        script = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 111; shift; n=$((n - 1)); done; exec "$@"'
+        argv = ["/bin/sh", "-c", script, "sh", str(len(join)), *map(str, join), *argv]
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
                                 stdout=out, stderr=err, start_new_session=True,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 INSIDE = "/workspace"  # where the task's working directory appears inside the sandbox
 ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hidden from every call)
-CGROUPS = "/cgroups"  # where it sees its directory of calls' memory cgroups, if any (hidden too)
+CGROUPS = "/cgroups"  # where it sees its directories of calls' cgroups (one a hierarchy: 0, 1, ...), if any (hidden too)
 
 # The sandbox server: runs inside a bwrap sandbox (uid 65534, no capabilities), reads one request a
 # message from its socket (fd argv[1]; {"id", "rel", "limits", "tmp_bytes", "cgroup"} with three descriptors
@@ -140,10 +140,11 @@ def call(request, fds, alive):  # C, forked from the server
             os.dup2(fd, target)
         os.closerange(4, 1 << 16)  # the server's socket included
         cgroup = request.get("cgroup")
-        if cgroup:  # the call's memory cgroup: joined before anything else, so all it starts is counted
+        if cgroup:  # the call's cgroups: joined before anything else, so all it starts is counted
             if os.path.basename(cgroup) != cgroup or cgroup in (".", ".."):
                 raise OSError(f"not a cgroup name: {cgroup!r}")
-            write(os.path.join(CGROUPS, cgroup, "cgroup.procs"), "0")
+            for tree in sorted(os.listdir(CGROUPS)):
+                write(os.path.join(CGROUPS, tree, cgroup, "cgroup.procs"), "0")
         source = os.path.join(ROOTS, request["rel"])
         if os.path.realpath(source) != source or not os.path.isdir(source):
             raise OSError(f"the working directory {request['rel']} is not a plain directory under the root")

@@ -337,6 +337,22 @@ def test_the_memory_of_all_a_calls_processes_is_capped_together(episode, host, c
     assert output.endswith("[killed: the call's processes held more than 268435456 bytes together]")
 
 
+def test_the_cores_all_a_calls_processes_keep_busy_are_capped_together(episode, host, config):
+    cgroups = Sandbox(config).cgroups()
+    if cgroups is None or "cpu" not in cgroups.controllers:
+        pytest.skip("this machine gives tool calls no CPU cgroup (not root, or no writable cpu controller)")
+    episode.limits = SandboxLimits(timeout_s=20.0, cpu_s=10, call_cpus=0.5)
+    # two processes spin for 1.5 s of wall time: 3 CPU seconds uncapped (on two free cores)
+    code = ("import os, time\nstart = time.monotonic()\nkids = []\nfor _ in range(2):\n    pid = os.fork()\n"
+            "    if pid == 0:\n        while time.monotonic() - start < 1.5:\n            pass\n        os._exit(0)\n"
+            "    kids.append(pid)\nfor pid in kids:\n    os.waitpid(pid, 0)\ntimes = os.times()\n"
+            "print(times.children_user + times.children_system, time.monotonic() - start)")
+    output, status = attack(episode, host, code)
+    cpu_s, wall_s = map(float, output.split())
+    assert status == "ok" and wall_s >= 1.5
+    assert cpu_s <= 0.5 * wall_s + 0.1  # half a core for the wall time, and a CFS period's slack
+
+
 def test_a_working_directory_is_prepared_before_anything_is_written_in_it(tmp_path):
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "task.py").write_text("x = 1\n")
