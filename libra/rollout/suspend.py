@@ -88,18 +88,44 @@ def _copied(run: TrajectoryRun) -> TrajectoryRun:
     return out
 
 
+MAX_ENTRIES = 10_000  # folders and files a kept working directory may hold
+MAX_DEPTH = 64  # folders deep
+MAX_PATH = 1_024  # characters of a relative path (the new working directory's own path comes before it)
+
+
 def snapshot_files(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
     """The folders and plain files under `workdir`, at most `limit` bytes of file data in all. Links
-    and special files are refused (`WorkdirTooLarge`), never followed; so are more than 10,000 entries."""
+    and special files are refused (`WorkdirTooLarge`), never followed; so are more than
+    `MAX_ENTRIES` entries, folders more than `MAX_DEPTH` deep, paths longer than `MAX_PATH`, and
+    anything that cannot be read (a tool's code shapes this tree: whatever it made, the trajectory
+    fails with the reason, never the rollout)."""
+    try:
+        return _snapshot(workdir, limit)
+    except OSError as exc:
+        raise WorkdirTooLarge(workdir, f"its working directory could not be read: {exc.strerror or exc}") from None
+
+
+def _snapshot(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
     out: list[WorkFile] = []
     total = 0
-    for top, dirs, files in os.walk(workdir, followlinks=False):
-        for name in sorted(dirs) + sorted(files):
-            path = Path(top) / name
-            rel = path.relative_to(workdir).as_posix()
-            info = os.lstat(path)
+    pending = [("", 0)]  # folders to read: (relative path, depth), read in name order
+    while pending:
+        folder, depth = pending.pop()
+        listed = []
+        for name in os.listdir(workdir / folder):
+            rel = f"{folder}/{name}" if folder else name
+            if len(rel) > MAX_PATH:
+                raise WorkdirTooLarge(workdir, f"its working directory holds a path of more than {MAX_PATH:,} characters")
+            listed.append((rel, os.lstat(workdir / rel)))
+        listed.sort(key=lambda entry: (not stat.S_ISDIR(entry[1].st_mode), entry[0]))  # its folders, then the rest
+        subfolders = []
+        for rel, info in listed:
+            path = workdir / rel
             if stat.S_ISDIR(info.st_mode):
+                if depth + 1 > MAX_DEPTH:
+                    raise WorkdirTooLarge(workdir, f"its working directory holds folders more than {MAX_DEPTH} deep")
                 out.append(WorkFile(rel, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, None))
+                subfolders.append(rel)
             elif stat.S_ISREG(info.st_mode):
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
                 with os.fdopen(fd, "rb") as handle:
@@ -112,9 +138,9 @@ def snapshot_files(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
             else:
                 raise WorkdirTooLarge(workdir, f"its working directory holds {rel!r}, which is neither a folder nor a "
                                                "plain file (a link, a FIFO or a device) and is not kept")
-            if len(out) > 10_000:
-                raise WorkdirTooLarge(workdir, "its working directory holds more than 10,000 entries")
-        dirs.sort()
+            if len(out) > MAX_ENTRIES:
+                raise WorkdirTooLarge(workdir, f"its working directory holds more than {MAX_ENTRIES:,} entries")
+        pending += [(sub, depth + 1) for sub in reversed(subfolders)]
     return tuple(out)
 
 

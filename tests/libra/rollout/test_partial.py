@@ -156,6 +156,15 @@ def test_a_working_directory_that_cannot_be_kept_is_refused_with_the_reason(tmp_
         snapshot_files(linked, 1 << 20)
     from libra.rollout.suspend import WorkFile
 
+    deep, long = tmp_path / "deep", tmp_path / "long"
+    (deep / "/".join(["d"] * 65)).mkdir(parents=True)  # os.walk would recurse; 1,100 levels once stopped a rollout
+    with pytest.raises(WorkdirTooLarge, match="folders more than 64 deep"):
+        snapshot_files(deep, 1 << 20)
+    (long / "/".join(["x" * 250] * 5)).mkdir(parents=True)  # 17 such levels once passed PATH_MAX
+    with pytest.raises(WorkdirTooLarge, match="a path of more than 1,024 characters"):
+        snapshot_files(long, 1 << 20)
+    with pytest.raises(WorkdirTooLarge, match="could not be read: No such file or directory"):
+        snapshot_files(tmp_path / "gone", 1 << 20)
     with pytest.raises(ValueError, match="is not a path inside its working directory"):
         restore_files(Path(tmp_path), (WorkFile("../escape", 0o644, 0, 0, b"x"),))
 
@@ -181,3 +190,31 @@ def test_a_held_batch_generates_until_released_and_takes_only_the_first_groups_t
     for s in result.suspended:
         carried.setdefault(s.prompt_id, []).append(s.run)
     assert all(max(r.finished for r in runs) >= first for runs in carried.values())
+
+
+def test_a_working_directory_shaped_to_break_the_suspension_fails_its_own_group_only(tmp_path):
+    """A tool's code shapes its working directory (here 1,100 folders deep, which a recursive walk
+    cannot read): suspending the batch fails that trajectory's group, with the reason, and keeps
+    the others, rather than raising out of the rollout."""
+    from libra.clock import WallClock
+    from libra.rollout.agent import start, suspend_groups
+
+    env = make_env("math")
+    tasks = env.tasks(2, seed=0)
+    runs = start(env, tasks, 2, LeastLoad(Buckets((10**6,))), lambda text, add_special_tokens: {"input_ids": [1, 2, 3]},
+                 tmp_path, 1, 0, WallClock())
+    victim = runs[f"{tasks[0].task_id}/0"]
+    deep = victim.workdir
+    for _ in range(1_100):
+        deep = deep / "d"
+        deep.mkdir()
+    for run in runs.values():  # the batch closed with every group incomplete
+        run.suspended = True
+    kept = suspend_groups(runs, 1 << 20, WallClock())
+    assert sorted(s.trajectory_id for s in kept) == [f"{tasks[1].task_id}/0", f"{tasks[1].task_id}/1"]
+    assert {tid: r.failure for tid, r in runs.items()} == {
+        f"{tasks[0].task_id}/0": "it could not be suspended: its working directory holds folders more than 64 deep",
+        f"{tasks[0].task_id}/1": "interrupted when its batch closed, its group having lost a sample already"}
+    from libra.files import remove_tree
+
+    remove_tree(victim.workdir)  # (pytest's own clean-up recurses)
