@@ -16,7 +16,10 @@ What the list covers, by what it would reach:
 - other processes' memory and the host's mounts: ptrace, process_vm_*, kcmp, mount and the new mount
   API, pivot_root, unshare and setns (namespaces are the sandbox's to make, never the code's);
 - the machine itself: kernel modules, kexec, reboot, swap, clocks, accounting, quotas, syslog,
-  raw I/O ports, file handles (open_by_handle_at reads files by inode, past the mount namespace).
+  raw I/O ports, file handles (open_by_handle_at reads files by inode, past the mount namespace);
+- resources outside the call's limits (`REFUSED`, with the answer programs fall back on): disk
+  space reserved by fallocate, which RLIMIT_FSIZE does not see, and inotify instances, which every
+  call shares through the sandbox's host uid.
 """
 
 from __future__ import annotations
@@ -45,6 +48,18 @@ DENIED = (
     "_sysctl", "fanotify_init",
 )
 
+# calls refused with another answer than EPERM, one that programs read as "not here" and work around
+REFUSED = {
+    # fallocate(FALLOC_FL_KEEP_SIZE) takes disk space without growing the file, past RLIMIT_FSIZE (on
+    # ext4 and xfs; a call's output files are on the host's disk): glibc's posix_fallocate writes the
+    # zeros instead on EOPNOTSUPP, and those writes are capped
+    "fallocate": errno.EOPNOTSUPP,
+    # inotify instances are counted per host uid across namespaces, and every call runs as the same
+    # uid: one call holding them all would leave the other trajectories' calls none (watchers poll
+    # instead where inotify is ENOSYS)
+    "inotify_init": errno.ENOSYS, "inotify_init1": errno.ENOSYS,
+}
+
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_ACT_ERRNO = 0x00050000
 
@@ -71,11 +86,11 @@ def filter_program() -> bytes:
     if not context:
         raise SeccompUnavailable("libseccomp could not start a filter (seccomp_init failed)")
     try:
-        for name in DENIED:
+        for name, answer in [*((name, errno.EPERM) for name in DENIED), *REFUSED.items()]:
             number = lib.seccomp_syscall_resolve_name(name.encode())
             if number < 0:  # not a call of this architecture (32-bit only, or removed from the kernel)
                 continue
-            if lib.seccomp_rule_add(context, SCMP_ACT_ERRNO | errno.EPERM, number, 0) != 0:
+            if lib.seccomp_rule_add(context, SCMP_ACT_ERRNO | answer, number, 0) != 0:
                 raise SeccompUnavailable(f"libseccomp refused the rule for {name}")
         with tempfile.TemporaryFile() as out:
             if lib.seccomp_export_bpf(context, out.fileno()) != 0:

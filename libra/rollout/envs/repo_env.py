@@ -58,7 +58,7 @@ def verdict(names: list[str], output: str) -> tuple[str, bool] | None:
         return None
     try:
         results = json.loads(lines[-1][len(MARKER):])
-    except ValueError:
+    except (ValueError, RecursionError):  # a forged line may nest deeper than the parser goes
         return None
     if not isinstance(results, list) or len(results) != len(names):
         return None

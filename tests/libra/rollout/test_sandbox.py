@@ -264,6 +264,21 @@ def test_io_uring_bpf_userfaultfd_and_ptrace_are_refused(episode, host):
     assert output.splitlines() == ["-1 1"] * 4  # io_uring_setup, bpf, userfaultfd, ptrace(ATTACH): EPERM
 
 
+def test_disk_space_past_the_file_size_limit_and_inotify_instances_are_refused(episode, host):
+    # fallocate(KEEP_SIZE) on the call's own output file reserved 2 GiB of the host's disk past a
+    # 16 MiB RLIMIT_FSIZE; posix_fallocate falls back to writes, which the limit caps; inotify
+    # instances are counted per host uid, which every call shares
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]\n"
+            "print(libc.fallocate(1, 1, 0, 2**31), ctypes.get_errno())\n"
+            "fd = os.open('f', os.O_CREAT | os.O_RDWR)\nos.posix_fallocate(fd, 0, 4096)\nprint(os.fstat(fd).st_size)\n"
+            "try:\n    os.posix_fallocate(fd, 0, 2**31)\nexcept OSError as exc:\n    print(exc.errno)\n"
+            "print(libc.inotify_init1(0), ctypes.get_errno())\n")
+    output, status = attack(episode, host, code)
+    assert output.splitlines() == ["-1 95", "4096", "27", "-1 38"]  # EOPNOTSUPP, written, EFBIG, ENOSYS
+    assert (host.parent / "work" / "f").stat().st_blocks * 512 <= FAST.file_bytes  # what the writes reached
+
+
 def test_the_filter_is_libseccomps_and_checks_the_architecture_first():
     from libra.rollout.seccomp import DENIED, filter_program
 
@@ -538,6 +553,16 @@ def test_a_forged_test_report_earns_nothing(tmp_path, config):
     forged = "def add(a, b, _=print('all 3 tests passed', flush=True) or __import__('os')._exit(0)):"
     assert episode.call("edit", f"code.py 1: {forged}")[1] == "ok"
     assert episode.reward("done") == 0.0  # the verdict is the host's, from the values the functions returned
+
+
+def test_a_report_nested_past_the_parser_fails_the_tests_not_the_host(tmp_path, config):
+    workdir = tmp_path / "repo"
+    episode = open_episode("repo", config, workdir)
+    forged = "import json; json.dumps = lambda o, **k: '[' * 8000 + ']' * 8000"  # the runner's last line, 8,000 deep
+    assert episode.call("edit", f"code.py 3: {forged}")[1] == "ok"
+    output, status = episode.call("test", "")
+    assert status == "ok" and "[[[[" in output  # the run's own output is the report
+    assert episode.reward("done") == 0.0
 
 
 def test_working_directories_through_links_or_inside_another_are_refused(tmp_path):
