@@ -79,6 +79,7 @@ import ctypes, gc, json, select, signal, socket
 sock = socket.socket(fileno=int(sys.argv[1]))
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS = 0x10000000, 0x20000, 0x20000000, 0x40000000, 0x08000000, 0x04000000
+NEWCGROUP = 0x02000000  # (after the call joined its cgroups: they are its root, and no host path shows)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 UID, GID = os.getuid(), os.getgid()
@@ -148,7 +149,7 @@ def call(request, fds, alive):  # C, forked from the server
         source = os.path.join(ROOTS, request["rel"])
         if os.path.realpath(source) != source or not os.path.isdir(source):
             raise OSError(f"the working directory {request['rel']} is not a plain directory under the root")
-        check(libc.unshare(NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS), "unshare")
+        check(libc.unshare(NEWUSER | NEWNS | NEWPID | NEWNET | NEWIPC | NEWUTS | NEWCGROUP), "unshare")
         write("/proc/self/setgroups", "deny")
         write("/proc/self/uid_map", f"{UID} {UID} 1")
         write("/proc/self/gid_map", f"{GID} {GID} 1")

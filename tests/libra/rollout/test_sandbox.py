@@ -94,6 +94,12 @@ def test_only_the_system_the_interpreter_and_the_working_directory_are_visible(e
     assert set(eval(env)) == {"PATH", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "HOME", "TMPDIR", "PWD"}
 
 
+
+def test_its_cgroups_are_its_namespaces_root_and_name_nothing_of_the_host(episode, host):
+    output, _ = attack(episode, host, "print(open('/proc/self/cgroup').read().strip())")
+    assert output and all(line.endswith(":/") for line in output.splitlines())  # no host pid, no call counter
+
+
 # -- files ---------------------------------------------------------------------------------------
 
 def test_files_outside_the_working_directory_cannot_be_read(episode, host):
