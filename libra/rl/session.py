@@ -226,7 +226,7 @@ class TrainingSession:
 
         rolled = self.batches.rolled_batch(step)
         try:
-            score_rewards(rolled.result.trajectories)
+            score_rewards(rolled.result.trajectories, self.config.rollout.tool_threads)
         finally:
             discard_tree(rolled.workroot)
         kept = whole_groups(rolled.result.trajectories)  # a group that lost a sample to a failure is left out

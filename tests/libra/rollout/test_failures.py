@@ -148,3 +148,31 @@ def test_when_every_engine_dies_the_batch_fails_with_the_engines_error(policy_di
                     temperature=0.0, workroot=tmp_path)
     finally:
         only.close()
+
+
+def test_rewards_are_computed_side_by_side_and_one_that_raises_fails_only_its_trajectory():
+    """A repo reward runs the tests in the sandbox, up to its time limit: a batch's rewards run
+    `threads` at a time. Four episodes whose rewards each wait for the other three complete only if
+    they are computed together; a reward that raises fails its own trajectory."""
+    from types import SimpleNamespace
+
+    from libra.rollout.agent import score_rewards
+
+    together = threading.Barrier(4, timeout=30)
+
+    class Waits:
+        def reward(self, answer):
+            together.wait()
+            return 1.0
+
+    class Broken:
+        def reward(self, answer):
+            raise RuntimeError("the index is gone")
+
+    runs = [SimpleNamespace(failed=False, answer="x", episode=Waits(), reward=None, failure=None) for _ in range(4)]
+    runs += [SimpleNamespace(failed=False, answer="x", episode=Broken(), reward=None, failure=None),
+             SimpleNamespace(failed=True, answer="x", episode=Broken(), reward=None, failure="hung"),
+             SimpleNamespace(failed=False, answer=None, episode=Broken(), reward=None, failure=None)]
+    score_rewards(runs, threads=4)
+    assert [(r.reward, r.failure) for r in runs] == [(1.0, None)] * 4 + [
+        (None, "its reward could not be computed: RuntimeError: the index is gone"), (None, "hung"), (0.0, None)]
