@@ -126,7 +126,7 @@ def train_policies_section(result: dict) -> list[str]:
 
     lines = [
         f"**Placement policies on the training loop** (`python -m benchmarks.bench_train_policies`; the shipped policy "
-        f"on drifting math tasks, {result['steps']} iterations per run, seeds {', '.join(seeds)}, {result['workers']} "
+        f"on drifting math tasks, {result['steps']} iterations per run, seeds {', '.join(seeds)}; {result['workers']} "
         f"workers of one core; {result['machine']})",
         "",
         "| measure | Libra | baseline in the same run | figure | goal |",

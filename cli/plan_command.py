@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from libra.config import LibraConfig
+from libra.planner.profiles import MODELS
 
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
         "iteration time for the trajectory lengths of a run in the store or of a per-turn trace file.",
     )
     plan.add_argument("--cluster", required=True, metavar="NxG:HW", help="e.g. 6x8:a800 (hardware: a800, a100, h100, h200, cpu)")
-    plan.add_argument("--model", required=True, help="model profile, e.g. qwen3-14b (see `libra plan --list-models`)")
+    plan.add_argument("--model", required=True, help=f"model profile: {', '.join(MODELS)}")
     source = plan.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", help="take lengths from this run in the store")
     source.add_argument("--trace", metavar="FILE.csv", help="take lengths from a per-turn trace file")

@@ -1,4 +1,4 @@
-"""`libra run`: the main job on embedded defaults.
+"""`libra run`: the trace analysis job on embedded defaults.
 
 Every trace is read and validated before Prefect starts, so a bad trace is one line and nothing is
 written (not even the traces before it). The flow's log lines are held while it runs (see
@@ -19,8 +19,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     run = sub.add_parser(
         "run",
         parents=[parent],
-        help="run the main job (trace analysis flow) on the configured store, Prefect and MLflow",
-        description="Run the main job as a Prefect flow without a server: import every bundled agent trace "
+        help="run the trace analysis job (a flow) on the configured store, Prefect and MLflow",
+        description="Run the trace analysis job as a Prefect flow without a server: import every bundled agent trace "
         "into the store (one run per trace), compute the named statistics with DuckDB, and log each trace's "
         "statistics, tables and length plots to MLflow. Idempotent: running it again leaves the same rows.",
     )

@@ -137,7 +137,7 @@ class SandboxConfig(_Section):
     isolation: Literal["bwrap", "none"] = Field(
         "bwrap", description="bwrap: each call in its own bubblewrap sandbox; none: no isolation (limits only)"
     )
-    server: bool = Field(True, description="true: calls start from one sandbox server (about 6 ms of CPU a call); false: a bwrap per call")
+    server: bool = Field(True, description="true: calls start from one sandbox server (about 7 ms of CPU a call); false: a bwrap per call")
     uid: int = Field(65534, ge=1, le=2**32 - 2, description="host uid (and gid) sandboxes run as when Libra runs as root")
     python: str = Field("", description="interpreter for tool code (empty: Libra's own, else the system's python3)")
     workdir_bytes: int = Field(256 * 2**20, ge=2**20, le=2**40, description="bytes a trajectory's tool calls may "
