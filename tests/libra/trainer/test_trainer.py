@@ -160,6 +160,7 @@ def _rank(rank: int, world: int, policy: str, port: int, out: str) -> None:
         stats = [trainer.train_step(random_samples(seed)) for seed in (0, 1)]
         if rank == 0:
             torch.save({"state": trainer.model.state_dict(), "stats": stats}, out)
+        dist.barrier()  # a peer that tears its group down while the other still reads can abort it (SIGABRT)
     finally:
         dist.destroy_process_group()
 
