@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     cmd.add_argument("--max-staleness", type=int, default=4,
                      help="partial/async: updates a trained token may be behind its trainer; older groups are "
                      "dropped and counted (default 4)")
-    cmd.add_argument("--run", help="store run name (default: sim-<workload>-<seed>)")
+    cmd.add_argument("--run", help="store run name (default: sim-<workload>-<seed>); one that exists is refused")
+    cmd.add_argument("--replace", action="store_true", help="replace the store run of that name whole")
     cmd.add_argument("--no-track", action="store_true", help="skip MLflow")
     cmd.add_argument("--json", action="store_true", help="print the results as JSON")
     cmd.set_defaults(handler=cmd_simulate)
@@ -69,12 +70,15 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
     from flows.simulate import check_feasible, simulate_flow, simulation_request
     from libra.checks import as_flag
+    from storage.writer import refuse_existing
 
     request = simulation_request(args.workload, args.cluster, args.model, args.steps, args.systems, args.group_size,
                                  args.prompts_per_step, args.seed, args.run, names=as_flag,
                                  rollout_mode=args.rollout_mode, overprovision=args.overprovision,
                                  max_staleness=args.max_staleness)
     check_feasible(request, config.planner)
+    if not args.replace:
+        refuse_existing(config.store.root, request.run)
     systems, steps = list(request.systems), request.steps
     with json_stdout(args.json) as out:
         with progress("simulating", quiet=args.json) as bar:
@@ -87,7 +91,7 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
                                group_size=request.group_size, prompts_per_step=request.prompts_per_step,
                                seed=request.seed, run=request.run, track=not args.no_track, progress=step_done,
                                rollout_mode=request.rollout_mode, overprovision=request.overprovision,
-                               max_staleness=request.max_staleness)
+                               max_staleness=request.max_staleness, replace=args.replace)
         print(json.dumps(summary) if args.json else render(summary) +
               f"\nsimulated in {summary['simulation_wall_s']:.1f} s; store run {summary['store_run']!r}", file=out)
     return 0

@@ -116,16 +116,21 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
                   seed: int = 0, run: str | None = None, track: bool = True,
                   config: LibraConfig | str | None = None, store: str | None = None,
                   progress: SimProgress | None = None, policies: str | list[str] | None = None,
-                  rollout_mode: str = "sync", overprovision: float = 1.5, max_staleness: int = 4) -> dict[str, Any]:
+                  rollout_mode: str = "sync", overprovision: float = 1.5, max_staleness: int = 4,
+                  replace: bool = False) -> dict[str, Any]:
     """Each system's figures and its ratios to libra, the oracle and the proven bound (see
-    `tasks.sim_tasks.summarize`); `config` is a LibraConfig, a YAML file or None (the defaults);
+    `tasks.sim_tasks.summarize`), recorded as store run `run` (one that exists is refused before
+    anything is simulated, unless `replace`: then replaced whole);
+    `config` is a LibraConfig, a YAML file or None (the defaults);
     `progress` hears of each simulated step of each system (the CLI's progress bar); `policies` is
     the old name of `systems`; `rollout_mode` sync, partial or async, with partial rollouts'
     `overprovision` and `max_staleness` (`libra.sim.modes`)."""
     import time
+    import uuid
 
     from flows.runtime import flow_config
     from libra.renames import renamed_parameter
+    from storage.writer import refuse_existing
     from tasks.sim_tasks import (
         bound_task,
         record_mlflow_task,
@@ -140,6 +145,9 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     request = simulation_request(workload, cluster, model, steps, systems, group_size, prompts_per_step, seed, run,
                                  rollout_mode=rollout_mode, overprovision=overprovision, max_staleness=max_staleness)
     check_feasible(request, settings.planner)
+    if not replace:
+        refuse_existing(settings.store.root, request.run)
+    origin = f"simulation of {request.workload}, {request.cluster}, {request.model}, {request.steps} steps, {uuid.uuid4().hex[:12]}"
     began = time.perf_counter()
     drawn = workload_task(request, settings.planner)
     runs = {name: simulate_system_task.with_options(name=f"simulate-{name}")(request, name, drawn, settings.planner,
@@ -149,7 +157,7 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     summary = summarize(runs, drawn.cost.cluster.gpus, request.workload, bounds)
     summary["rollout_mode"] = request.rollout_mode
     summary["simulation_wall_s"] = time.perf_counter() - began
-    record_store_task(runs, request.run, settings.store)
+    record_store_task(runs, request.run, settings.store, replace, origin)
     if track:
         summary["mlflow_parent_run_id"] = record_mlflow_task(runs, summary, request, settings)
     summary["store_run"] = request.run
@@ -161,9 +169,10 @@ def simulate_sweep_flow(workload: str, seeds: list[int], cluster: str = "6x8:a80
                         steps: int = 200, systems: str | list[str] = "all", group_size: int | None = None,
                         prompts_per_step: int | None = None, track: bool = True,
                         config: LibraConfig | str | None = None, store: str | None = None,
-                        policies: str | list[str] | None = None) -> dict[str, Any]:
-    """The simulation once per seed (a store run each, `sim-<workload>-<seed>`), as subflows; every
-    seed's request is checked before the first one starts. `policies` is the old name of `systems`."""
+                        policies: str | list[str] | None = None, replace: bool = False) -> dict[str, Any]:
+    """The simulation once per seed (a store run each, `sim-<workload>-<seed>`, replaced whole with
+    `replace`), as subflows; every seed's request is checked before the first one starts. `policies`
+    is the old name of `systems`."""
     from libra.renames import renamed_parameter
 
     systems = renamed_parameter("policies", "systems", policies, systems, "all")
@@ -173,4 +182,4 @@ def simulate_sweep_flow(workload: str, seeds: list[int], cluster: str = "6x8:a80
         simulation_request(workload, cluster, model, steps, systems, group_size, prompts_per_step, seed)
     return {"workload": workload, "seeds": {
         str(seed): simulate_flow(workload, cluster, model, steps, systems, group_size, prompts_per_step, seed, None,
-                                 track, config, store) for seed in seeds}}
+                                 track, config, store, replace=replace) for seed in seeds}}

@@ -19,9 +19,8 @@ from pathlib import Path
 
 from libra.config import StoreConfig
 from libra.traces import ReadProgress, read_trace, steps_by_prompt
-from storage.manifest import read_manifest
 from storage.records import trajectories_table, turns_table
-from storage.writer import StoreWriter, check_run_name, run_exists_error
+from storage.writer import StoreWriter, check_run_name, refuse_existing
 
 
 @dataclass(frozen=True)
@@ -53,9 +52,8 @@ def import_trace(
 ) -> ImportSummary:
     check_run_name(run)
     writer = writer_for(store, root)
-    existing = read_manifest(writer.root, run)
-    if existing is not None and not replace:  # fail before parsing; checked again under the lock
-        raise run_exists_error(writer.root, existing)
+    if not replace:  # fail before parsing; checked again under the lock
+        refuse_existing(writer.root, run)
     trace = read_trace(path, progress=progress)
     step_of = steps_by_prompt(trace.trajectories, prompts_per_step)
     trajectories = trajectories_table(run, trace.trajectories, step_of)

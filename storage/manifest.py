@@ -67,6 +67,11 @@ class RunLockedError(LibraError):
     """Another process is writing the run."""
 
 
+class ManifestUnreadable(LibraError):
+    """A run's manifest that cannot be read (torn in both slots, foreign, not a file): the run can
+    only be replaced whole."""
+
+
 @dataclass(frozen=True)
 class StepFiles:
     """The shards of one step of one table: written by commit `generation`, `shards` files."""
@@ -206,18 +211,22 @@ def read_manifest(root: str | Path, run: str) -> RunManifest | None:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise ManifestUnreadable(f"run {run!r}: manifest {path} cannot be read ({exc.strerror or exc}); "
+                                     "re-import the run with --replace") from None
         newest = _newest_slot(data)
         if newest is not None:
             break
         time.sleep(0.01 * (attempt + 1))  # two commits overlapped this read: read again
     else:
-        raise LibraError(f"run {run!r}: manifest {path} has no valid slot; re-import the run with --replace")
+        raise ManifestUnreadable(f"run {run!r}: manifest {path} has no valid slot; re-import the run with --replace")
     try:
         manifest = RunManifest.from_json(newest[2].decode())
     except (ValueError, KeyError, TypeError) as exc:
-        raise LibraError(f"run {run!r}: manifest {path} is unreadable ({exc}); re-import the run with --replace") from None
+        raise ManifestUnreadable(f"run {run!r}: manifest {path} is unreadable ({exc}); re-import the run with --replace") from None
     if manifest.run != run or manifest.generation != newest[1]:
-        raise LibraError(f"run {run!r}: manifest {path} is for run {manifest.run!r}, generation {manifest.generation}")
+        raise ManifestUnreadable(f"run {run!r}: manifest {path} is for run {manifest.run!r}, generation "
+                                 f"{manifest.generation}; re-import the run with --replace")
     return manifest
 
 

@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 from libra.errors import LibraError
 from storage.manifest import (
     RUN_NAME,
+    ManifestUnreadable,
     RunExistsError,
     RunLock,
     RunManifest,
@@ -74,7 +75,7 @@ WriteMode = Literal["update", "create", "replace"]
 
 __all__ = [
     "RUN_NAME", "RunTransaction", "StoreWriter", "WriteMode", "check_run_name", "conform",
-    "run_exists_error", "step_dir", "table_dir",
+    "refuse_existing", "run_exists_error", "step_dir", "table_dir",
 ]
 
 
@@ -92,6 +93,14 @@ def run_exists_error(root: str | Path, manifest: RunManifest) -> RunExistsError:
         f"run {manifest.run!r} already exists in store {root} ({manifest.origin}, committed {when}); "
         "pass --replace to replace it whole"
     )
+
+
+def refuse_existing(root: str | Path, run: str) -> None:
+    """`RunExistsError` if `run` is committed in the store at `root` (a writer that would create it
+    checks early, before its work, and again under the run's lock)."""
+    existing = read_manifest(root, run)
+    if existing is not None:
+        raise run_exists_error(root, existing)
 
 
 def conform(schema: TableSchema, data: pa.Table | pa.RecordBatch, run: str, step: int | None) -> pa.Table:
@@ -213,7 +222,12 @@ class RunTransaction:
         return self._leftovers or bool(self._pending)
 
     def begin(self) -> None:
-        self.base = read_manifest(self.root, self.run)
+        try:
+            self.base = read_manifest(self.root, self.run)
+        except ManifestUnreadable:
+            if self.mode != "replace":
+                raise
+            self.base = None  # replaced whole: nothing of the unreadable run is kept (swept below)
         if self._leftovers or self.mode != "update" or self.base is None:
             self._sweep()
         if self.mode == "create" and self.base is not None:

@@ -13,12 +13,16 @@ import pyarrow as pa
 
 from libra.config import LibraConfig, StoreConfig
 from storage.ingest import writer_for
+from storage.manifest import RunExistsError, read_manifest
 
 
-def record_store(runs: dict, run: str, store: StoreConfig) -> None:
-    """Each system's steps, plans and hybrid events. A one-step-off run trains its last batch after
-    its last rollout (`tail_train_s`): the last step's row holds that training's tokens and so also
-    its seconds, so that the rows add up to the run (its tokens over its total time)."""
+def record_store(runs: dict, run: str, store: StoreConfig, replace: bool = False, origin: str = "simulation") -> None:
+    """Each system's steps, plans and hybrid events, as store run `run`, created whole in one commit
+    (`replace`: replacing a run of that name whole; without it, one that exists is refused, unless
+    it is this simulation's own, committed already under the same `origin`: a retry). A
+    one-step-off run trains its last batch after its last rollout (`tail_train_s`): the last step's
+    row holds that training's tokens and so also its seconds, so that the rows add up to the run
+    (its tokens over its total time)."""
     steps, plans, events = [], [], []
     for name, r in runs.items():
         clock = 0.0
@@ -45,9 +49,15 @@ def record_store(runs: dict, run: str, store: StoreConfig) -> None:
             events += [asdict(e) for e in hybrid_lifecycle(name, s, clock)]
             clock += s.step_s + tail_s
     writer = writer_for(store)
-    for table, rows in (("steps", steps), ("plans", plans), ("pool_events", events)):
-        if rows:
-            writer.write_run(table, run, pa.Table.from_pylist(rows))
+    try:
+        with writer.transaction(run, mode="replace" if replace else "create", origin=origin, wait_s=0) as tx:
+            for table, rows in (("steps", steps), ("plans", plans), ("pool_events", events)):
+                if rows:
+                    tx.write_run(table, pa.Table.from_pylist(rows))
+    except RunExistsError:
+        existing = read_manifest(writer.root, run)
+        if existing is None or existing.origin != origin:
+            raise
 
 
 def hybrid_lifecycle(system: str, step, start_s: float) -> list:

@@ -124,12 +124,12 @@ def summarize(runs: dict, gpus: int, workload: str, bounds: dict[str, float] | N
 
 
 @task(name="record-store", cache_policy=NO_CACHE, retries=1)
-def record_store_task(runs: dict, run: str, store: StoreConfig) -> None:
-    """The runs' steps, plans and pool_events as store run `run` (each table replaced whole, so a
-    retry writes them once)."""
+def record_store_task(runs: dict, run: str, store: StoreConfig, replace: bool, origin: str) -> None:
+    """The runs' steps, plans and pool_events as store run `run`, in one commit (`origin` names this
+    simulation, so a retry after its commit finds its own run and writes nothing twice)."""
     from tasks.sim_records import record_store
 
-    record_store(runs, run, store)
+    record_store(runs, run, store, replace, origin)
 
 
 @task(name="record-mlflow", cache_policy=NO_CACHE)

@@ -45,3 +45,30 @@ def test_simulate_errors(capsys) -> None:
     assert main(["simulate", "--workload", "search-r1", "--systems", "libra,magic", "--no-track"]) == 2
     assert "unknown systems magic" in capsys.readouterr().err
     assert main(["simulate", "--workload", "search-r1", "--steps", "0", "--no-track"]) == 2
+
+
+def test_a_simulation_into_a_run_that_exists_is_refused_before_it_starts_and_replace_replaces_it_whole(
+        tmp_path: Path, capsys) -> None:
+    """Two simulations under one run name once left a mix: the second replaced only the steps it
+    wrote, so the first's other steps and systems stayed beside its own."""
+    config = local_config(tmp_path)
+    first = ["simulate", "--workload", "dapo-math", "--cluster", "1x8:h100", "--model", "qwen3-8b", "--steps", "2",
+             "--systems", "libra,verl-colocated", "--run", "mix", "--no-track", "--config", str(config)]
+    second = ["simulate", "--workload", "search-r1", "--cluster", "1x8:h100", "--model", "qwen3-8b", "--steps", "1",
+              "--systems", "libra", "--run", "mix", "--no-track", "--config", str(config)]
+
+    def rows() -> list[dict]:
+        with Catalog(tmp_path / "store", "mix") as catalog:
+            return catalog.query("select step, policy from steps order by step, policy").to_pylist()
+
+    assert main(first) == 0
+    before = rows()
+    assert before == [{"step": s, "policy": p} for s in (0, 1) for p in ("libra", "verl-colocated")]
+    capsys.readouterr()
+    assert main(second) == 2
+    err = capsys.readouterr().err
+    assert "run 'mix' already exists in store" in err and "(simulation of dapo-math, 1x8:h100, qwen3-8b, 2 steps" in err
+    assert err.strip().endswith("pass --replace to replace it whole") and "Traceback" not in err
+    assert rows() == before
+    assert main([*second, "--replace"]) == 0
+    assert rows() == [{"step": 0, "policy": "libra"}]

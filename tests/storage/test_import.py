@@ -117,3 +117,19 @@ def test_runs_lists_committed_runs_and_notes_the_others(tmp_path: Path, capsys: 
     assert sorted(p.name for p in legacy.iterdir()) == ["part-00000001-00000.parquet"]  # the old file was swept
     assert main(["runs", "--store", str(store)]) == 0
     assert capsys.readouterr() == ("old\ns\n", "")
+
+
+def test_a_run_whose_manifest_is_torn_in_both_slots_is_refused_and_replace_writes_it_whole(tmp_path: Path) -> None:
+    from storage.manifest import ManifestUnreadable, manifest_path
+
+    store = StoreConfig(root=str(tmp_path / "store"), fsync=False)
+    root = tmp_path / "store"
+    import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
+    path = manifest_path(root, "s")
+    path.write_bytes(path.read_bytes()[:30])  # neither slot whole
+    with pytest.raises(ManifestUnreadable, match=r"^run 's': manifest .* has no valid slot; re-import the run with --replace$"):
+        import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
+    summary = import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1, replace=True)
+    assert summary.replaced is False  # nothing of the unreadable run was kept
+    assert read_manifest(root, "s").generation == 1
+    assert shape(root, "s")["trajectories"] == summary.trajectories
