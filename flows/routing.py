@@ -12,6 +12,7 @@ the parameters before anything starts, naming each as the caller spells it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from prefect import flow
 from libra.checks import Names, as_parameter, in_range, token_bounds
 from libra.config import LibraConfig
 from libra.errors import LibraError
+from libra.scheduler.causal_tree import is_tree_file
 from tasks.routing_tasks import ReplayProgress
 
 MAX_DECISIONS = 20_000_000  # routing decisions one router's replay may record (about 100 bytes each)
@@ -97,9 +99,15 @@ def tree_request(run: str, out: str, last_steps: int = 0, granularity: str = "co
     from storage.writer import check_run_name
 
     in_range(names("last_steps"), last_steps, 0, 1_000_000_000)
-    folder = Path(out).parent
+    target = Path(out)
+    if not out or target.name in ("", ".", "..") or out.endswith("/"):
+        raise LibraError(f"{names('out')} {out!r} does not name a file; give FILE.json")
+    folder = target.parent
     if not folder.is_dir():
         raise LibraError(f"cannot write {out}: {folder} is not a directory; create it or name another {names('out')}")
+    if os.path.lexists(target) and not is_tree_file(target):  # what is there is never replaced by a tree
+        raise LibraError(f"{names('out')} {out} exists and is not a causal tree file (a file of another kind, a "
+                         f"directory, a device, a FIFO or a link); remove it or name another {names('out')}")
     if granularity not in ("fine", "coarse"):
         raise LibraError(f"{names('granularity')} {granularity!r}: use 'fine' or 'coarse'")
     return TreeRequest(check_run_name(run), out, last_steps, granularity)

@@ -23,6 +23,8 @@ import bisect
 import gc
 import json
 import math
+import os
+import stat
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -324,3 +326,16 @@ class CausalTree:
     @classmethod
     def load(cls, path: str | Path) -> CausalTree:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def is_tree_file(path: str | Path) -> bool:
+    """Whether `path` is a plain file that `CausalTree.save` wrote (what a tree may replace)."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
+            return False
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return False
+    return head.startswith(b'{"version": ') and b'"window": ' in head

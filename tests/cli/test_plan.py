@@ -1,4 +1,5 @@
 import json
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -113,3 +114,18 @@ def test_tree_rebuild_from_store(tmp_path: Path, capsys) -> None:
     assert json.loads(out)["trajectories"] == 38
     code, _, err = run_cli(capsys, "tree", "--run", "swe", "--store", store, "--out", str(tmp_path / "no" / "t.json"))
     assert code == 2 and "cannot write" in err
+    # a tree replaces a tree (above), never what else is there: a trace, a store's manifest, a FIFO, a link
+    fifo, link, trace = tmp_path / "fifo", tmp_path / "link.json", tmp_path / "trace.csv"
+    os.mkfifo(fifo)
+    trace.write_bytes(SWE.read_bytes())
+    link.symlink_to(out_file)
+    manifest = Path(store) / "_runs" / "swe.manifest"
+    kept = {p: p.read_bytes() for p in (trace, manifest)}
+    for target in (trace, manifest, fifo, link, tmp_path):
+        code, _, err = run_cli(capsys, "tree", "--run", "swe", "--store", store, "--out", str(target))
+        assert code == 2 and err.strip() == (f"libra: error: --out {target} exists and is not a causal tree file (a "
+                                             "file of another kind, a directory, a device, a FIFO or a link); remove it "
+                                             "or name another --out"), err
+    assert {p: p.read_bytes() for p in kept} == kept and fifo.is_fifo() and link.is_symlink()
+    code, _, err = run_cli(capsys, "tree", "--run", "swe", "--store", store, "--out", "")
+    assert code == 2 and err.strip() == "libra: error: --out '' does not name a file; give FILE.json"
