@@ -42,6 +42,8 @@ REQUIRED_COLUMNS = (
     "final_reward",
 )
 OPTIONAL_COLUMNS = ("gen_tokens_method",)
+TEXT_COLUMNS = ("source", "prompt_id", "sample_id", "tool_name", "tool_status", "gen_tokens_method")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # shown raw, they would drive the terminal of whoever reads the store
 MAX_COUNT = 2**31 - 1  # the largest token count or turn index a trace may hold
 MAX_FIELD_CHARS = 131_072  # Python's csv field limit; a trace's fields are ids, names and numbers
 PROGRESS_ROWS = 8_192  # rows between two progress reports
@@ -173,6 +175,13 @@ def _read_rows(name: str, reader: Iterator[list[str]], groups: dict[tuple[str, s
         key = (field["prompt_id"], field["sample_id"])
         if not key[0] or not key[1]:
             raise TraceFormatError(name, line, "prompt_id and sample_id must not be empty")
+        if "/" in key[0] or "/" in key[1]:  # a trajectory is prompt_id/sample_id: 'a/b','c' and 'a','b/c' would be one
+            raise TraceFormatError(name, line, f"prompt_id and sample_id must not contain '/' (a trajectory's id is "
+                                               f"prompt_id/sample_id), got {shown(key[0], 40)} and {shown(key[1], 40)}")
+        for column in TEXT_COLUMNS:
+            if _CONTROL.search(field.get(column, "")):
+                raise TraceFormatError(name, line, f"{column} holds a control character (a newline, NUL, escape, ...): "
+                                                   f"{shown(field[column], 40)}")
         groups.setdefault(key, []).append(_parse_row(name, line, field))
         rows += 1
         if rows % PROGRESS_ROWS == 0:

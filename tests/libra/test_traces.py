@@ -213,3 +213,19 @@ def test_progress_hears_bytes_read(tmp_path: Path) -> None:
 def test_bundled_traces_are_found() -> None:
     assert [p.name for p in bundled_traces()] == [
         "fireact_hotpotqa.csv", "swe_gemini3_mini_A.csv", "taubench_airline.csv", "tora_gsm8k.csv"]
+
+
+def test_ids_that_would_make_one_trajectory_of_two_are_refused(tmp_path: Path) -> None:
+    # 'a/b','c' and 'a','b/c' were both stored as trajectory a/b/c
+    rows = trace_rows("a/b", "c", 5, [(1, "none", 0, "")]) + trace_rows("a", "b/c", 5, [(1, "none", 0, "")])
+    err = _error(tmp_path, rows)
+    assert (err.line, err.reason) == (2, "prompt_id and sample_id must not contain '/' (a trajectory's id is "
+                                         "prompt_id/sample_id), got 'a/b' and 'c'")
+
+
+@pytest.mark.parametrize("column", ["prompt_id", "sample_id", "tool_name", "source"])
+def test_control_characters_in_names_are_refused(tmp_path: Path, column: str) -> None:
+    rows = trace_rows("p", "s", 5, [(1, "search", 3, "ok"), (2, "none", 0, "")])
+    rows[0][column] = rows[0][column] + "\x1b[31m"  # would colour the terminal of whoever queries the store
+    err = _error(tmp_path, rows)
+    assert err.line == 2 and err.reason.startswith(f"{column} holds a control character (a newline, NUL, escape, ...): ")
