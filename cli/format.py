@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from storage.queries import to_jsonable
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def rows_json(table: pa.Table) -> str:
     """A JSON list with one object per row."""
-    return json.dumps([to_jsonable(row) for row in table.to_pylist()])
+    return json.dumps([to_jsonable(row) for row in _rows(table)])
+
+
+def _rows(table: pa.Table) -> list[dict[str, Any]]:
+    """The rows as Python values; a column Python cannot hold (DuckDB's infinite timestamps and
+    dates, years past 9999) as Arrow's text of each value."""
+    columns = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        try:
+            columns[name] = column.to_pylist()
+        except (OverflowError, ValueError):
+            columns[name] = pc.cast(column, pa.string()).to_pylist()
+    return [{name: values[i] for name, values in columns.items()} for i in range(table.num_rows)]
 
 
 def _cell(value: Any) -> str:
@@ -20,7 +36,7 @@ def _cell(value: Any) -> str:
         return "NULL"
     if isinstance(value, float):
         return f"{value:.6g}"
-    text = str(to_jsonable(value))
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(to_jsonable(value)))  # never drives the terminal
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -29,7 +45,7 @@ def render_table(table: pa.Table, max_rows: int = 100) -> str:
     names = table.column_names
     if not names:
         return "(no result)"
-    shown = table.slice(0, max_rows).to_pylist()
+    shown = _rows(table.slice(0, max_rows))
     numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type) for f in table.schema]
     cells = [[_cell(row[n]) for n in names] for row in shown]
     widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]

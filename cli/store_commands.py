@@ -116,8 +116,8 @@ def cmd_query(args: argparse.Namespace, config: LibraConfig) -> int:
         raise LibraError("give either SQL or --named NAME (see `libra query --help`)")
     if args.param and args.named is None:
         raise LibraError("--param only applies to --named queries")
-    if args.max_rows < 0:
-        raise LibraError(f"--max-rows must be 0 or more (rows shown in table output), got {args.max_rows}")
+    if not 0 <= args.max_rows <= 10**9:
+        raise LibraError(f"--max-rows must be 0 to 1,000,000,000 (rows shown in table output), got {args.max_rows}")
     with open_catalog(config.store, args.run) as catalog:
         table = query(catalog, args.sql, args.named, _parse_params(args.param) if args.named is not None else None)
     print(rows_json(table) if args.json else render_table(table, max_rows=args.max_rows))

@@ -115,6 +115,9 @@ class Catalog:
     def __init__(self, root: str | Path, run: str | None = None, *, threads: int = 2,
                  timeout_s: float | None = None) -> None:
         self.root = Path(root)
+        if any(c in str(self.root.absolute()) for c in "*?["):
+            raise LibraError(f"store {root}: its path holds one of *?[, which DuckDB reads as a pattern (another "
+                             "store's files could be read for this one's); move or rename the store")
         self.run = run
         self.threads = threads
         self.timeout_s = timeout_s  # a query's time limit (None: none; the project's own queries)
@@ -139,6 +142,12 @@ class Catalog:
         manifests = self._manifests()
         root = self.root.absolute()  # the views keep working if the process changes directory
         files = {name: [p for m in manifests for p in m.files(root, schema)] for name, schema in TABLES.items()}
+        for m in manifests:
+            for name, schema in TABLES.items():
+                for path in m.files(root, schema):
+                    if not path.is_file():
+                        raise LibraError(f"run {m.run!r}: {name} shard {path} listed by its manifest is missing; "
+                                         "re-import the run with --replace")
         con = duckdb.connect(
             database=":memory:",
             config={

@@ -169,5 +169,34 @@ def test_a_runaway_query_is_stopped_at_the_time_limit(store: Path, tmp_path: Pat
 
 def test_max_rows_must_not_be_negative(store: Path, capsys: pytest.CaptureFixture) -> None:
     code = main(["query", "--run", "s", "--store", str(store), "--max-rows", "-5", "select 1"])
-    assert (code, capsys.readouterr().err) == (2, "libra: error: --max-rows must be 0 or more (rows shown in table "
-                                                  "output), got -5\n")
+    assert (code, capsys.readouterr().err) == (2, "libra: error: --max-rows must be 0 to 1,000,000,000 (rows shown in "
+                                                  "table output), got -5\n")
+    code = main(["query", "--run", "s", "--store", str(store), "--max-rows", "99999999999999999999", "select 1"])
+    assert (code, capsys.readouterr().err) == (2, "libra: error: --max-rows must be 0 to 1,000,000,000 (rows shown in "
+                                                  "table output), got 99999999999999999999\n")
+
+
+def test_a_shard_its_manifest_lists_that_is_gone_is_one_line_naming_it(store: Path) -> None:
+    (store / SHARD).unlink()
+    with pytest.raises(LibraError, match=rf"^run 's': turns shard {store.absolute() / SHARD} listed by its manifest is "
+                                         r"missing; re-import the run with --replace$"):
+        Catalog(store, "s")
+    with Catalog(store, "other") as catalog:  # another run of the store still reads
+        assert catalog.query("select count(*) as n from turns").to_pylist() == [{"n": 6}]
+
+
+def test_a_store_whose_path_duckdb_would_expand_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(LibraError, match=r"its path holds one of \*\?\[, which DuckDB reads as a pattern"):
+        Catalog(tmp_path / "st*r")
+
+
+def test_values_python_cannot_hold_and_control_characters_are_shown_as_text(store: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    sql = "select 'infinity'::timestamp as t, '-infinity'::date as d, chr(27) || '[31mred' as s, 2 as n"
+    assert main(["query", "--run", "s", "--store", str(store), sql]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split() == [
+        "<value", "out", "of", "range:", "9223372036854775807>", "<value", "out", "of", "range:", "-2147483647>",
+        "\\x1b[31mred", "2"]  # the escape is shown, never sent to the terminal
+    assert main(["query", "--run", "s", "--store", str(store), "--json", sql]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"t": "<value out of range: 9223372036854775807>",
+                                                    "d": "<value out of range: -2147483647>", "s": "\x1b[31mred", "n": 2}]
