@@ -78,7 +78,11 @@ def parse_schedule(text: str, hybrids: int, names: Names = as_parameter) -> dict
             raise LibraError(f"{names('schedule')} entry {part!r} is not STEP:COUNT (e.g. 10:2,40:0)") from None
         if at < 0 or not 0 <= value <= hybrids:
             raise LibraError(f"{names('schedule')} entry {part!r}: need STEP >= 0 and 0 <= COUNT <= {hybrids} hybrids")
+        if at in schedule:
+            raise LibraError(f"{names('schedule')} gives step {at} twice; give each step once (e.g. 10:2,40:0)")
         schedule[at] = value
+    if not schedule:
+        raise LibraError(f"{names('schedule')} {text!r} gives no STEP:COUNT; give at least one (e.g. 10:2,40:0)")
     return schedule
 
 

@@ -67,11 +67,13 @@ def train_pool_task(request, settings: PoolConfig) -> PoolOutcome:
 
 @task(name="record-events", cache_policy=NO_CACHE, retries=1)
 def record_events_task(run: str, events: list, store: StoreConfig) -> None:
-    """The run's transitions as its `pool_events` (each step's rows replaced, so a retry writes once)."""
+    """The run's transitions as its `pool_events` (each step's rows replaced, so a retry writes once);
+    a run whose schedule moved no hybrid within its steps has none to write."""
     from libra.pools.pool import events_table
     from storage.ingest import writer_for
 
-    writer_for(store).write_run("pool_events", run, events_table(events))
+    if events:
+        writer_for(store).write_run("pool_events", run, events_table(events))
 
 
 @task(name="verify-pool", cache_policy=NO_CACHE)

@@ -39,9 +39,19 @@ def test_pool_kill_verify_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) 
     (["--schedule", "5:3"], "0 <= COUNT <= 1"),
     (["--kill", "hybrid-7@3"], "expected HYBRID@STEP with HYBRID one of hybrid-0"),
     (["--batch", "1"], "--batch >= core + hybrids (2)"),
+    (["--schedule", ""], "--schedule '' gives no STEP:COUNT; give at least one (e.g. 10:2,40:0)"),
+    (["--schedule", "0:all,0:0"], "--schedule gives step 0 twice; give each step once (e.g. 10:2,40:0)"),
 ])
 def test_bad_arguments_are_one_line_errors(tmp_path: Path, capsys, args, message) -> None:
     code = main(["pool", "--config", str(config_file(tmp_path)), "--no-track", *args])
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "store").exists()
+
+
+def test_a_schedule_that_moves_no_hybrid_within_the_run_records_no_events(tmp_path: Path, capsys) -> None:
+    # 10:all never fires in one step: the recording once failed on an empty events table, after the training
+    code = main(["pool", "--steps", "1", "--run", "quiet", "--config", str(config_file(tmp_path)), "--no-track", "--json"])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out)
+    assert (result["run"], result["steps"]) == ("quiet", 1) and not any(result["events"].values())
