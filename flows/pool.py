@@ -92,7 +92,7 @@ def parse_kills(items: list[str], hybrids: int, names: Names = as_parameter) -> 
     known = {f"hybrid-{i}" for i in range(hybrids)}
     for item in items:
         worker, _, step = item.partition("@")
-        if worker not in known or not step.isdigit():
+        if worker not in known or not (step.isascii() and step.isdigit()):
             raise LibraError(f"{names('kill')} {item!r}: expected HYBRID@STEP with HYBRID one of "
                              f"{', '.join(sorted(known)) or '(no hybrids)'}")
         kills.append((worker, int(step)))

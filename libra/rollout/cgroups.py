@@ -280,7 +280,7 @@ def remove_orphaned(parent: Path) -> list[Path]:
     removed = []
     for top in parent.glob(f"{PREFIX}*"):
         pid = top.name[len(PREFIX):].split("-")[0]
-        if not pid.isdigit() or _alive(int(pid)) or not top.is_dir():
+        if not (pid.isascii() and pid.isdigit()) or _alive(int(pid)) or not top.is_dir():
             continue
         for child in top.iterdir():
             if child.is_dir():

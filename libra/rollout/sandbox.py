@@ -468,7 +468,7 @@ def remove_orphaned_bases(directory: Path) -> list[Path]:
     removed = []
     for base in directory.glob(f"{BASE_PREFIX}*-*"):
         pid = base.name[len(BASE_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)) or not base.is_dir() or base.is_symlink():
+        if not (pid.isascii() and pid.isdigit()) or _alive(int(pid)) or not base.is_dir() or base.is_symlink():
             continue
         discard_tree(base)
         removed.append(base)

@@ -193,7 +193,7 @@ class _Episode:
             return "\n".join(f"{i + 1}: {line}" for i, line in enumerate(lines)), "ok"
         target, _, new = argument.partition(":")  # edit: FILE N: NEW LINE
         parts = target.split()
-        if len(parts) != 2 or parts[0] != "code.py" or not parts[1].isdigit() or not _:
+        if len(parts) != 2 or parts[0] != "code.py" or not (parts[1].isascii() and parts[1].isdigit()) or not _:
             return "edit expects: code.py N: NEW LINE (only code.py may change)", "error"
         lines = read_work_file(self.workdir, "code.py").splitlines()
         n = int(parts[1])

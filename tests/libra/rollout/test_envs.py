@@ -75,6 +75,9 @@ def test_repo_tools_refuse_bad_calls(tmp_path):
     assert episode.call("edit", "test_code.py 1: pass") == ("edit expects: code.py N: NEW LINE (only code.py may change)",
                                                             "error")
     assert episode.call("edit", "code.py 99: pass")[0].startswith("line 99 is out of range")
+    for line in ("²", "٣", "1e3", "-1"):  # '²'.isdigit() is true, and int('²') raised: an environment failure
+        assert episode.call("edit", f"code.py {line}: pass") == (
+            "edit expects: code.py N: NEW LINE (only code.py may change)", "error")
     assert episode.reward("done") == 0.0  # the bug is still there
     episode.call("edit", f"code.py {task.data['line']}: {task.data['fix']}")
     assert episode.reward("done") == 1.0
