@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from libra.config import LibraConfig
+from libra.errors import LibraError
 from libra.files import absolute_tracking_uri
 
 # what keeps both libraries quiet and at home; they read these when they are imported
@@ -111,7 +112,12 @@ def open_mlflow_store(uri: str) -> None:
     import mlflow
 
     with file_lock(Path(uri[len(prefix):] + ".lock")):
-        mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        try:
+            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as exc:  # a file that is not MLflow's database (or is not a database at all)
+            raise LibraError(f"MLflow's tracking store {uri} cannot be opened ({type(exc).__name__}: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}); point "
+                             "tracking.tracking_uri at a new file or an MLflow database, or run with --no-track") from None
 
 
 def start_prefect() -> None:

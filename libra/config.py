@@ -46,6 +46,9 @@ class TracesConfig(_Section):
     )
 
 
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
+
+
 class TrackingConfig(_Section):
     """MLflow experiment tracking."""
 
@@ -56,6 +59,17 @@ class TrackingConfig(_Section):
     experiment_prefix: str = Field(
         "libra", min_length=1, max_length=64, description="experiment names start with it: <prefix>-traces, ..."
     )
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _known_scheme(cls, uri: str) -> str:
+        scheme, found, _ = uri.partition("://")
+        if not uri.strip():
+            raise ValueError("tracking_uri is empty: give sqlite:///FILE.db, file:DIR, http(s)://SERVER, or a directory")
+        if found and scheme.split("+")[0] not in TRACKING_SCHEMES:
+            raise ValueError(f"tracking_uri {uri!r}: MLflow has no tracking store for {scheme!r}; give sqlite:///FILE.db, "
+                             "file:DIR, http(s)://SERVER, a database URI (postgresql, mysql, mssql), databricks, or a directory")
+        return uri
 
 
 class DashboardConfig(_Section):

@@ -271,3 +271,23 @@ def test_epochs_beyond_one_are_the_torch_trainers() -> None:
                   {"trainer": {"epochs": 2}, "placement": {"strategy": "static", "hybrids": 1}}):
         with pytest.raises(ValueError, match="trainer.epochs 2: several optimizer steps per update are the torch"):
             LibraConfig.model_validate(other)
+
+
+def test_a_tracking_uri_mlflow_cannot_open_is_refused_up_front() -> None:
+    with pytest.raises(ConfigError, match=r"tracking_uri 'bogus://x': MLflow has no tracking store for 'bogus'"):
+        load_config(overrides={"tracking.tracking_uri": "bogus://x"})
+    with pytest.raises(ConfigError, match=r"tracking_uri is empty"):
+        load_config(overrides={"tracking.tracking_uri": " "})
+    for uri in ("sqlite:///a.db", "file:/tmp/m", "https://mlflow.example", "postgresql+psycopg2://u@h/db", "/tmp/m"):
+        assert load_config(overrides={"tracking.tracking_uri": uri}).tracking.tracking_uri == uri
+
+
+def test_a_tracking_database_that_is_not_mlflows_is_one_line(tmp_path: Path) -> None:
+    from flows.runtime import open_mlflow_store
+    from libra.errors import LibraError
+
+    (tmp_path / "bad.db").write_text("not a database\n")
+    with pytest.raises(LibraError, match=r"^MLflow's tracking store sqlite:///.*/bad.db cannot be opened \(DatabaseError: "
+                                         r".*file is not a database\); point tracking.tracking_uri at a new file"):
+        open_mlflow_store(f"sqlite:///{tmp_path / 'bad.db'}")
+    assert (tmp_path / "bad.db").read_text() == "not a database\n"
