@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> LibraConfig:
     from libra.config_loading import load_config
 
-    overrides = {"store.root": args.store} if getattr(args, "store", None) else {}
+    overrides = {"store.root": args.store} if getattr(args, "store", None) is not None else {}
     return load_config(getattr(args, "config", None), overrides)
 
 

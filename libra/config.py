@@ -25,7 +25,7 @@ class _Section(Validated):
 class StoreConfig(_Section):
     """Trajectory store on Parquet files, queried with DuckDB."""
 
-    root: str = Field(".libra/store", description="directory holding every run's Parquet files")
+    root: str = Field(".libra/store", min_length=1, description="directory holding every run's Parquet files")
     compression: Literal["zstd", "snappy", "lz4", "gzip", "none"] = Field(
         "zstd", description="Parquet compression codec"
     )

@@ -33,7 +33,14 @@ import duckdb
 import pyarrow as pa
 
 from libra.errors import LibraError
-from storage.manifest import RunManifest, committed_runs, manifests_signature, read_manifest, table_dir
+from storage.manifest import (
+    RunManifest,
+    check_store_root,
+    committed_runs,
+    manifests_signature,
+    read_manifest,
+    table_dir,
+)
 from storage.schemas import TABLES, TableSchema
 from storage.writer import check_run_name
 
@@ -118,6 +125,7 @@ class Catalog:
         if any(c in str(self.root.absolute()) for c in "*?["):
             raise LibraError(f"store {root}: its path holds one of *?[, which DuckDB reads as a pattern (another "
                              "store's files could be read for this one's); move or rename the store")
+        check_store_root(self.root)
         self.run = run
         self.threads = threads
         self.timeout_s = timeout_s  # a query's time limit (None: none; the project's own queries)

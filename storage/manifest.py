@@ -281,8 +281,20 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
+def check_store_root(root: str | Path) -> None:
+    """A LibraError if `root`, or the nearest of its folders that exists, is not a directory (a store
+    that does not exist yet is empty, and is made where its folder can hold it)."""
+    path = Path(root)
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    if os.path.lexists(path) and not path.is_dir():
+        where = "" if path == Path(root) else f" ({path} is a file)"
+        raise LibraError(f"store {root} is not a directory{where}; give a store directory (--store DIR or store.root)")
+
+
 def committed_runs(root: str | Path) -> list[str]:
     """Names of the runs that have a committed manifest, sorted."""
+    check_store_root(root)
     base = runs_dir(root)
     if not base.is_dir():
         return []

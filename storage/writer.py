@@ -57,6 +57,7 @@ from storage.manifest import (
     RunLock,
     RunManifest,
     StepFiles,
+    check_store_root,
     fsync_paths,
     manifest_path,
     read_manifest,
@@ -98,6 +99,7 @@ def run_exists_error(root: str | Path, manifest: RunManifest) -> RunExistsError:
 def refuse_existing(root: str | Path, run: str) -> None:
     """`RunExistsError` if `run` is committed in the store at `root` (a writer that would create it
     checks early, before its work, and again under the run's lock)."""
+    check_store_root(root)
     existing = read_manifest(root, run)
     if existing is not None:
         raise run_exists_error(root, existing)
@@ -167,6 +169,7 @@ class StoreWriter:
         (abort them if it raises). `origin` says what wrote the run (a refused import names it);
         `wait_s` overrides `lock_wait_s` (0: refuse at once when another writer holds the run)."""
         check_run_name(run)
+        check_store_root(self.root)
         if mode not in ("update", "create", "replace"):
             raise ValueError(f"unknown write mode {mode!r}")
         purpose = f"{mode} ({origin})"

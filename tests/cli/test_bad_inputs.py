@@ -121,6 +121,12 @@ BAD = [
     (["traces", "import", "small.csv", "--run", "x", "--prompts-per-step", "99999999999999999999"],
      "--prompts-per-step must be <= 100,000, got 99,999,999,999,999,999,999"),
     (["config", "--config", "steps.yaml"], "steps.yaml: trainer.steps = True: Value error, a number is needed here, not true"),
+    # a store that is a file, or no path at all (it once listed no runs, or wrote into the working directory)
+    (["runs", "--store", "small.csv"], "store small.csv is not a directory; give a store directory (--store DIR or store.root)"),
+    (["query", "--store", "small.csv", "select 1"], "store small.csv is not a directory; give a store directory"),
+    (["traces", "import", "small.csv", "--run", "x", "--store", "small.csv"], "store small.csv is not a directory"),
+    (["traces", "import", "small.csv", "--run", "x", "--store", ""], "embedded defaults: store.root = '': String should "
+                                                                     "have at least 1 character"),
 ]
 
 
@@ -150,13 +156,14 @@ def test_messages_stay_on_one_line(files: Path, capsys: pytest.CaptureFixture) -
     assert one_line("a\r\nb\x00c\u2028d" + "e" * 3000) == escaped[:2000] + "..."
 
 
-def test_the_operating_systems_refusals_are_one_line(files: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_store_under_a_file_is_one_line_before_anything_runs(files: Path, capsys: pytest.CaptureFixture) -> None:
     (files / "a_file").write_text("")
     assert main(["simulate", "--workload", "search-r1", "--steps", "1", "--cluster", "2x8:a800", "--model", "qwen3-8b",
                  "--systems", "libra", "--group-size", "2", "--prompts-per-step", "2", "--no-track",
                  "--store", "a_file/store"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("libra: error: Not a directory: a_file/store") and err.count("\n") == 1
+    assert err == ("libra: error: store a_file/store is not a directory (a_file is a file); give a store directory "
+                   "(--store DIR or store.root)\n")
 
 
 def libra(*argv: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
@@ -305,4 +312,5 @@ def test_an_error_inside_the_flow_is_one_line_without_prefects_logs(files: Path)
     (files / "a_file").write_text("")
     proc = libra("run", "--traces", "small.csv", "--store", "a_file/store", cwd=files)
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr.startswith("libra: error: Not a directory: a_file/store") and proc.stderr.count("\n") == 1
+    assert proc.stderr == ("libra: error: store a_file/store is not a directory (a_file is a file); give a store "
+                           "directory (--store DIR or store.root)\n")
