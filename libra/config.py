@@ -112,6 +112,13 @@ class SchedulerConfig(_Section):
     migration_budget: float = Field(0.07, ge=0.0, le=1.0, description="re-prefilled tokens at most this share of tokens seen")
     warmup_fraction: float = Field(0.3, ge=0.0, lt=1.0, description="share of replayed steps used only for learning")
 
+    @field_validator("payload_bounds", mode="before")
+    @classmethod
+    def _two(cls, bounds: object) -> object:
+        if isinstance(bounds, list | tuple) and len(bounds) != 2:
+            raise ValueError(f"payload_bounds must be two increasing positive token counts, got {list(bounds)}")
+        return bounds
+
     @field_validator("payload_bounds")
     @classmethod
     def _increasing(cls, bounds: tuple[int, int]) -> tuple[int, int]:

@@ -155,6 +155,8 @@ def _read_rows(name: str, reader: Iterator[list[str]], groups: dict[tuple[str, s
     if header is None:
         raise TraceFormatError(name, 1, "empty file: expected a header row " + ",".join(REQUIRED_COLUMNS))
     header = [h.strip() for h in header]
+    if header and header[0].startswith("\ufeff"):
+        raise TraceFormatError(name, 1, "the header starts with a second byte-order mark; save the file with one at most")
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise TraceFormatError(
@@ -190,6 +192,8 @@ def _read_rows(name: str, reader: Iterator[list[str]], groups: dict[tuple[str, s
 
 
 def _csv_reason(exc: csv.Error) -> str:
+    if "new-line character seen in unquoted field" in str(exc):
+        return "a line ends with a lone carriage return (CR); lines must end with LF or CRLF"
     if "field larger than field limit" in str(exc):
         return (f"a field is longer than {MAX_FIELD_CHARS:,} characters (an unclosed quote?); "
                 "a trace's fields are ids, names and numbers")

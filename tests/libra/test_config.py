@@ -1,3 +1,4 @@
+import re
 import time
 from pathlib import Path
 
@@ -291,3 +292,10 @@ def test_a_tracking_database_that_is_not_mlflows_is_one_line(tmp_path: Path) -> 
                                          r".*file is not a database\); point tracking.tracking_uri at a new file"):
         open_mlflow_store(f"sqlite:///{tmp_path / 'bad.db'}")
     assert (tmp_path / "bad.db").read_text() == "not a database\n"
+
+
+@pytest.mark.parametrize("bounds", [[], [-1], [1, 2, 3], [5000, 500]])
+def test_payload_bounds_that_are_not_two_increasing_counts_say_so(bounds: list[int]) -> None:
+    with pytest.raises(ConfigError, match=rf"payload_bounds must be two increasing positive token counts, got "
+                                          rf"{re.escape(str(bounds))}$"):
+        load_config(overrides={"scheduler.payload_bounds": bounds})

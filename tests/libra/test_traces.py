@@ -229,3 +229,17 @@ def test_control_characters_in_names_are_refused(tmp_path: Path, column: str) ->
     rows[0][column] = rows[0][column] + "\x1b[31m"  # would colour the terminal of whoever queries the store
     err = _error(tmp_path, rows)
     assert err.line == 2 and err.reason.startswith(f"{column} holds a control character (a newline, NUL, escape, ...): ")
+
+
+def test_line_endings_of_a_lone_cr_and_a_second_byte_order_mark_say_so(tmp_path: Path) -> None:
+    path = small_trace(tmp_path / "t.csv")
+    text = path.read_text()
+    (tmp_path / "cr.csv").write_text(text.replace("\r\n", "\n").replace("\n", "\r"), newline="")
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(tmp_path / "cr.csv")
+    assert info.value.reason == "a line ends with a lone carriage return (CR); lines must end with LF or CRLF"
+    (tmp_path / "boms.csv").write_text("\ufeff\ufeff" + text, newline="")
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(tmp_path / "boms.csv")
+    assert (info.value.line, info.value.reason) == (1, "the header starts with a second byte-order mark; save the file "
+                                                       "with one at most")
