@@ -115,6 +115,7 @@ class CallCgroups:
         self.missing = dict(missing or {})  # controller -> why calls do not get it
         self._names = itertools.count()
         self._lock = threading.Lock()
+        self._live = 0  # calls made and not yet removed
 
     @property
     def controllers(self) -> tuple[str, ...]:
@@ -165,6 +166,8 @@ class CallCgroups:
         `joiner_uid`, that uid may move processes into them (their `cgroup.procs` only)."""
         with self._lock:
             name = f"call-{next(self._names)}"
+            self._live += 1
+            self._weigh()
         made: list[Path] = []
         try:
             for tree in self.trees:
@@ -195,8 +198,28 @@ class CallCgroups:
         except OSError:
             for path in made:
                 _rmdir(path)
+            self._ended()
             raise
         return name
+
+    def _weigh(self) -> None:
+        """Give the directory of calls the CPU weight of its calls in flight, each a default one
+        (call with the lock held). The scheduler weighs a group as a whole: under one directory of
+        the default weight, 16 calls in flight weighed together as one process would against the
+        engines' and the agent loop's, where each had weighed as much as they did on its own (its
+        own session's group); the math agent loop fell from 0.63 to 0.46 of straight decoding."""
+        for tree in self.trees:
+            if "cpu" in tree.controllers:
+                live = max(1, self._live)
+                if tree.hierarchy.version == 1:
+                    _write(tree.top / "cpu.shares", str(min(262_144, 1_024 * live)))
+                else:
+                    _write(tree.top / "cpu.weight", str(min(10_000, 100 * live)))
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._live -= 1
+            self._weigh()
 
     def procs(self, name: str) -> tuple[Path, ...]:
         """The files a process writes "0" to, to join the call's cgroups (the memory one first)."""
@@ -220,13 +243,16 @@ class CallCgroups:
         they were all removed."""
         deadline = Deadline(self.clock, wait_s)
         left = list(self.tops)
-        while True:
-            left = [top for top in left if not _rmdir(top / name)]
-            if not left:
-                return True
-            if deadline.left() <= 0:
-                return False
-            sleep(self.clock, 0.01)
+        try:
+            while True:
+                left = [top for top in left if not _rmdir(top / name)]
+                if not left:
+                    return True
+                if deadline.left() <= 0:
+                    return False
+                sleep(self.clock, 0.01)
+        finally:
+            self._ended()
 
     def close(self) -> None:
         """Remove the directories of calls and what is left in them."""

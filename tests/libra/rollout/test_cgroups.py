@@ -74,6 +74,13 @@ def test_a_calls_cgroups_carry_its_limits_and_go_with_it():
         if "pids" in cgroups.controllers:
             assert values["pids.max"] == ["19"]  # 16 for the code, 3 for what starts it
         assert [p.parent.name for p in cgroups.procs(name)] == [name] * len(cgroups.trees)
+        if "cpu" in cgroups.controllers:  # the calls weigh together as much as each would on its own
+            cpu = next(tree for tree in cgroups.trees if "cpu" in tree.controllers)
+            weight = cpu.top / ("cpu.shares" if cpu.hierarchy.version == 1 else "cpu.weight")
+            one = 1024 if cpu.hierarchy.version == 1 else 100
+            other = cgroups.make(256 * 2**20, cpus=0.5, processes=16)
+            assert int(weight.read_text()) == 2 * one
+            assert cgroups.remove(other) and int(weight.read_text()) == one
         assert cgroups.remove(name) and not any((top / name).exists() for top in cgroups.tops)
     finally:
         cgroups.close()
