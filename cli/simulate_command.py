@@ -9,6 +9,7 @@ from typing import Any
 
 from cli.renamed import RenamedFlag
 from libra.config import LibraConfig
+from libra.errors import LibraError
 
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
@@ -34,9 +35,9 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
                      help="sync: a step's rollout ends with its last trajectory; partial: the batch closes at its "
                      "last needed group and the rest are suspended and continued later; async: partial, the rollout "
                      "going on until the update beside it is done (default sync)")
-    cmd.add_argument("--overprovision", type=float, default=1.5,
+    cmd.add_argument("--overprovision", type=float,
                      help="partial/async: groups in flight per group a batch needs (default 1.5)")
-    cmd.add_argument("--max-staleness", type=int, default=4,
+    cmd.add_argument("--max-staleness", type=int,
                      help="partial/async: updates a trained token may be behind its trainer; older groups are "
                      "dropped and counted (default 4)")
     cmd.add_argument("--run", help="store run name (default: sim-<workload>-<seed>); one that exists is refused")
@@ -72,10 +73,13 @@ def cmd_simulate(args: argparse.Namespace, config: LibraConfig) -> int:
     from libra.checks import as_flag
     from storage.writer import refuse_existing
 
+    if args.rollout_mode == "sync" and (args.overprovision is not None or args.max_staleness is not None):
+        raise LibraError("--overprovision and --max-staleness apply to partial and async rollouts; add "
+                         "--rollout-mode partial (or async), or leave them out")
+    given = {k: v for k, v in (("overprovision", args.overprovision), ("max_staleness", args.max_staleness)) if v is not None}
     request = simulation_request(args.workload, args.cluster, args.model, args.steps, args.systems, args.group_size,
                                  args.prompts_per_step, args.seed, args.run, names=as_flag,
-                                 rollout_mode=args.rollout_mode, overprovision=args.overprovision,
-                                 max_staleness=args.max_staleness)
+                                 rollout_mode=args.rollout_mode, **given)
     check_feasible(request, config.planner)
     if not args.replace:
         refuse_existing(config.store.root, request.run)

@@ -105,6 +105,9 @@ BAD = [
      "Qwen3-14B cannot run on 1x1:cpu with workload search-r1: no training configuration fits 1 GPUs; use more or "
      "larger GPUs, a smaller model or shorter trajectories"),
     (["simulate", "--workload", "chess", "--no-track"], "unknown workload 'chess'"),
+    (["simulate", "--workload", "search-r1", "--overprovision", "2", "--no-track"],  # it was ignored in sync mode
+     "--overprovision and --max-staleness apply to partial and async rollouts; add --rollout-mode partial (or async), "
+     "or leave them out"),
     (["pool", "--pace", "nan", "--no-track"], "--pace must be a finite number, got nan"),
     (["pool", "--hidden", "1000000000", "--no-track"], "--hidden must be <= 65,536, got 1,000,000,000"),
     (["rollout", "--env", "math", "--temperature", "inf", "--no-track"], "--temperature must be a finite number, got inf"),
