@@ -30,6 +30,22 @@ def absolute_tracking_uri(uri: str, create: bool = True) -> str:
     return uri
 
 
+def owner_gone(name: str, prefix: str) -> bool:
+    """Whether `name`, a directory named `prefix` + the pid of the process that made it (then, maybe,
+    a dash and more), belongs to a process that is gone: what may then be removed. False for a name
+    that carries no pid (ASCII digits)."""
+    pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+    if not (pid.isascii() and pid.isdigit()):
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's
+        return False
+    return False
+
+
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 

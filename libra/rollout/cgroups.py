@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libra.clock import Clock, Deadline, sleep
+from libra.files import owner_gone
 
 PREFIX = "libra-sandbox-"  # then the making process's pid, a dash and the `CallCgroups` it holds
 _OPENED = itertools.count()  # `CallCgroups` opened by this process (each has directories of its own)
@@ -305,8 +306,7 @@ def remove_orphaned(parent: Path) -> list[Path]:
     """Remove the directories of calls under `parent` whose process is gone; those removed."""
     removed = []
     for top in parent.glob(f"{PREFIX}*"):
-        pid = top.name[len(PREFIX):].split("-")[0]
-        if not (pid.isascii() and pid.isdigit()) or _alive(int(pid)) or not top.is_dir():
+        if not owner_gone(top.name, PREFIX) or not top.is_dir():
             continue
         for child in top.iterdir():
             if child.is_dir():
@@ -314,16 +314,6 @@ def remove_orphaned(parent: Path) -> list[Path]:
         if _rmdir(top):
             removed.append(top)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write(path: Path, text: str) -> None:

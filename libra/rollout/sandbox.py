@@ -75,7 +75,7 @@ from pathlib import Path
 from libra.clock import Clock, Deadline, Stopwatch, WallClock, sleep
 from libra.config import SandboxConfig
 from libra.errors import LibraError
-from libra.files import discard_tree
+from libra.files import discard_tree, owner_gone
 from libra.mounts import MountError, can_mount, mount_tmpfs, share
 from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
 from libra.rollout.sandbox_server import CGROUPS, INSIDE, ROOTS, SERVE, TOOL_RUNNER, Server, ServerStopped
@@ -467,22 +467,11 @@ def remove_orphaned_bases(directory: Path) -> list[Path]:
     """Remove the working-directory bases in `directory` whose process is gone; those removed."""
     removed = []
     for base in directory.glob(f"{BASE_PREFIX}*-*"):
-        pid = base.name[len(BASE_PREFIX):].split("-", 1)[0]
-        if not (pid.isascii() and pid.isdigit()) or _alive(int(pid)) or not base.is_dir() or base.is_symlink():
+        if not owner_gone(base.name, BASE_PREFIX) or not base.is_dir() or base.is_symlink():
             continue
         discard_tree(base)
         removed.append(base)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 @contextmanager
