@@ -149,13 +149,14 @@ class Catalog:
         signature = manifests_signature(self.root, self.run)  # before reading: a later commit shows as a change
         manifests = self._manifests()
         root = self.root.absolute()  # the views keep working if the process changes directory
-        files = {name: [p for m in manifests for p in m.files(root, schema)] for name, schema in TABLES.items()}
+        files: dict[str, list[Path]] = {name: [] for name in TABLES}
         for m in manifests:
             for name, schema in TABLES.items():
                 for path in m.files(root, schema):
                     if not path.is_file():
                         raise LibraError(f"run {m.run!r}: {name} shard {path} listed by its manifest is missing; "
                                          "re-import the run with --replace")
+                    files[name].append(path)
         con = duckdb.connect(
             database=":memory:",
             config={
