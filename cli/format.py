@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cli.main import printable
 from storage.queries import to_jsonable
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def rows_json(table: pa.Table) -> str:
@@ -36,7 +34,7 @@ def _cell(value: Any) -> str:
         return "NULL"
     if isinstance(value, float):
         return f"{value:.6g}"
-    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(to_jsonable(value)))  # never drives the terminal
+    text = printable(str(to_jsonable(value)))
     return text if len(text) <= 60 else text[:57] + "..."
 
 

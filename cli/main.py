@@ -44,9 +44,14 @@ class Parser(argparse.ArgumentParser):
 def one_line(text: str) -> str:
     """`text` with control characters escaped (a newline in a quoted file name stays on the line), cut
     to MAX_MESSAGE_CHARS."""
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    text = printable(text)
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable escaped as Python writes it (`\\x1b`,
+    `\\n`): what reaches the terminal never drives it."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def common_options() -> argparse.ArgumentParser:
