@@ -3,6 +3,8 @@ whole (tokens, behaviour log-probs, each token's weights version, working files)
 rollout continues them where they stopped, under newer weights, each token generated once."""
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,17 +28,67 @@ def generated(run) -> int:
     return run.generated_tokens + len(run.partial_ids)
 
 
+class Finishing(LeastLoad):
+    """Least-load routing that also counts the groups every sample of which has ended."""
+
+    def __init__(self, buckets: Buckets, samples: int) -> None:
+        super().__init__(buckets)
+        self.samples, self.group_of, self.ended = samples, {}, {}
+
+    def start(self, trajectory_id, prompt_id, prompt_tokens):
+        self.group_of[trajectory_id] = prompt_id
+        return super().start(trajectory_id, prompt_id, prompt_tokens)
+
+    def finish(self, trajectory_id, position):
+        prompt = self.group_of.get(trajectory_id)  # (a resumed trajectory was started by an earlier rollout)
+        self.ended[prompt] = self.ended.get(prompt, 0) + 1
+        super().finish(trajectory_id, position)
+
+    def complete_groups(self) -> int:
+        return sum(n == self.samples for n in self.ended.values())
+
+
+class MidTurn:
+    """A real engine that stops stepping, and lets the batch close (`hold`), at the first step
+    after which `groups` groups have ended and some turn is part-generated: the batch then closes
+    while that turn is in flight, whatever the timing of the machine (the trajectories of a batch
+    move nearly in lockstep, so without it the close may fall where every turn is at its tool).
+    It waits at most `patience_s` for the close, then steps again."""
+
+    def __init__(self, engine, router: Finishing, groups: int, patience_s: float = 30.0) -> None:
+        self.engine, self.router, self.groups, self.patience_s = engine, router, groups, patience_s
+        self.hold, self.paused_at = threading.Event(), None
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def poll(self):
+        if self.paused_at is not None and time.monotonic() - self.paused_at < self.patience_s:
+            time.sleep(0.005)
+            return []
+        done = self.engine.poll()
+        if (not self.hold.is_set() and not done and self.router.complete_groups() >= self.groups
+                and any(out.outputs[0].token_ids for out in self.engine.progress.values())):
+            self.paused_at = time.monotonic()
+            self.hold.set()
+        return done
+
+    def abort_all(self):
+        self.paused_at = None
+        return self.engine.abort_all()
+
+
 def test_a_closed_batch_suspends_incomplete_groups_whole_and_a_later_rollout_continues_them(vllm_engine, policy_dir,
                                                                                               tmp_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     env = make_env("math")
-    router = LeastLoad(Buckets((10**6,)))
-    # long turns (a floor of 40 tokens) so that the batch closes while turns are being generated
+    router = Finishing(Buckets((10**6,)), samples=4)
+    midturn = MidTurn(vllm_engine, router, groups=2)  # the batch closes while a turn is being generated
     limits = {"min_tokens_per_turn": 40, "max_tokens_per_turn": 96, "max_turns": 4}
-    first = rollout(env, env.tasks(4, seed=3), 4, [vllm_engine], router, tokenizer, close_after=2, model_version=0,
-                    workroot=tmp_path / "first", **limits)
+    first = rollout(env, env.tasks(4, seed=3), 4, [midturn], router, tokenizer, close_after=2, model_version=0,
+                    workroot=tmp_path / "first", hold=midturn.hold, **limits)
     ended = {r.prompt_id for r in first.trajectories}
     held = {s.prompt_id for s in first.suspended}
     assert len(ended) >= 2 and held and not ended & held  # a group is ended or suspended, never split
