@@ -92,6 +92,10 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
     if spec.name.startswith("trace:"):
         from libra.traces import read_trace
 
+        if group_size is not None:  # a replay runs the trace's own samples of each prompt
+            raise LibraError(f"{names('group_size')} {group_size}: a trace workload replays the samples its file "
+                             "holds for each prompt; leave it out, or simulate a preset workload")
+
         read_trace(spec.template)  # a bad trace file is the caller's error, found before anything starts
     else:
         total = steps * spec.group_size * spec.prompts_per_step

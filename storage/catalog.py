@@ -6,7 +6,9 @@ A `Catalog` exposes one view per table over one run's (or every run's) shards, a
   only once its import or step is committed, and shards that a running, killed or replaced writer
   left are never read. The file list is given to `read_parquet` with the `run=`/`step=` directories
   as typed hive partitions, so a filter on `step` (or `run`) skips whole files. A table with no
-  shards is an empty table with the right columns, so every query works on every run.
+  shards is an empty table with the right columns, so every query works on every run. Each step's
+  shards must hold the rows its manifest counts (their Parquet footers, read once per catalog): a
+  shard missing, unreadable or copied in from elsewhere is refused in one line, never read.
 - The connection may only read those files: after the views are defined, DuckDB's external access
   is disabled with the listed shards as its only `allowed_paths`, and the configuration is locked,
   so a query cannot read other files (`read_csv('/etc/passwd')`), write any (`COPY ... TO`),
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from libra.errors import LibraError
 from storage.manifest import (
@@ -39,6 +42,7 @@ from storage.manifest import (
     committed_runs,
     manifests_signature,
     read_manifest,
+    step_dir,
     table_dir,
 )
 from storage.schemas import TABLES, TableSchema
@@ -132,6 +136,7 @@ class Catalog:
         if run is not None:
             check_run_name(run)
         self._signature: tuple | None = None
+        self._shard_rows: dict[tuple[Path, int, int, int], int] = {}  # the shards' footers read so far
         self.con: duckdb.DuckDBPyConnection | None = None
         self._open()
 
@@ -152,11 +157,14 @@ class Catalog:
         files: dict[str, list[Path]] = {name: [] for name in TABLES}
         for m in manifests:
             for name, schema in TABLES.items():
-                for path in m.files(root, schema):
-                    if not path.is_file():
-                        raise LibraError(f"run {m.run!r}: {name} shard {path} listed by its manifest is missing; "
+                for step, listed in sorted(m.steps(schema).items()):
+                    paths = [step_dir(root, schema, m.run, step) / shard for shard in listed.names()]
+                    rows = sum(self._rows(m.run, name, path) for path in paths)
+                    if rows != listed.rows:
+                        raise LibraError(f"run {m.run!r}: {name} step {step} has {rows:,} rows in its shards, its "
+                                         f"manifest says {listed.rows:,} (files copied or changed inside the store); "
                                          "re-import the run with --replace")
-                    files[name].append(path)
+                    files[name].extend(paths)
         con = duckdb.connect(
             database=":memory:",
             config={
@@ -181,6 +189,23 @@ class Catalog:
             self.con.close()
         self.con = con
         self._signature = signature
+
+    def _rows(self, run: str, table: str, path: Path) -> int:
+        """The rows of a listed shard, from its Parquet footer (each file read once per catalog: a
+        committed shard is never rewritten in place, a replaced one is another file)."""
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            raise LibraError(f"run {run!r}: {table} shard {path} listed by its manifest is missing; "
+                             "re-import the run with --replace") from None
+        key = (path, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if key not in self._shard_rows:
+            try:
+                self._shard_rows[key] = pq.read_metadata(path).num_rows
+            except (OSError, pa.ArrowException) as exc:
+                raise LibraError(f"run {run!r}: {table} shard {path} is not a readable Parquet file "
+                                 f"({_first_line(exc)}); re-import the run with --replace") from None
+        return self._shard_rows[key]
 
     def query(self, sql: str, params: list | dict | None = None) -> pa.Table:
         """Run one reading statement; a refused statement or a SQL mistake is a one-line LibraError."""

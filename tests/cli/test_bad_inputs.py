@@ -105,6 +105,9 @@ BAD = [
      "Qwen3-14B cannot run on 1x1:cpu with workload search-r1: no training configuration fits 1 GPUs; use more or "
      "larger GPUs, a smaller model or shorter trajectories"),
     (["simulate", "--workload", "chess", "--no-track"], "unknown workload 'chess'"),
+    (["simulate", "--workload", f"trace:{TAU}", "--group-size", "4", "--no-track"],  # it was ignored
+     "--group-size 4: a trace workload replays the samples its file holds for each prompt; leave it out, or simulate "
+     "a preset workload"),
     (["simulate", "--workload", "search-r1", "--overprovision", "2", "--no-track"],  # it was ignored in sync mode
      "--overprovision and --max-staleness apply to partial and async rollouts; add --rollout-mode partial (or async), "
      "or leave them out"),

@@ -133,3 +133,30 @@ def test_a_run_whose_manifest_is_torn_in_both_slots_is_refused_and_replace_write
     assert summary.replaced is False  # nothing of the unreadable run was kept
     assert read_manifest(root, "s").generation == 1
     assert shape(root, "s")["trajectories"] == summary.trajectories
+
+
+def test_a_shard_that_does_not_hold_the_rows_its_manifest_counts_is_refused_not_read(tmp_path: Path) -> None:
+    """A shard copied over another (files moved around inside a store), one that is gone and one that
+    is no Parquet file: each is refused in one line naming the table and step, before any query."""
+    from libra.errors import LibraError
+    from storage.manifest import step_dir
+    from storage.schemas import TURNS
+
+    root = tmp_path / "store"
+    import_trace(small_trace(tmp_path / "t.csv"), "s", StoreConfig(root=str(root), fsync=False), prompts_per_step=1)
+    first, second = (next(step_dir(root, TURNS, "s", step).glob("*.parquet")) for step in (0, 1))
+    kept = first.read_bytes()
+    first.write_bytes(second.read_bytes())  # step 1's 2 turns where step 0's 4 were
+    with pytest.raises(LibraError, match=r"^run 's': turns step 0 has 2 rows in its shards, its manifest says 4 \(files "
+                                         r"copied or changed inside the store\); re-import the run with --replace$"):
+        Catalog(root, "s")
+    first.write_bytes(b"not parquet")
+    with pytest.raises(LibraError, match=rf"^run 's': turns shard {first} is not a readable Parquet file \(.+\); "
+                                         "re-import the run with --replace$"):
+        Catalog(root, "s")
+    first.unlink()
+    with pytest.raises(LibraError, match=rf"^run 's': turns shard {first} listed by its manifest is missing; "
+                                         "re-import the run with --replace$"):
+        Catalog(root, "s")
+    first.write_bytes(kept)  # put back as it was: read again
+    assert shape(root, "s")["turns"] == 6
