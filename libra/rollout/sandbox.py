@@ -37,14 +37,18 @@ not from checks inside the interpreter. What a call's code gets:
 Two ways to start a call, the same isolation:
 - the sandbox server (`sandbox_server.py`; default, `sandbox.server: true`): one bwrap sandbox per process and
   configuration holds a small interpreter (uid 65534, no capabilities, the working-directory root
-  `make_workroot` hands out bound at /roots). For each call it forks a child that makes the call's
-  own user, mount, PID, network, IPC and UTS namespaces (a user namespace needs no privilege; the
-  child is privileged only inside it), binds the call's directory at /workspace, covers /roots,
-  mounts /proc and /tmp afresh, and forks the namespace's init, which forks the code's process; that
-  one drops every capability before the code runs. About 6 ms of CPU a call here
-  (less than starting the interpreter bare), 2.4 for a fork into shared namespaces;
+  `make_workroot` hands out bound at /roots). A zygote, forked before any request came, forks a
+  child ahead of each call and the server hands that child its own request alone, so no call's
+  memory holds another's. The child makes the call's own user, mount, PID, network, IPC and UTS
+  namespaces (a user namespace needs no privilege; the child is privileged only inside it), builds
+  a root of its own that holds the server's system mounts and the call's directory at /workspace,
+  pivots into it and detaches the server's root (no other working directory is left in its mount
+  table), mounts /proc and /tmp afresh, and forks the namespace's init, which forks the code's
+  process; that one drops every capability before the code runs. About 7 ms of CPU a call here
+  (6 ms to start the interpreter bare);
 - a bwrap per call (`sandbox.server: false`, and for working directories outside `make_workroot`'s
-  root): a fresh bwrap sandbox and interpreter, about 13 ms of CPU a call.
+  root): a fresh bwrap sandbox and interpreter, about 13 ms of CPU a call. bwrap reads its options
+  from a descriptor, so the namespace's init (bwrap) shows no host path on its command line.
 
 With `isolation: none` the code runs without namespaces (limits, its own session and directory only);
 nothing ever falls back to that silently: where bwrap cannot run, the first call raises
@@ -78,7 +82,16 @@ from libra.errors import LibraError
 from libra.files import discard_tree, owner_gone
 from libra.mounts import MountError, can_mount, mount_tmpfs, share
 from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
-from libra.rollout.sandbox_server import CGROUPS, INSIDE, ROOTS, SERVE, TOOL_RUNNER, Server, ServerStopped
+from libra.rollout.sandbox_server import (
+    CGROUPS,
+    INSIDE,
+    NEW_ROOT,
+    ROOTS,
+    SERVE,
+    TOOL_RUNNER,
+    Server,
+    ServerStopped,
+)
 from libra.rollout.seccomp import filter_program
 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
@@ -145,9 +158,9 @@ class Launcher:
         options = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
                    "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
                    *_system_dirs(), *_interpreter_dirs(self.python), "--proc", "/proc", "--dev", "/dev",
-                   "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--bind", str(root), ROOTS,
+                   "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--dir", NEW_ROOT, "--bind", str(root), ROOTS,
                    *(arg for i, top in enumerate(cgroups) for arg in ("--bind", str(top), f"{CGROUPS}/{i}")), "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
-        script = f"ROOTS, INSIDE, CGROUPS = {ROOTS!r}, {INSIDE!r}, {CGROUPS!r}\n" + SERVE
+        script = f"ROOTS, INSIDE, CGROUPS, NEW_ROOT = {ROOTS!r}, {INSIDE!r}, {CGROUPS!r}, {NEW_ROOT!r}\n" + SERVE
         return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV),
                                  filter_program().hex()]
 
@@ -500,16 +513,23 @@ def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path,
     namespace's other processes before its init's exit completes)."""
     info_r, info_w = os.pipe() if launcher.isolation == "bwrap" else (None, None)
     argv = launcher.argv(limits, workdir, info_w)
+    passed = () if info_w is None else (info_w,)
+    if launcher.isolation == "bwrap":  # its options from a file: the namespace's init (bwrap) shows no host path
+        at = argv.index(launcher.bwrap) + 1
+        command = argv.index(launcher.python, at)
+        hidden = os.memfd_create("libra-bwrap-args")
+        os.write(hidden, b"".join(a.encode() + b"\0" for a in argv[at:command]))
+        os.lseek(hidden, 0, os.SEEK_SET)
+        argv, passed = [*argv[:at], "--args", str(hidden), *argv[command:]], (*passed, hidden)
     if join:
         script = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 111; shift; n=$((n - 1)); done; exec "$@"'
         argv = ["/bin/sh", "-c", script, "sh", str(len(join)), *map(str, join), *argv]
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                stdout=out, stderr=err, start_new_session=True,
-                                pass_fds=() if info_w is None else (info_w,))
+                                stdout=out, stderr=err, start_new_session=True, pass_fds=passed)
     finally:
-        if info_w is not None:
-            os.close(info_w)
+        for fd in passed:
+            os.close(fd)
     timed_out = False
     try:
         proc.communicate(code.encode(), timeout=limits.timeout_s)

@@ -22,12 +22,14 @@ from pathlib import Path
 INSIDE = "/workspace"  # where the task's working directory appears inside the sandbox
 ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hidden from every call)
 CGROUPS = "/cgroups"  # where it sees its directories of calls' cgroups (one a hierarchy: 0, 1, ...), if any (hidden too)
+NEW_ROOT = "/newroot"  # where a call builds its own root (`new_root`)
 
 # The sandbox server: runs inside a bwrap sandbox (uid 65534, no capabilities), reads one request a
 # message from its socket (fd argv[1]; {"id", "rel", "limits", "tmp_bytes", "cgroup"} with three descriptors
 # attached: the code to run (an anonymous file the server never reads), the call's stdout and its
 # stderr; or {"kill": id}) and answers {"id", "status"} (the wait
-# status of the call's first child) when a call has ended. Per call: child C makes the namespaces,
+# status of the call's first child) when a call has ended. Per call: child C (forked ahead by the
+# zygote Z, which never sees a request, and handed its own request alone) makes the namespaces,
 # init G (PID 1 there) mounts /proc and /tmp, worker W drops its capabilities and runs the code.
 # Runs the tool's code in the process it is in, in both ways a call starts: reads the code from a
 # descriptor (which is closed; stdin is /dev/null from then on), sets the limits (hard ones too: an
@@ -75,12 +77,14 @@ def run_tool(source_fd, limits, program):
 '''
 
 SERVE = TOOL_RUNNER + r'''
-import ctypes, gc, json, select, signal, socket
+import ctypes, gc, json, re, select, signal, socket
 sock = socket.socket(fileno=int(sys.argv[1]))
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS = 0x10000000, 0x20000, 0x20000000, 0x40000000, 0x08000000, 0x04000000
 NEWCGROUP = 0x02000000  # (after the call joined its cgroups: they are its root, and no host path shows)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}[os.uname().machine]  # (no libc wrapper)
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 UID, GID = os.getuid(), os.getgid()
 CATCHABLE = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -127,13 +131,49 @@ def end_call(*_):  # C, asked to end the call: kill its init; waiting for it wai
         os._exit(137)
     os.kill(INIT[0], signal.SIGKILL)
 
-def call(request, fds, alive):  # C, forked from the server
+def server_view():
+    """What of the server's file system a call gets: the entries of its root (name, link target or
+    None for a directory) and the outermost mounts below it, all but the working directories' root
+    and the cgroups (and /tmp, which every call gets afresh)."""
+    entries = [(name, os.readlink("/" + name) if os.path.islink("/" + name) else None)
+               for name in sorted(os.listdir("/")) if "/" + name not in (ROOTS, CGROUPS, NEW_ROOT, "/tmp")
+               and (os.path.islink("/" + name) or os.path.isdir("/" + name))]
+    points = []
+    with open("/proc/self/mountinfo") as table:
+        for line in table:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+            if point == "/" or any(point == top or point.startswith(top + "/") for top in (ROOTS, CGROUPS, NEW_ROOT, "/tmp")):
+                continue
+            if not any(point.startswith(p + "/") for p in points):  # a mount below one carried whole is carried with it
+                points = [p for p in points if not p.startswith(point + "/")] + [point]
+    return entries, points
+
+def new_root(source):
+    """Make the call's root a file system of its own that holds the server's system mounts and the
+    call's working directory alone, and detach the server's root: the other calls' working
+    directories are then nowhere in the call's mount table (a tmpfs over them would hide their
+    contents but still list their names)."""
+    check(libc.mount(b"none", NEW_ROOT.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=64k,mode=755"), "new root")
+    for name, link in ROOT_ENTRIES:
+        if link is None:
+            os.mkdir(NEW_ROOT + "/" + name)
+        else:
+            os.symlink(link, NEW_ROOT + "/" + name)
+    for point in CARRIED:
+        os.makedirs(NEW_ROOT + point, exist_ok=True)
+        check(libc.mount(point.encode(), (NEW_ROOT + point).encode(), None, MS_BIND | MS_REC, None), "carry " + point)
+    for name in (INSIDE, "/tmp"):
+        os.makedirs(NEW_ROOT + name, exist_ok=True)
+    check(libc.mount(source.encode(), (NEW_ROOT + INSIDE).encode(), None, MS_BIND | MS_REC, None), "bind")
+    check(libc.mount(b"none", NEW_ROOT.encode(), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None), "read-only root")
+    os.chdir(NEW_ROOT)
+    check(libc.syscall(PIVOT_ROOT, b".", b"."), "pivot_root")  # the old root now lies over the new one
+    check(libc.umount2(b".", MNT_DETACH), "detach the old root")
+    os.chdir("/")
+
+def call(request, fds):  # C, once it has its request (see `blank`)
     code = 111
     try:
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        die_with_parent(alive)
-        signal.signal(signal.SIGTERM, end_call)
         os.setsid()
         source_fd, out, err = fds
         null = os.open("/dev/null", os.O_RDONLY)
@@ -156,10 +196,7 @@ def call(request, fds, alive):  # C, forked from the server
         write("/proc/sys/user/max_user_namespaces", "0")  # the code can make no user namespace
         check(libc.sethostname(b"sandbox", 7), "hostname")
         check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private")
-        check(libc.mount(source.encode(), INSIDE.encode(), None, MS_BIND | MS_REC, None), "bind")
-        check(libc.mount(b"none", ROOTS.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "cover")
-        if os.path.isdir(CGROUPS):
-            check(libc.mount(b"none", CGROUPS.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "cover cgroups")
+        new_root(source)
         alive, holder = os.pipe()
         init = os.fork()
         if init == 0:
@@ -224,42 +261,135 @@ def run_code(request):  # W: the tool's code, without capabilities, under the li
         finally:
             os._exit(code)
 
-wake_r, wake_w = os.pipe()
-os.set_blocking(wake_r, False)
-os.set_blocking(wake_w, False)
-signal.set_wakeup_fd(wake_w)
-signal.signal(signal.SIGCHLD, lambda *_: None)
-children, pids, holders = {}, {}, {}  # call process -> request id; id -> process; process -> its pipe
+def blank(sock, alive):  # C, forked from the zygote before any call is known: waits for its one request
+    code = 111
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        die_with_parent(alive)
+        signal.signal(signal.SIGTERM, end_call)
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+        sock.close()
+        if not message:  # the server went away, or had no call for it
+            os._exit(0)
+        call(json.loads(message), fds)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+def reaped(holders):
+    """(process, wait status) of each child that has ended (its pipe closed)."""
+    ended = []
+    while holders:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        if pid in holders:
+            os.close(holders.pop(pid))
+        ended.append((pid, status))
+    return ended
+
+def zygote(ctl):  # Z: forks each call's process before anything of the call is known, and reaps them
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    holders = {}  # process -> its pipe (closed when the process ends: it dies with us)
+    gc.freeze()  # never collected: a forked call does not copy pages to scan them
+    while True:
+        readable, _, _ = select.select([ctl, wake_r], [], [])
+        if wake_r in readable:
+            while True:
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    break
+            for pid, status in reaped(holders):
+                ctl.send(json.dumps({"ended": pid, "status": status}).encode())
+        if ctl not in readable:
+            continue
+        if not ctl.recv(16):  # the server went away: so do the calls (they die with us)
+            os._exit(0)
+        theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        alive, holder = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(holder)
+            for fd in (ctl.fileno(), mine.fileno(), wake_r, wake_w):
+                os.close(fd)
+            blank(theirs, alive)
+        os.close(alive)
+        theirs.close()
+        holders[pid] = holder
+        socket.send_fds(ctl, [json.dumps({"spawned": pid}).encode()], [mine.fileno()])
+        mine.close()
+
+ROOT_ENTRIES, CARRIED = server_view()
+
+# The server never forks a call from itself: it has read the other calls' requests (their working
+# directories' names), and a fork would carry them in its memory, which the code can read. The
+# zygote, forked before any request arrived, forks each call's process, which then reads its own
+# request and no other; one is kept ready ahead of the next call.
+ours, zygotes = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+alive, holder = os.pipe()
+ZYGOTE = os.fork()
+if ZYGOTE == 0:
+    os.close(holder)
+    ours.close()
+    sock.close()
+    die_with_parent(alive)
+    zygote(zygotes)
+os.close(alive)
+zygotes.close()
+SPARE = 2  # blank call processes kept ready
+spares, asked, waiting = [], 0, []  # [(process, its socket)], spawns asked for, [(request, message, fds)]
+children, pids = {}, {}  # call process -> request id; id -> process
 
 def send(message):
     sock.send(json.dumps(message).encode())
 
-def reap():
-    while children:
+def dispatch():
+    global asked
+    while waiting and spares:
+        (request, message, fds), (pid, channel) = waiting.pop(0), spares.pop(0)
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        ident = children.pop(pid, None)
-        if pid in holders:
-            os.close(holders.pop(pid))
-        if ident is not None:
-            pids.pop(ident, None)
-            send({"id": ident, "status": status})
+            socket.send_fds(channel, [message], fds)
+        finally:
+            channel.close()
+            for fd in fds:
+                os.close(fd)
+        children[pid], pids[request["id"]] = request["id"], pid
+    while len(spares) + asked < len(waiting) + SPARE:
+        ours.send(b"spawn")
+        asked += 1
 
-gc.freeze()  # the server's objects are never collected: a forked call does not copy pages to scan them
+dispatch()
 send({"ready": True})
 while True:
-    readable, _, _ = select.select([sock, wake_r], [], [])
-    if wake_r in readable:
-        while True:
-            try:
-                os.read(wake_r, 512)
-            except BlockingIOError:
-                break
-    reap()
+    readable, _, _ = select.select([sock, ours], [], [])
+    if ours in readable:
+        message, fds, _, _ = socket.recv_fds(ours, 1 << 16, 1)
+        if not message:  # the zygote is gone: nothing more can run
+            break
+        news = json.loads(message)
+        if "spawned" in news:
+            asked -= 1
+            spares.append((news["spawned"], socket.socket(fileno=fds[0])))
+            dispatch()
+        else:
+            ident = children.pop(news["ended"], None)
+            if ident is not None:
+                pids.pop(ident, None)
+                send({"id": ident, "status": news["status"]})
+            for spare in [s for s in spares if s[0] == news["ended"]]:  # a blank one that died
+                spares.remove(spare)
+                spare[1].close()
+            dispatch()
     if sock not in readable:
         continue
     message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
@@ -272,16 +402,14 @@ while True:
         pid = pids.get(request["kill"])
         if pid is not None:  # it kills its init, waits for the namespace to end, then exits
             os.kill(pid, signal.SIGTERM)
+        for queued in [w for w in waiting if w[0]["id"] == request["kill"]]:  # not started yet
+            waiting.remove(queued)
+            for fd in queued[2]:
+                os.close(fd)
+            send({"id": request["kill"], "status": signal.SIGKILL})
         continue
-    alive, holder = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(holder)
-        call(request, fds, alive)
-    for fd in [alive, *fds]:
-        os.close(fd)
-    holders[pid] = holder
-    children[pid], pids[request["id"]] = request["id"], pid
+    waiting.append((request, message, fds))
+    dispatch()
 '''
 
 

@@ -100,6 +100,20 @@ def test_its_cgroups_are_its_namespaces_root_and_name_nothing_of_the_host(episod
     assert output and all(line.endswith(":/") for line in output.splitlines())  # no host pid, no call counter
 
 
+def test_no_process_it_can_see_names_a_host_path(episode, host):
+    """The command lines and environments of every process in its namespace (its init included:
+    with a bwrap per call that is bwrap, which reads its options from a descriptor) hold no path of
+    the host's: not the working directory's, not the directory above it."""
+    code = ("import os\nseen = []\nfor pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n"
+            "    for name in ('cmdline', 'environ'):\n"
+            "        try:\n            seen.append(open(f'/proc/{pid}/{name}', 'rb').read())\n"
+            "        except OSError:\n            pass\n"
+            "print(len(seen), b'\\0'.join(seen).decode(errors='replace'))")
+    output, status = attack(episode, host, code)
+    assert status == "ok" and int(output.split()[0]) >= 2  # its init's and its own, at least
+    assert str(host.parent) not in output and "--bind" not in output
+
+
 # -- files ---------------------------------------------------------------------------------------
 
 def test_files_outside_the_working_directory_cannot_be_read(episode, host):
@@ -446,6 +460,55 @@ def test_concurrent_calls_each_get_their_own_sandbox(tmp_path, config):
     for t in threads:
         t.join()
     assert outputs == {i: f"{i} ['workspace'] 2 []" for i in range(12)}  # none sees another's directory; pid 2 in its own
+
+
+MEMORY_SCAN = r"""
+import re
+found = set()
+with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        low, high = (int(x, 16) for x in span.split('-'))
+        if 'r' not in perms or high - low > 1 << 28:
+            continue
+        for at in range(low, high, 1 << 20):
+            try:
+                mem.seek(at)
+                found.update(m.decode() for m in re.findall(rb'leaky-[a-z]+', mem.read(min(1 << 20, high - at) + 64)))
+            except (OSError, ValueError, OverflowError):
+                pass
+import __main__
+print(sorted(found), sorted(k for k in vars(__main__) if k in ('pids', 'children', 'request', 'message', 'waiting')))
+"""
+
+
+def test_a_call_holds_nothing_of_the_other_calls_in_flight_in_its_memory(tmp_path, config):
+    """Every byte a call's process can read of itself (/proc/self/mem) while another call is in
+    flight: the server's requests (the other's working directory) are nowhere in it, because the
+    process was forked before any request came (it reads only its own)."""
+    box = Sandbox(config)
+    limits = SandboxLimits(timeout_s=10.0, cpu_s=8, memory_bytes=512 * 2**20)
+    other, mine = tmp_path / "leaky-alpha", tmp_path / "leaky-bravo"
+    other.mkdir()
+    mine.mkdir()
+    waiting = threading.Thread(target=box.run, args=("import time\ntime.sleep(3)", other, limits))
+    waiting.start()
+    time.sleep(1.0)
+    result = box.run(MEMORY_SCAN, mine, limits)
+    waiting.join()
+    assert result.status == "ok", result.output
+    assert result.output in ("['leaky-bravo'] []", "[] []")  # its own name at most (the server's request)
+
+
+def test_its_mount_table_names_no_other_working_directory(tmp_path, config):
+    """Each trajectory's working directory is a file system of its own (as root): a call's mount
+    table lists its own at /workspace, the system and its private mounts, and nothing of the
+    others' (the server's calls get a root of their own, the server's detached)."""
+    others = [open_episode("math", config, tmp_path / f"leaky-{name}") for name in ("alpha", "charlie")]
+    mine = open_episode("math", config, tmp_path / "leaky-bravo")
+    output, status = mine.call("python", "print(sorted({l.split()[4] for l in open('/proc/self/mountinfo')}))")
+    assert status == "ok" and "leaky" not in output and "/roots" not in output and "/workspace" in output
+    assert all(episode.call("python", "print(1)") == ("1", "ok") for episode in others)
 
 
 def test_an_unreachable_working_directory_is_a_clear_error(tmp_path):
