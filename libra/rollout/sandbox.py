@@ -44,7 +44,7 @@ Two ways to start a call, the same isolation:
   a root of its own that holds the server's system mounts and the call's directory at /workspace,
   pivots into it and detaches the server's root (no other working directory is left in its mount
   table), mounts /proc and /tmp afresh, and forks the namespace's init, which forks the code's
-  process; that one drops every capability before the code runs. About 7 ms of CPU a call here
+  process; that one drops every capability before the code runs. About 8 ms of CPU a call here
   (6 ms to start the interpreter bare);
 - a bwrap per call (`sandbox.server: false`, and for working directories outside `make_workroot`'s
   root): a fresh bwrap sandbox and interpreter, about 13 ms of CPU a call. bwrap reads its options
