@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cli.main import printable
+from cli.text import printable
 from storage.queries import to_jsonable
 
 

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
+from cli.text import printable
+
 if TYPE_CHECKING:
     from libra.config import LibraConfig
 
@@ -46,12 +48,6 @@ def one_line(text: str) -> str:
     to MAX_MESSAGE_CHARS."""
     text = printable(text)
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
-
-
-def printable(text: str) -> str:
-    """`text` with every character that is not printable escaped as Python writes it (`\\x1b`,
-    `\\n`): what reaches the terminal never drives it."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def common_options() -> argparse.ArgumentParser:
