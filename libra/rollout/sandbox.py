@@ -225,7 +225,10 @@ def _interpreter_dirs(python: str) -> list[str]:
 
 
 def _bwrap_options(bwrap: str, python: str, limits: SandboxLimits, workdir: Path) -> list[str]:
-    options = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+    # --as-pid-1: the code's interpreter is its namespace's init. bwrap's own init would be a process
+    # of the same uid without the system-call filter or the limits, whose memory the code could
+    # write through /proc/1/mem (and so run outside both, past the call)
+    options = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1",
                "--new-session", "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
                *_system_dirs(), *_interpreter_dirs(python)]
     options += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",

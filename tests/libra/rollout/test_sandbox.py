@@ -459,7 +459,9 @@ def test_concurrent_calls_each_get_their_own_sandbox(tmp_path, config):
         t.start()
     for t in threads:
         t.join()
-    assert outputs == {i: f"{i} ['workspace'] 2 []" for i in range(12)}  # none sees another's directory; pid 2 in its own
+    # none sees another's directory; its own PID namespace: the code is pid 2 under the server's
+    # init, pid 1 itself in a bwrap of its own (no bwrap init beside it)
+    assert outputs == {i: f"{i} ['workspace'] {2 if config.server else 1} []" for i in range(12)}
 
 
 MEMORY_SCAN = r"""
@@ -610,10 +612,25 @@ def test_nothing_runs_after_a_timed_out_call_returns(tmp_path, config):
     assert {p.name: p.stat().st_size for p in work.iterdir()} == sizes and sizes
 
 
-def test_signals_to_its_init_are_ignored(episode, host):
-    output, status = attack(episode, host, "import os, signal\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
-                                           "    os.kill(1, s)\nprint('init alive')")
-    assert (output, status) == ("init alive", "ok")
+def test_every_process_it_can_see_is_filtered_or_out_of_its_reach(episode, host):
+    """A process beside the code without the system-call filter (an init) must be one whose memory
+    it cannot open: bwrap's own init, of the same uid and without the filter or the limits, could be
+    rewritten through /proc/1/mem to run code outside both, past the end of the call."""
+    code = ("import os\nfor pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit()):\n"
+            "    status = dict(l.split(':', 1) for l in open(f'/proc/{pid}/status') if ':' in l)\n"
+            "    if status['Seccomp'].strip() == '2':\n        continue\n"
+            "    try:\n        os.close(os.open(f'/proc/{pid}/mem', os.O_RDWR))\n        print(pid, 'writable')\n"
+            "    except PermissionError:\n        pass\nprint('checked')")
+    assert attack(episode, host, code) == ("checked", "ok")
+
+
+def test_signals_to_its_init_are_ignored(episode, host, config):
+    """The server's calls have an init of their own that takes no signal from the code; in a bwrap of
+    its own the code is the init (pid 1), and a signal it has no handler for does not end it."""
+    sent = "(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)" if config.server else "(signal.SIGTERM, signal.SIGHUP)"
+    output, status = attack(episode, host, f"import os, signal\nfor s in {sent}:\n"
+                                           "    os.kill(1, s)\nprint('init alive', os.getpid())")
+    assert (output, status) == (f"init alive {2 if config.server else 1}", "ok")
 
 
 def test_a_forged_test_report_earns_nothing(tmp_path, config):
