@@ -85,6 +85,7 @@ from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
 from libra.rollout.sandbox_server import (
     CGROUPS,
     INSIDE,
+    MASKED,
     NEW_ROOT,
     ROOTS,
     SERVE,
@@ -160,7 +161,8 @@ class Launcher:
                    *_system_dirs(), *_interpreter_dirs(self.python), "--proc", "/proc", "--dev", "/dev",
                    "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--dir", NEW_ROOT, "--bind", str(root), ROOTS,
                    *(arg for i, top in enumerate(cgroups) for arg in ("--bind", str(top), f"{CGROUPS}/{i}")), "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
-        script = f"ROOTS, INSIDE, CGROUPS, NEW_ROOT = {ROOTS!r}, {INSIDE!r}, {CGROUPS!r}, {NEW_ROOT!r}\n" + SERVE
+        script = (f"ROOTS, INSIDE, CGROUPS, NEW_ROOT, MASKED = {ROOTS!r}, {INSIDE!r}, {CGROUPS!r}, {NEW_ROOT!r}, "
+                  f"{MASKED!r}\n" + SERVE)
         return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV),
                                  filter_program().hex()]
 
@@ -181,7 +183,10 @@ class Launcher:
 def _rlimits(limits: SandboxLimits) -> list[tuple[str, tuple[int, int]]]:
     return [("RLIMIT_CPU", (limits.cpu_s, limits.cpu_s)), ("RLIMIT_AS", (limits.memory_bytes, limits.memory_bytes)),
             ("RLIMIT_FSIZE", (limits.file_bytes, limits.file_bytes)),
-            ("RLIMIT_NPROC", (limits.processes, limits.processes)), ("RLIMIT_CORE", (0, 0))]
+            ("RLIMIT_NPROC", (limits.processes, limits.processes)), ("RLIMIT_CORE", (0, 0)),
+            # POSIX message queues' bytes are counted per host uid, which every call shares: one call
+            # could take them all and the others' mq_open fail (EMFILE), so no call has any
+            ("RLIMIT_MSGQUEUE", (0, 0))]
 
 
 def bwrap_binary() -> str | None:
@@ -231,7 +236,8 @@ def _bwrap_options(bwrap: str, python: str, limits: SandboxLimits, workdir: Path
     options = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--as-pid-1",
                "--new-session", "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
                *_system_dirs(), *_interpreter_dirs(python)]
-    options += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
+    options += ["--proc", "/proc", *(arg for path in MASKED for arg in ("--ro-bind-try", "/dev/null", path)),
+                "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
                 "--bind", str(workdir), INSIDE, "--remount-ro", "/", "--remount-ro", "/dev",
                 "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm", "--chdir", INSIDE, "--clearenv"]
     for key, value in _ENV.items():

@@ -23,6 +23,7 @@ INSIDE = "/workspace"  # where the task's working directory appears inside the s
 ROOTS = "/roots"  # where the sandbox server sees the working-directory root (hidden from every call)
 CGROUPS = "/cgroups"  # where it sees its directories of calls' cgroups (one a hierarchy: 0, 1, ...), if any (hidden too)
 NEW_ROOT = "/newroot"  # where a call builds its own root (`new_root`)
+MASKED = ("/proc/keys", "/proc/key-users")  # /proc files a call reads as empty (they list what all calls share)
 
 # The sandbox server: runs inside a bwrap sandbox (uid 65534, no capabilities), reads one request a
 # message from its socket (fd argv[1]; {"id", "rel", "limits", "tmp_bytes", "cgroup"} with three descriptors
@@ -129,7 +130,10 @@ def die_with_parent(alive):
 def end_call(*_):  # C, asked to end the call: kill its init; waiting for it waits out the namespace
     if not INIT:
         os._exit(137)
-    os.kill(INIT[0], signal.SIGKILL)
+    try:
+        os.kill(INIT[0], signal.SIGKILL)
+    except ProcessLookupError:  # it has just ended on its own
+        pass
 
 def server_view():
     """What of the server's file system a call gets: the entries of its root (name, link target or
@@ -171,7 +175,7 @@ def new_root(source):
     check(libc.umount2(b".", MNT_DETACH), "detach the old root")
     os.chdir("/")
 
-def call(request, fds):  # C, once it has its request (see `blank`)
+def call(request, fds):  # C, once it has its request (see `blank`): the call's exit code
     code = 111
     try:
         os.setsid()
@@ -179,7 +183,8 @@ def call(request, fds):  # C, once it has its request (see `blank`)
         null = os.open("/dev/null", os.O_RDONLY)
         for target, fd in ((0, null), (1, out), (2, err), (3, source_fd)):
             os.dup2(fd, target)
-        os.closerange(4, 1 << 16)  # the server's socket included
+        os.closerange(4, REPORT)  # all but the call's own descriptors and its report
+        os.closerange(REPORT + 1, 1 << 16)
         cgroup = request.get("cgroup")
         if cgroup:  # the call's cgroups: joined before anything else, so all it starts is counted
             if os.path.basename(cgroup) != cgroup or cgroup in (".", ".."):
@@ -209,14 +214,17 @@ def call(request, fds):  # C, once it has its request (see `blank`)
         code = code if code >= 0 else 128 - code
     except BaseException:
         traceback.print_exc()
-    finally:
-        os._exit(code)
+    return code
 
 def run_init(request, alive):  # G: PID 1 of the call's namespace
     code = 111
     try:
+        os.close(REPORT)  # the code never holds the line its status goes back on
         die_with_parent(alive)
         check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None), "proc")
+        for masked in MASKED:  # the uid's keys are every call's (other calls' keyrings, their count)
+            if os.path.exists(masked):
+                check(libc.mount(b"/dev/null", masked.encode(), None, MS_BIND, None), "mask " + masked)
         check(libc.mount(b"none", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d" % request["tmp_bytes"]), "tmp")
         check(libc.mount(b"none", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%d" % request["tmp_bytes"]), "shm")
         check(libc.mount(b"none", b"/dev/pts", b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k"), "pts")
@@ -261,45 +269,38 @@ def run_code(request):  # W: the tool's code, without capabilities, under the li
         finally:
             os._exit(code)
 
-def blank(sock, alive):  # C, forked from the zygote before any call is known: waits for its one request
+def blank(channel, alive, holder):  # C, forked from the zygote before any call is known
+    """Wait for this process's one request on `channel`, run the call, and report its status there."""
     code = 111
     try:
+        os.close(holder)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         die_with_parent(alive)
         signal.signal(signal.SIGTERM, end_call)
-        message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
-        sock.close()
+        message, fds, _, _ = socket.recv_fds(channel, 1 << 16, 3)
         if not message:  # the server went away, or had no call for it
             os._exit(0)
-        call(json.loads(message), fds)
+        if any(fd >= REPORT for fd in fds):
+            raise OSError(f"descriptors {fds} reach the report's ({REPORT})")
+        os.dup2(channel.fileno(), REPORT)
+        channel.close()
+        code = call(json.loads(message), fds)
     except BaseException:
         traceback.print_exc()
     finally:
-        os._exit(code)
+        try:  # the status goes to the server itself: the zygote that reaps this process learns nothing
+            os.write(REPORT, json.dumps({"status": (code & 0xFF) << 8}).encode())
+        finally:
+            os._exit(0)
 
-def reaped(holders):
-    """(process, wait status) of each child that has ended (its pipe closed)."""
-    ended = []
-    while holders:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-        if pid in holders:
-            os.close(holders.pop(pid))
-        ended.append((pid, status))
-    return ended
-
-def zygote(ctl):  # Z: forks each call's process before anything of the call is known, and reaps them
+def zygote(ctl):  # Z: forks each call's process before anything of the call is known, and keeps nothing of it
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    holders = {}  # process -> its pipe (closed when the process ends: it dies with us)
+    alive, holder = os.pipe()  # every call's process dies with the zygote (the write end is ours alone)
     gc.freeze()  # never collected: a forked call does not copy pages to scan them
     while True:
         readable, _, _ = select.select([ctl, wake_r], [], [])
@@ -309,32 +310,37 @@ def zygote(ctl):  # Z: forks each call's process before anything of the call is 
                     os.read(wake_r, 512)
                 except BlockingIOError:
                     break
-            for pid, status in reaped(holders):
-                ctl.send(json.dumps({"ended": pid, "status": status}).encode())
+            reap_all()
         if ctl not in readable:
             continue
         if not ctl.recv(16):  # the server went away: so do the calls (they die with us)
             os._exit(0)
         theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        alive, holder = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(holder)
+        child = os.fork()
+        if child == 0:
             for fd in (ctl.fileno(), mine.fileno(), wake_r, wake_w):
                 os.close(fd)
-            blank(theirs, alive)
-        os.close(alive)
+            blank(theirs, alive, holder)
         theirs.close()
-        holders[pid] = holder
-        socket.send_fds(ctl, [json.dumps({"spawned": pid}).encode()], [mine.fileno()])
+        socket.send_fds(ctl, [json.dumps({"spawned": child}).encode()], [mine.fileno()])
         mine.close()
 
-ROOT_ENTRIES, CARRIED = server_view()
+def reap_all():
+    """Reap every call's process that has ended (each reported its own status to the server)."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
 # The server never forks a call from itself: it has read the other calls' requests (their working
 # directories' names), and a fork would carry them in its memory, which the code can read. The
 # zygote, forked before any request arrived, forks each call's process, which then reads its own
-# request and no other; one is kept ready ahead of the next call.
+# request and no other and reports its status to the server itself; one is kept ready ahead of the
+# next call. The zygote keeps nothing of any call: no request, no status, no list of processes.
+ROOT_ENTRIES, CARRIED = server_view()
+REPORT = 63  # a call's process's descriptor for its status, above the few it holds (closed in its init: never the code's)
 ours, zygotes = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 alive, holder = os.pipe()
 ZYGOTE = os.fork()
@@ -348,7 +354,7 @@ os.close(alive)
 zygotes.close()
 SPARE = 2  # blank call processes kept ready
 spares, asked, waiting = [], 0, []  # [(process, its socket)], spawns asked for, [(request, message, fds)]
-children, pids = {}, {}  # call process -> request id; id -> process
+calls, pids = {}, {}  # a call's socket -> (request id, process); request id -> process
 
 def send(message):
     sock.send(json.dumps(message).encode())
@@ -356,52 +362,63 @@ def send(message):
 def dispatch():
     global asked
     while waiting and spares:
-        (request, message, fds), (pid, channel) = waiting.pop(0), spares.pop(0)
+        pid, channel = spares.pop(0)
+        request, message, fds = waiting[0]
         try:
             socket.send_fds(channel, [message], fds)
-        finally:
+        except OSError:  # a blank one that died (its zygote is going): the request waits for the next
             channel.close()
-            for fd in fds:
-                os.close(fd)
-        children[pid], pids[request["id"]] = request["id"], pid
+            continue
+        waiting.pop(0)
+        for fd in fds:
+            os.close(fd)
+        calls[channel], pids[request["id"]] = (request["id"], pid), pid
     while len(spares) + asked < len(waiting) + SPARE:
         ours.send(b"spawn")
         asked += 1
 
+def ended(channel):
+    """A call's process reported its status, or ended without (killed: reported as SIGKILL)."""
+    try:
+        report = channel.recv(256)
+    except OSError:
+        report = b""
+    ident, _ = calls.pop(channel)
+    channel.close()
+    pids.pop(ident, None)
+    send({"id": ident, "status": json.loads(report)["status"] if report else signal.SIGKILL})
+
 dispatch()
 send({"ready": True})
 while True:
-    readable, _, _ = select.select([sock, ours], [], [])
+    readable, _, _ = select.select([sock, ours, *calls], [], [])
+    for channel in [r for r in readable if r in calls]:
+        ended(channel)
     if ours in readable:
         message, fds, _, _ = socket.recv_fds(ours, 1 << 16, 1)
         if not message:  # the zygote is gone: nothing more can run
             break
-        news = json.loads(message)
-        if "spawned" in news:
-            asked -= 1
-            spares.append((news["spawned"], socket.socket(fileno=fds[0])))
-            dispatch()
-        else:
-            ident = children.pop(news["ended"], None)
-            if ident is not None:
-                pids.pop(ident, None)
-                send({"id": ident, "status": news["status"]})
-            for spare in [s for s in spares if s[0] == news["ended"]]:  # a blank one that died
-                spares.remove(spare)
-                spare[1].close()
-            dispatch()
+        asked -= 1
+        spares.append((json.loads(message)["spawned"], socket.socket(fileno=fds[0])))
+        dispatch()
     if sock not in readable:
         continue
     message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
     if not message:  # the caller went away: so does every call
-        for pid in children:
-            os.kill(pid, signal.SIGKILL)
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         break
     request = json.loads(message)
     if "kill" in request:
         pid = pids.get(request["kill"])
-        if pid is not None:  # it kills its init, waits for the namespace to end, then exits
-            os.kill(pid, signal.SIGTERM)
+        if pid is not None:  # it kills its init, waits for the namespace to end, reports, then exits
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:  # it has just ended: its report is on its way
+                pass
         for queued in [w for w in waiting if w[0]["id"] == request["kill"]]:  # not started yet
             waiting.remove(queued)
             for fd in queued[2]:

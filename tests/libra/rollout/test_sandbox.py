@@ -7,6 +7,7 @@ works, and nothing outside the working directory changed on the host (a sentinel
 it, with a secret file, is compared before and after)."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -500,6 +501,57 @@ def test_a_call_holds_nothing_of_the_other_calls_in_flight_in_its_memory(tmp_pat
     waiting.join()
     assert result.status == "ok", result.output
     assert result.output in ("['leaky-bravo'] []", "[] []")  # its own name at most (the server's request)
+
+
+FRAMES = r"""
+import sys, __main__
+seen, frame = [], sys._getframe().f_back
+while frame is not None:
+    seen.append((frame.f_code.co_name, {k: v for k, v in frame.f_locals.items() if isinstance(v, (int, str, bytes, list, dict, tuple))}))
+    frame = frame.f_back
+print(repr(seen), repr({k: v for k, v in vars(__main__).items() if isinstance(v, (int, str, bytes, list, dict, tuple))}))
+"""
+
+
+def test_the_frames_it_was_forked_from_hold_nothing_of_another_call(tmp_path, config):
+    """What the interpreter that forked the call held (every frame below the code's, and its
+    globals) names no other call: not one in flight, not the exit code of one that ended."""
+    box = Sandbox(config)
+    limits = SandboxLimits(timeout_s=10.0, cpu_s=8)
+    ended, other, mine = tmp_path / "leaky-delta", tmp_path / "leaky-alpha", tmp_path / "leaky-bravo"
+    for d in (ended, other, mine):
+        d.mkdir()
+    assert box.run("import sys\nsys.exit(173)", ended, limits).exit_code == 173
+    waiting = threading.Thread(target=box.run, args=("import time\ntime.sleep(3)", other, limits))
+    waiting.start()
+    time.sleep(1.0)
+    results = [box.run(FRAMES, mine, limits) for _ in range(3)]  # (the first may have been forked ahead of the end)
+    waiting.join()
+    for result in results:
+        assert result.status == "ok", result.output
+        assert "leaky-alpha" not in result.output and "leaky-delta" not in result.output  # its own request names itself
+        assert not re.search(r"\b(173|44288)\b", result.output)  # the exit code, or its wait status
+
+
+def test_the_kernels_key_lists_show_nothing_of_the_other_calls(tmp_path, config):
+    """Every call's session keyring belongs to the one sandbox uid: /proc/keys listed the others'
+    in flight and /proc/key-users counted them. Both read empty (the server) or are refused (a bwrap
+    of its own binds them without devices)."""
+    box = Sandbox(config)
+    limits = SandboxLimits(timeout_s=10.0)
+    others = [tmp_path / f"o{i}" for i in range(3)]
+    for d in [*others, tmp_path / "mine"]:
+        d.mkdir()
+    waiting = [threading.Thread(target=box.run, args=("import time\ntime.sleep(2.5)", d, limits)) for d in others]
+    for t in waiting:
+        t.start()
+    time.sleep(1.0)
+    code = ("for path in ('/proc/keys', '/proc/key-users'):\n    try:\n        print(repr(open(path).read()))\n"
+            "    except PermissionError:\n        print('refused')")
+    result = box.run(code, tmp_path / "mine", limits)
+    for t in waiting:
+        t.join()
+    assert result.output == ("''\n''" if config.server else "refused\nrefused")
 
 
 def test_its_mount_table_names_no_other_working_directory(tmp_path, config):
