@@ -64,6 +64,7 @@ import atexit
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import stat
@@ -76,7 +77,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from libra.clock import Clock, Deadline, Stopwatch, WallClock, sleep
+from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.files import discard_tree, owner_gone
@@ -119,6 +120,7 @@ class SandboxLimits:
     tmp_bytes: int = 16 * 2**20  # size of its private /tmp
     call_memory_bytes: int = 2**30  # memory of all its processes together, /tmp's included (a cgroup, where there is one)
     call_cpus: float = 1.0  # cores all its processes together may keep busy (a cgroup's CPU quota, where there is one)
+    open_files: int = 1024  # descriptors per process (RLIMIT_NOFILE), below the sandbox server's own (see `_rlimits`)
 
 
 @dataclass(frozen=True)
@@ -161,8 +163,12 @@ class Launcher:
                    *_system_dirs(), *_interpreter_dirs(self.python), "--proc", "/proc", "--dev", "/dev",
                    "--size", str(1 << 20), "--tmpfs", "/tmp", "--dir", INSIDE, "--dir", NEW_ROOT, "--bind", str(root), ROOTS,
                    *(arg for i, top in enumerate(cgroups) for arg in ("--bind", str(top), f"{CGROUPS}/{i}")), "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/", "--clearenv"]
-        script = (f"ROOTS, INSIDE, CGROUPS, NEW_ROOT, MASKED = {ROOTS!r}, {INSIDE!r}, {CGROUPS!r}, {NEW_ROOT!r}, "
-                  f"{MASKED!r}\n" + SERVE)
+        binds = ("--ro-bind", "--bind", "--dev-bind", "--ro-bind-try", "--bind-try", "--dev-bind-try")
+        system = [options[i + 2] for i, arg in enumerate(options) if arg in binds and options[i + 2] not in
+                  (ROOTS, INSIDE) and not options[i + 2].startswith(CGROUPS + "/")]
+        system += [options[i + 1] for i, arg in enumerate(options) if arg in ("--proc", "--dev")]
+        script = (f"ROOTS, INSIDE, CGROUPS, NEW_ROOT, MASKED, SYSTEM_MOUNTS = {ROOTS!r}, {INSIDE!r}, {CGROUPS!r}, "
+                  f"{NEW_ROOT!r}, {MASKED!r}, {system!r}\n" + SERVE)
         return drop + options + [self.python, "-I", "-S", "-B", "-c", script, str(fd), json.dumps(_ENV),
                                  filter_program().hex()]
 
@@ -184,6 +190,10 @@ def _rlimits(limits: SandboxLimits) -> list[tuple[str, tuple[int, int]]]:
     return [("RLIMIT_CPU", (limits.cpu_s, limits.cpu_s)), ("RLIMIT_AS", (limits.memory_bytes, limits.memory_bytes)),
             ("RLIMIT_FSIZE", (limits.file_bytes, limits.file_bytes)),
             ("RLIMIT_NPROC", (limits.processes, limits.processes)), ("RLIMIT_CORE", (0, 0)),
+            # descriptors sent over unix sockets and not yet received are counted per host uid, and a
+            # process may send none once that count passes its own RLIMIT_NOFILE: the sandbox server
+            # (the same uid) raises its own to the hard limit, and a call may not raise its past this
+            ("RLIMIT_NOFILE", (limits.open_files, limits.open_files)),
             # POSIX message queues' bytes are counted per host uid, which every call shares: one call
             # could take them all and the others' mq_open fail (EMFILE), so no call has any
             ("RLIMIT_MSGQUEUE", (0, 0))]
@@ -400,7 +410,7 @@ class Sandbox:
                                              launcher.isolation)
                 else:
                     join = cgroups.procs(cgroup) if cgroups is not None and cgroup is not None else ()
-                    exit_code, timed_out = _launch(launcher, limits, workdir, cwd, env, code, out, err, self.clock, join)
+                    exit_code, timed_out = _launch(launcher, limits, workdir, cwd, env, code, out, err, join)
                 seconds = call.seconds()
                 stdout, cut_out = _read(out, limits.max_output_bytes)
                 stderr, cut_err = _read(err, limits.max_output_bytes)
@@ -515,7 +525,7 @@ def make_workroot(prefix: str = "libra-work-") -> Path:
 
 
 def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path, env: dict, code: str,
-            out, err, clock: Clock, join: tuple[Path, ...] = ()) -> tuple[int, bool]:
+            out, err, join: tuple[Path, ...] = ()) -> tuple[int, bool]:
     """(exit code, timed out) of one call started on its own, in the cgroups whose `cgroup.procs`
     are `join` (if any: a shell moves itself there, then becomes the call); whatever
     it started is gone when this returns (with bwrap: its init has exited, and the kernel ends a PID
@@ -540,7 +550,10 @@ def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path,
         for fd in passed:
             os.close(fd)
     timed_out = False
+    init = None
     try:
+        if info_r is not None:  # the namespace's init (the code's interpreter): held from the moment bwrap names it
+            init = _init_handle(info_r, proc.pid, limits.timeout_s)
         proc.communicate(code.encode(), timeout=limits.timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
@@ -548,35 +561,47 @@ def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path,
         pass
     finally:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # bwrap, and with it (--die-with-parent) its init; or the group
+            os.killpg(proc.pid, signal.SIGKILL)  # bwrap (or the group, without bwrap)
         except (ProcessLookupError, PermissionError):
             pass
+        if init is not None:  # the init itself: the code may have cleared the parent-death signal bwrap set it
+            try:
+                signal.pidfd_send_signal(init, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.wait()
-        if info_r is not None:
-            _wait_exited(_init_pid(info_r), clock)
+        if init is not None:
+            select.select([init], [], [], _EXIT_WAIT_S)  # readable once it has exited, and with it its namespace
+            os.close(init)
     return proc.returncode, timed_out
 
 
-def _init_pid(info: int) -> int | None:
-    """The pid of bwrap's init, from what bwrap wrote to its info descriptor (closed here)."""
+_EXIT_WAIT_S = 10.0  # how long a call's end waits for its namespace's init to exit once killed
+
+
+def _init_handle(info: int, bwrap: int, limit_s: float) -> int | None:
+    """A pidfd of bwrap's child (the namespace's init), from what bwrap writes to its info
+    descriptor (closed here) within `limit_s`; None if it wrote nothing or the child is gone (or is
+    not bwrap's: a pid reused)."""
     try:
         with os.fdopen(info, "rb") as handle:
-            return int(json.loads(handle.read() or b"{}").get("child-pid", 0)) or None
+            if not select.select([handle], [], [], limit_s)[0]:
+                return None
+            pid = int(json.loads(handle.read() or b"{}").get("child-pid", 0))
+        if pid <= 0:
+            return None
+        handle = os.pidfd_open(pid)
     except (OSError, ValueError):
         return None
-
-
-def _wait_exited(pid: int | None, clock: Clock, limit_s: float = 10.0) -> None:
-    """Wait until process `pid` has exited (gone, or a zombie nobody has reaped yet), at most `limit_s` on `clock`."""
-    deadline = Deadline(clock, limit_s)
-    while pid is not None and deadline.left() > 0:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state in ("Z", "X"):
-            return
-        sleep(clock, 0.001)
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        parent = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    except (OSError, StopIteration, ValueError):
+        parent = -1
+    if parent != bwrap:
+        os.close(handle)
+        return None
+    return handle
 
 
 def _read(handle, cap: int) -> tuple[str, bool]:

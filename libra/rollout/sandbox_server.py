@@ -78,7 +78,7 @@ def run_tool(source_fd, limits, program):
 '''
 
 SERVE = TOOL_RUNNER + r'''
-import ctypes, gc, json, re, select, signal, socket
+import ctypes, errno, gc, json, select, signal, socket
 sock = socket.socket(fileno=int(sys.argv[1]))
 libc = ctypes.CDLL(None, use_errno=True)
 NEWUSER, NEWNS, NEWPID, NEWNET, NEWIPC, NEWUTS = 0x10000000, 0x20000, 0x20000000, 0x40000000, 0x08000000, 0x04000000
@@ -135,22 +135,16 @@ def end_call(*_):  # C, asked to end the call: kill its init; waiting for it wai
     except ProcessLookupError:  # it has just ended on its own
         pass
 
-def server_view():
+def server_view(mounts):
     """What of the server's file system a call gets: the entries of its root (name, link target or
-    None for a directory) and the outermost mounts below it, all but the working directories' root
-    and the cgroups (and /tmp, which every call gets afresh)."""
+    None for a directory) and the outermost of `mounts` (the server's system mounts, as its bwrap
+    made them; its mount table is never read: it lists every trajectory's working directory, whose
+    names would stay in the memory every call is forked with)."""
     entries = [(name, os.readlink("/" + name) if os.path.islink("/" + name) else None)
                for name in sorted(os.listdir("/")) if "/" + name not in (ROOTS, CGROUPS, NEW_ROOT, "/tmp")
                and (os.path.islink("/" + name) or os.path.isdir("/" + name))]
-    points = []
-    with open("/proc/self/mountinfo") as table:
-        for line in table:
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
-            if point == "/" or any(point == top or point.startswith(top + "/") for top in (ROOTS, CGROUPS, NEW_ROOT, "/tmp")):
-                continue
-            if not any(point.startswith(p + "/") for p in points):  # a mount below one carried whole is carried with it
-                points = [p for p in points if not p.startswith(point + "/")] + [point]
-    return entries, points
+    outermost = [m for m in mounts if not any(m.startswith(other + "/") for other in mounts)]
+    return entries, sorted(set(outermost))
 
 def new_root(source):
     """Make the call's root a file system of its own that holds the server's system mounts and the
@@ -322,7 +316,11 @@ def zygote(ctl):  # Z: forks each call's process before anything of the call is 
                 os.close(fd)
             blank(theirs, alive, holder)
         theirs.close()
-        socket.send_fds(ctl, [json.dumps({"spawned": child}).encode()], [mine.fileno()])
+        try:
+            socket.send_fds(ctl, [json.dumps({"spawned": child}).encode()], [mine.fileno()])
+        except OSError as exc:  # (descriptors in flight past the limit: see RLIMIT_NOFILE in `_rlimits`)
+            os.kill(child, signal.SIGKILL)
+            ctl.send(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}).encode())
         mine.close()
 
 def reap_all():
@@ -339,7 +337,8 @@ def reap_all():
 # zygote, forked before any request arrived, forks each call's process, which then reads its own
 # request and no other and reports its status to the server itself; one is kept ready ahead of the
 # next call. The zygote keeps nothing of any call: no request, no status, no list of processes.
-ROOT_ENTRIES, CARRIED = server_view()
+ROOT_ENTRIES, CARRIED = server_view(SYSTEM_MOUNTS)
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)  # past the calls
 REPORT = 63  # a call's process's descriptor for its status, above the few it holds (closed in its init: never the code's)
 ours, zygotes = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 alive, holder = os.pipe()
@@ -359,6 +358,17 @@ calls, pids = {}, {}  # a call's socket -> (request id, process); request id -> 
 def send(message):
     sock.send(json.dumps(message).encode())
 
+def refuse(why):
+    """The oldest waiting call cannot start: its stderr says why, and it ends with status 111."""
+    request, _, fds = waiting.pop(0)
+    try:
+        os.write(fds[2], f"sandbox: the call could not start: {why}\n".encode())
+    except OSError:
+        pass
+    for fd in fds:
+        os.close(fd)
+    send({"id": request["id"], "status": 111 << 8})
+
 def dispatch():
     global asked
     while waiting and spares:
@@ -366,9 +376,11 @@ def dispatch():
         request, message, fds = waiting[0]
         try:
             socket.send_fds(channel, [message], fds)
-        except OSError:  # a blank one that died (its zygote is going): the request waits for the next
+        except OSError as exc:
             channel.close()
-            continue
+            if exc.errno not in (errno.EPIPE, errno.ECONNREFUSED, errno.ECONNRESET):
+                refuse(f"{type(exc).__name__}: {exc}")
+            continue  # (else a blank one that died, its zygote going: the request waits for the next)
         waiting.pop(0)
         for fd in fds:
             os.close(fd)
@@ -399,7 +411,11 @@ while True:
         if not message:  # the zygote is gone: nothing more can run
             break
         asked -= 1
-        spares.append((json.loads(message)["spawned"], socket.socket(fileno=fds[0])))
+        news = json.loads(message)
+        if "spawned" in news:
+            spares.append((news["spawned"], socket.socket(fileno=fds[0])))
+        elif waiting:
+            refuse(news["failed"])
         dispatch()
     if sock not in readable:
         continue

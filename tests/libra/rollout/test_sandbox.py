@@ -488,12 +488,15 @@ print(sorted(found), sorted(k for k in vars(__main__) if k in ('pids', 'children
 def test_a_call_holds_nothing_of_the_other_calls_in_flight_in_its_memory(tmp_path, config):
     """Every byte a call's process can read of itself (/proc/self/mem) while another call is in
     flight: the server's requests (the other's working directory) are nowhere in it, because the
-    process was forked before any request came (it reads only its own)."""
+    process was forked before any request came (it reads only its own). The directories are
+    trajectories' own file systems (as root), made before the server starts, as a rollout makes
+    them: the server never reads its mount table, which would list them all."""
     box = Sandbox(config)
     limits = SandboxLimits(timeout_s=10.0, cpu_s=8, memory_bytes=512 * 2**20)
-    other, mine = tmp_path / "leaky-alpha", tmp_path / "leaky-bravo"
-    other.mkdir()
-    mine.mkdir()
+    other, mine, third = tmp_path / "leaky-alpha", tmp_path / "leaky-bravo", tmp_path / "leaky-charlie"
+    for d in (other, mine, third):
+        d.mkdir()
+        box.prepare(d)
     waiting = threading.Thread(target=box.run, args=("import time\ntime.sleep(3)", other, limits))
     waiting.start()
     time.sleep(1.0)
@@ -662,6 +665,65 @@ def test_nothing_runs_after_a_timed_out_call_returns(tmp_path, config):
     sizes = {p.name: p.stat().st_size for p in work.iterdir()}
     time.sleep(0.3)
     assert {p.name: p.stat().st_size for p in work.iterdir()} == sizes and sizes
+
+
+def test_code_that_clears_its_parent_death_signal_still_ends_with_its_call(tmp_path, config):
+    """In a bwrap of its own the code is its namespace's init, tied to bwrap by the parent-death
+    signal alone, which prctl can clear: the call's end kills the init itself (it ran on, on the
+    host, past the call and past Libra)."""
+    work = tmp_path / "w"
+    work.mkdir()
+    code = ("import ctypes, os, time\nctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\nos.setsid() if os.getpid() != 1 else None\n"
+            "while True:\n    with open('beat', 'a') as f:\n        f.write('.')\n    time.sleep(0.01)")
+    began = time.monotonic()
+    result = Sandbox(config).run(code, work, SandboxLimits(timeout_s=1.0, cpu_s=5))
+    assert result.status == "timeout" and time.monotonic() - began < 5
+    size = (work / "beat").stat().st_size
+    time.sleep(0.5)
+    assert (work / "beat").stat().st_size == size
+
+
+IN_FLIGHT = r"""
+import os, resource, socket, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+fd, keep, sent = os.open("/dev/null", os.O_RDONLY), [], 0
+try:
+    while True:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        a.setblocking(False)
+        keep.append((a, b))
+        while True:
+            try:
+                socket.send_fds(a, [b"x"], [fd] * 250)
+                sent += 250
+            except BlockingIOError:
+                break
+except OSError as exc:
+    print(hard, sent, exc.errno, flush=True)
+time.sleep(4)
+"""
+
+
+def test_descriptors_a_call_leaves_in_flight_do_not_stop_the_others(tmp_path, config):
+    """Descriptors sent over unix sockets and not yet received are counted per host uid, which the
+    calls and the sandbox server share; a process may send none past its own RLIMIT_NOFILE. A call
+    that fills that count (its limit raised to its hard one) stopped the server, and every call in
+    flight with it; now the server's limit is above any call's, and a call started meanwhile runs."""
+    box = Sandbox(config)
+    limits = SandboxLimits(timeout_s=10.0)
+    attacker, victim = tmp_path / "attacker", tmp_path / "victim"
+    attacker.mkdir()
+    victim.mkdir()
+    results = {}
+    attack = threading.Thread(target=lambda: results.setdefault("attack", box.run(IN_FLIGHT, attacker, limits)))
+    attack.start()
+    time.sleep(2.5)
+    results["victim"] = box.run("print('fine')", victim, limits)
+    attack.join()
+    hard, sent, refused = results["attack"].output.split()
+    assert int(hard) == limits.open_files and int(sent) > int(hard) and int(refused) == 109  # ETOOMANYREFS
+    assert (results["victim"].status, results["victim"].output) == ("ok", "fine")
 
 
 def test_every_process_it_can_see_is_filtered_or_out_of_its_reach(episode, host):
