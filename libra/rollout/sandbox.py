@@ -24,7 +24,7 @@ not from checks inside the interpreter. What a call's code gets:
   ...), and a fresh session keyring of its own: no key of the host's or of another call's is reached;
 - limits that bind, set before the code runs and not raisable by it: CPU seconds, address space per
   process, process count (per call: its user namespace counts them), file size (which also caps
-  what it writes to its output), no core dumps; wall time (the call's namespaces are torn down);
+  what it writes to its output), no core dumps (a limit of 1: where dumps go to a helper program, 0 is ignored), descriptors; wall time (the call's namespaces are torn down);
   stdout and stderr cut at `max_output_bytes` when read back;
 - where Libra runs as root (`libra.mounts`, `libra.rollout.cgroups`): the memory of all of a call's
   processes together (a memory cgroup per call, its /tmp included), the cores they keep busy
@@ -189,7 +189,10 @@ class Launcher:
 def _rlimits(limits: SandboxLimits) -> list[tuple[str, tuple[int, int]]]:
     return [("RLIMIT_CPU", (limits.cpu_s, limits.cpu_s)), ("RLIMIT_AS", (limits.memory_bytes, limits.memory_bytes)),
             ("RLIMIT_FSIZE", (limits.file_bytes, limits.file_bytes)),
-            ("RLIMIT_NPROC", (limits.processes, limits.processes)), ("RLIMIT_CORE", (0, 0)),
+            ("RLIMIT_NPROC", (limits.processes, limits.processes)),
+            # 1, not 0: where core dumps go to a helper program (apport, systemd-coredump) the kernel
+            # ignores 0 and starts the helper as root on the host with the call's memory; 1 stops it
+            ("RLIMIT_CORE", (1, 1)),
             # descriptors sent over unix sockets and not yet received are counted per host uid, and a
             # process may send none once that count passes its own RLIMIT_NOFILE: the sandbox server
             # (the same uid) raises its own to the hard limit, and a call may not raise its past this
@@ -249,7 +252,10 @@ def _bwrap_options(bwrap: str, python: str, limits: SandboxLimits, workdir: Path
     options += ["--proc", "/proc", *(arg for path in MASKED for arg in ("--ro-bind-try", "/dev/null", path)),
                 "--dev", "/dev", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
                 "--bind", str(workdir), INSIDE, "--remount-ro", "/", "--remount-ro", "/dev",
-                "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm", "--chdir", INSIDE, "--clearenv"]
+                "--size", str(limits.tmp_bytes), "--tmpfs", "/dev/shm",
+                # no pseudo-terminals (as the server's calls): kernel.pty.max is one count for every
+                # namespace but the host's, and one call took them all
+                "--size", "4096", "--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts", "--chdir", INSIDE, "--clearenv"]
     for key, value in _ENV.items():
         options += ["--setenv", key, value]
     return options

@@ -309,8 +309,18 @@ def zygote(ctl):  # Z: forks each call's process before anything of the call is 
             continue
         if not ctl.recv(16):  # the server went away: so do the calls (they die with us)
             os._exit(0)
-        theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        child = os.fork()
+        try:
+            theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as exc:  # (the host's open files at fs.file-max, say): this call is refused, not all
+            ctl.send(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}).encode())
+            continue
+        try:
+            child = os.fork()
+        except OSError as exc:
+            theirs.close()
+            mine.close()
+            ctl.send(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}).encode())
+            continue
         if child == 0:
             for fd in (ctl.fileno(), mine.fileno(), wake_r, wake_w):
                 os.close(fd)

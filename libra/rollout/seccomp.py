@@ -18,8 +18,10 @@ What the list covers, by what it would reach:
 - the machine itself: kernel modules, kexec, reboot, swap, clocks, accounting, quotas, syslog,
   raw I/O ports, file handles (open_by_handle_at reads files by inode, past the mount namespace);
 - resources outside the call's limits (`REFUSED`, with the answer programs fall back on): disk
-  space reserved by fallocate, which RLIMIT_FSIZE does not see, and inotify instances, which every
-  call shares through the sandbox's host uid.
+  space reserved by fallocate, which RLIMIT_FSIZE does not see, inotify instances, which every
+  call shares through the sandbox's host uid, and Linux AIO contexts, one count for the host;
+- sockets of the families in `REFUSED_FAMILIES` (inet, netlink, packet, vsock: EAFNOSUPPORT), whose
+  buffers the call's memory cgroup does not see (unix sockets stay).
 """
 
 from __future__ import annotations
@@ -58,10 +60,27 @@ REFUSED = {
     # uid: one call holding them all would leave the other trajectories' calls none (watchers poll
     # instead where inotify is ENOSYS)
     "inotify_init": errno.ENOSYS, "inotify_init1": errno.ENOSYS,
+    # Linux AIO contexts are one host-wide count (fs.aio-max-nr): one call's io_setup took them all,
+    # and io_setup failed for every process of the host, root's included (libaio users fall back)
+    "io_setup": errno.ENOSYS,
+}
+
+# socket families refused (EAFNOSUPPORT) with the answer programs read as "no such network": the
+# call's network namespace reaches nothing anyway, and these reach past its limits. Netlink and
+# TCP socket buffers are not charged to the call's memory cgroup (a call capped at 64 MiB held 3 GiB
+# in netlink queues, and 2.2 GiB over its own loopback in a bwrap of its own); vsock is not
+# namespaced; packet sockets read raw traffic. Unix sockets stay (asyncio, multiprocessing).
+REFUSED_FAMILIES = {
+    "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16, "AF_PACKET": 17, "AF_VSOCK": 40,
 }
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_ACT_ERRNO = 0x00050000
+SCMP_CMP_EQ = 4
+
+
+class _ArgCmp(ctypes.Structure):  # libseccomp's struct scmp_arg_cmp
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
 
 
 class SeccompUnavailable(LibraError):
@@ -80,6 +99,8 @@ def filter_program() -> bytes:
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+                                           ctypes.POINTER(_ArgCmp)]
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     context = lib.seccomp_init(SCMP_ACT_ALLOW)
@@ -92,6 +113,12 @@ def filter_program() -> bytes:
                 continue
             if lib.seccomp_rule_add(context, SCMP_ACT_ERRNO | answer, number, 0) != 0:
                 raise SeccompUnavailable(f"libseccomp refused the rule for {name}")
+        socket_call = lib.seccomp_syscall_resolve_name(b"socket")
+        for family, value in REFUSED_FAMILIES.items():
+            compare = _ArgCmp(0, SCMP_CMP_EQ, value, 0)
+            if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EAFNOSUPPORT, socket_call, 1,
+                                          ctypes.byref(compare)) != 0:
+                raise SeccompUnavailable(f"libseccomp refused the rule for socket({family})")
         with tempfile.TemporaryFile() as out:
             if lib.seccomp_export_bpf(context, out.fileno()) != 0:
                 raise SeccompUnavailable("libseccomp could not export the filter")
