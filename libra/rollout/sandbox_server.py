@@ -363,7 +363,7 @@ os.close(alive)
 zygotes.close()
 SPARE = 2  # blank call processes kept ready
 spares, asked, waiting = [], 0, []  # [(process, its socket)], spawns asked for, [(request, message, fds)]
-calls, pids = {}, {}  # a call's socket -> (request id, process); request id -> process
+calls, pids = {}, {}  # a pidfd of a call's process -> (request id, process, its socket); request id -> process
 
 def send(message):
     sock.send(json.dumps(message).encode())
@@ -385,27 +385,36 @@ def dispatch():
         pid, channel = spares.pop(0)
         request, message, fds = waiting[0]
         try:
+            exited = os.pidfd_open(pid)  # readable once it has ended (and left the call's cgroups)
+        except OSError:  # a blank one that died, its zygote going: the request waits for the next
+            channel.close()
+            continue
+        try:
             socket.send_fds(channel, [message], fds)
         except OSError as exc:
             channel.close()
+            os.close(exited)
             if exc.errno not in (errno.EPIPE, errno.ECONNREFUSED, errno.ECONNRESET):
                 refuse(f"{type(exc).__name__}: {exc}")
-            continue  # (else a blank one that died, its zygote going: the request waits for the next)
+            continue
         waiting.pop(0)
         for fd in fds:
             os.close(fd)
-        calls[channel], pids[request["id"]] = (request["id"], pid), pid
+        calls[exited], pids[request["id"]] = (request["id"], pid, channel), pid
     while len(spares) + asked < len(waiting) + SPARE:
         ours.send(b"spawn")
         asked += 1
 
-def ended(channel):
-    """A call's process reported its status, or ended without (killed: reported as SIGKILL)."""
+def ended(exited):
+    """A call's process has ended: its status is the report it wrote before (none: it was killed,
+    reported as SIGKILL). Reported once the process is gone, so its cgroups are empty by then."""
+    ident, _, channel = calls.pop(exited)
+    os.close(exited)
     try:
+        channel.setblocking(False)
         report = channel.recv(256)
     except OSError:
         report = b""
-    ident, _ = calls.pop(channel)
     channel.close()
     pids.pop(ident, None)
     send({"id": ident, "status": json.loads(report)["status"] if report else signal.SIGKILL})
@@ -414,8 +423,8 @@ dispatch()
 send({"ready": True})
 while True:
     readable, _, _ = select.select([sock, ours, *calls], [], [])
-    for channel in [r for r in readable if r in calls]:
-        ended(channel)
+    for exited in [r for r in readable if r in calls]:
+        ended(exited)
     if ours in readable:
         message, fds, _, _ = socket.recv_fds(ours, 1 << 16, 1)
         if not message:  # the zygote is gone: nothing more can run
