@@ -363,6 +363,7 @@ os.close(alive)
 zygotes.close()
 SPARE = 2  # blank call processes kept ready
 spares, asked, waiting = [], 0, []  # [(process, its socket)], spawns asked for, [(request, message, fds)]
+starved = False  # the last spawn failed: no spare is asked for ahead (each failure would ask again at once)
 calls, pids = {}, {}  # a pidfd of a call's process -> (request id, process, its socket); request id -> process
 
 def send(message):
@@ -401,7 +402,7 @@ def dispatch():
         for fd in fds:
             os.close(fd)
         calls[exited], pids[request["id"]] = (request["id"], pid, channel), pid
-    while len(spares) + asked < len(waiting) + SPARE:
+    while len(spares) + asked < len(waiting) + (0 if starved else SPARE):
         ours.send(b"spawn")
         asked += 1
 
@@ -431,7 +432,8 @@ while True:
             break
         asked -= 1
         news = json.loads(message)
-        if "spawned" in news:
+        starved = "spawned" not in news
+        if not starved:
             spares.append((news["spawned"], socket.socket(fileno=fds[0])))
         elif waiting:
             refuse(news["failed"])
