@@ -35,7 +35,7 @@ not from checks inside the interpreter. What a call's code gets:
   per file.
 
 Two ways to start a call, the same isolation:
-- the sandbox server (`sandbox_server.py`; default, `sandbox.server: true`): one bwrap sandbox per process and
+- the sandbox server (`sandbox_server.py`, its caller's side `sandbox_client.py`; default, `sandbox.server: true`): one bwrap sandbox per process and
   configuration holds a small interpreter (uid 65534, no capabilities, the working-directory root
   `make_workroot` hands out bound at /roots). A zygote, forked before any request came, forks a
   child ahead of each call and the server hands that child its own request alone, so no call's
@@ -83,6 +83,7 @@ from libra.errors import LibraError
 from libra.files import discard_tree, owner_gone
 from libra.mounts import MountError, can_mount, mount_tmpfs, share
 from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
+from libra.rollout.sandbox_client import Server, ServerStopped
 from libra.rollout.sandbox_server import (
     CGROUPS,
     INSIDE,
@@ -91,8 +92,6 @@ from libra.rollout.sandbox_server import (
     ROOTS,
     SERVE,
     TOOL_RUNNER,
-    Server,
-    ServerStopped,
 )
 from libra.rollout.seccomp import filter_program
 
