@@ -353,7 +353,7 @@ zygotes.close()
 SPARE = 2  # blank call processes kept ready
 spares, asked, waiting = [], 0, []  # [(process, its socket)], spawns asked for, [(request, message, fds)]
 starved = False  # the last spawn failed: no spare is asked for ahead (each failure would ask again at once)
-calls, pids = {}, {}  # a pidfd of a call's process -> (request id, process, its socket); request id -> process
+calls, pids = {}, {}  # a pidfd of a call's process -> (request id, its socket); request id -> process
 
 def send(message):
     sock.send(json.dumps(message).encode())
@@ -390,7 +390,7 @@ def dispatch():
         waiting.pop(0)
         for fd in fds:
             os.close(fd)
-        calls[exited], pids[request["id"]] = (request["id"], pid, channel), pid
+        calls[exited], pids[request["id"]] = (request["id"], channel), pid
     while len(spares) + asked < len(waiting) + (0 if starved else SPARE):
         ours.send(b"spawn")
         asked += 1
@@ -398,7 +398,7 @@ def dispatch():
 def ended(exited):
     """A call's process has ended: its status is the report it wrote before (none: it was killed,
     reported as SIGKILL). Reported once the process is gone, so its cgroups are empty by then."""
-    ident, _, channel = calls.pop(exited)
+    ident, channel = calls.pop(exited)
     os.close(exited)
     try:
         channel.setblocking(False)
