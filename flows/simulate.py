@@ -132,6 +132,8 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     import time
     import uuid
 
+    from prefect.utilities.annotations import quote
+
     from flows.runtime import flow_config
     from libra.renames import renamed_parameter
     from storage.writer import refuse_existing
@@ -154,16 +156,18 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     origin = f"simulation of {request.workload}, {request.cluster}, {request.model}, {request.steps} steps, {uuid.uuid4().hex[:12]}"
     began = time.perf_counter()
     drawn = workload_task(request, settings.planner)
-    runs = {name: simulate_system_task.with_options(name=f"simulate-{name}")(request, name, drawn, settings.planner,
-                                                                             progress)
+    # the steps' trajectories and the runs go to the tasks as they are (`quote`): Prefect would
+    # otherwise walk every trajectory of every step looking for futures in them
+    runs = {name: simulate_system_task.with_options(name=f"simulate-{name}")(request, name, quote(drawn),
+                                                                             settings.planner, progress)
             for name in request.systems}
-    bounds = bound_task(drawn, runs)
+    bounds = bound_task(quote(drawn), quote(runs))
     summary = summarize(runs, drawn.cost.cluster.gpus, request.workload, bounds)
     summary["rollout_mode"] = request.rollout_mode
     summary["simulation_wall_s"] = time.perf_counter() - began
-    record_store_task(runs, request.run, settings.store, replace, origin)
+    record_store_task(quote(runs), request.run, settings.store, replace, origin)
     if track:
-        summary["mlflow_parent_run_id"] = record_mlflow_task(runs, summary, request, settings)
+        summary["mlflow_parent_run_id"] = record_mlflow_task(quote(runs), summary, request, settings)
     summary["store_run"] = request.run
     return summary
 

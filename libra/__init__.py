@@ -5,3 +5,7 @@ the trainer and the simulator. It imports none of `flows`, `tasks`, `storage` or
 """
 
 __version__ = "0.1.0"
+
+from libra import native
+
+native.install()  # the simulator's compiled core, where it is built from the sources in the tree

@@ -8,11 +8,8 @@ records here (plans, pool events) when more than one package needs them.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from enum import StrEnum
-
-_UNSET = object()
 
 
 class ToolStatus(StrEnum):
@@ -67,8 +64,12 @@ class Trajectory:
 
     def __setstate__(self, state: tuple) -> None:
         """Unpickling (a checkpoint's batches): one pickled before the later fields existed gets their defaults."""
-        for f, value in itertools.zip_longest(dataclasses.fields(self), state, fillvalue=_UNSET):
-            object.__setattr__(self, f.name, f.default if value is _UNSET else value)
+        fields = dataclasses.fields(self)
+        if len(state) > len(fields):
+            raise ValueError(f"a pickled trajectory with {len(state)} fields, this version has {len(fields)}: "
+                             "load it with the version of Libra that wrote it")
+        for i, f in enumerate(fields):
+            object.__setattr__(self, f.name, state[i] if i < len(state) else f.default)
 
     @property
     def gen_tokens(self) -> int:

@@ -38,15 +38,16 @@ GLOBAL = "__global__"
 
 
 class Node:
-    __slots__ = ("children", "count", "samples", "_sorted", "_prefix", "parent", "key")
+    # no link to the parent: a tree without cycles is freed as soon as it is dropped (the planning
+    # flow and the simulator rebuild trees every step; cyclic ones waited for the collector)
+    __slots__ = ("children", "count", "samples", "_sorted", "_prefix", "key")
 
-    def __init__(self, parent: Node | None = None, key: Key | None = None, window: int = 64) -> None:
+    def __init__(self, key: Key | None = None, window: int = 64) -> None:
         self.children: dict[Key, Node] = {}
         self.count = 0  # samples ever inserted
         self.samples: deque[int] = deque(maxlen=window)  # most recent remaining lengths (tokens)
         self._sorted: list[int] | None = None
         self._prefix: list[int] | None = None
-        self.parent = parent
         self.key = key
 
     def add(self, remaining: int) -> None:
@@ -228,7 +229,7 @@ class CausalTree:
             for key, (_, remaining) in zip(keys, returns, strict=True):
                 child = node.children.get(key)
                 if child is None:
-                    child = node.children[key] = Node(node, key, self.window)
+                    child = node.children[key] = Node(key, self.window)
                     self.nodes += 1
                 if child._sorted is not None or not child.count:
                     touched.append(child)
@@ -242,28 +243,30 @@ class CausalTree:
         until at most `target` nodes remain."""
         removed = 0
         while self.nodes > target:
-            leaves: list[tuple[int, Node, str | None]] = [
-                (n.count, n, None) for n in self._walk() if not n.children and n.parent is not None
+            leaves: list[tuple[int, Node, Node | None, str | None]] = [
+                (n.count, n, parent, None) for n, parent in self._walk_with_parents()
+                if not n.children and parent is not None
             ]
-            leaves += [(r.count, r, name) for name, r in self.roots.items() if name != GLOBAL and not r.children]
+            leaves += [(r.count, r, None, name) for name, r in self.roots.items() if name != GLOBAL and not r.children]
             if not leaves:
                 break
             leaves.sort(key=lambda item: item[0])
-            for _, leaf, root_name in leaves[: max(1, self.nodes - target)]:
+            for _, leaf, parent, root_name in leaves[: max(1, self.nodes - target)]:
                 if root_name is not None:
                     del self.roots[root_name]
-                else:
-                    del leaf.parent.children[leaf.key]  # type: ignore[union-attr]
+                elif parent is not None and leaf.key is not None:
+                    del parent.children[leaf.key]
                 self.nodes -= 1
                 removed += 1
         return removed
 
-    def _walk(self) -> Iterable[Node]:
-        stack = list(self.roots.values())
+    def _walk_with_parents(self) -> Iterable[tuple[Node, Node | None]]:
+        """Every node with its parent (None for a root), depth first."""
+        stack: list[tuple[Node, Node | None]] = [(root, None) for root in self.roots.values()]
         while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+            node, parent = stack.pop()
+            yield node, parent
+            stack.extend((child, node) for child in node.children.values())
 
     # ------------------------------------------------------------------ persistence
     def to_dict(self) -> dict:
@@ -285,18 +288,18 @@ class CausalTree:
                    data.get("size_classes", 1))
         tree.roots, tree.nodes = {}, 0
 
-        def load(raw: dict, parent: Node | None, key: Key | None) -> Node:
-            node = Node(parent, key, tree.window)
+        def load(raw: dict, key: Key | None) -> Node:
+            node = Node(key, tree.window)
             node.count = raw["count"]
             node.samples.extend(raw["samples"])
             tree.nodes += 1
             for raw_key, child in raw["children"]:
                 k = (raw_key[0], int(raw_key[1]), raw_key[2])
-                node.children[k] = load(child, node, k)
+                node.children[k] = load(child, k)
             return node
 
         for name, raw in data["roots"].items():
-            tree.roots[name] = load(raw, None, None)
+            tree.roots[name] = load(raw, None)
         return tree
 
     def rebuild(self, paths: Iterable[TrajectoryPath]) -> None:
@@ -310,11 +313,13 @@ class CausalTree:
         """Prepare for the decisions that follow, off their path: sort the samples of every node
         changed since the last refresh (else the first decision reading one sorts its window), and
         run a young-generation garbage collection, which moves the new nodes to the old generation
-        (else the collector traverses thousands of them inside some later decision: p99 x4)."""
+        (else the collector traverses thousands of them inside some later decision: p99 x4). Where
+        the collector is off (a simulation collects once a step itself) there is nothing to move."""
         for node in self._touched:
             node._ready()
         self._touched = []
-        gc.collect(1)
+        if gc.isenabled():
+            gc.collect(1)
 
     def save(self, path: str | Path) -> None:
         """Write atomically (temporary file, then rename)."""

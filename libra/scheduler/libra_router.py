@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 from libra.config import SchedulerConfig
 from libra.scheduler.causal_tree import CausalTree, Cursor, Node, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
@@ -49,6 +51,7 @@ class _Track:
 _DEFAULTS = SchedulerConfig()  # the documented `scheduler` defaults: one source for the router and the config
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LibraRouter(CMLFQ):
     """Bucket shares from the causal tree, a balanced decision rule and migrations priced against a
     budget.

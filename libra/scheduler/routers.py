@@ -26,6 +26,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr  # routers compiled by `libra.native` stay open to Python subclasses
+
 from libra.scheduler.causal_tree import CausalTree, Cursor, TrajectoryPath
 from libra.scheduler.keys import KeyScheme, ToolReturn
 from libra.scheduler.lengths import LogLogFit, from_log
@@ -79,6 +81,7 @@ def fastest_lane(lanes: Sequence[Lane], active: Sequence[int]) -> int:
     return min(range(len(lanes)), key=lambda b: (lanes[b].token_s(active[b] + 1), b))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Router:
     """Base class: per-trajectory current bucket and the step-end hook.
 
@@ -122,10 +125,12 @@ class Router:
         """The step's finished trajectories become visible (RL order: at the end of the step)."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AlwaysShortest(Router):
     name = "always-shortest"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LeastLoad(Router):
     """No length information: each new trajectory goes to the bucket with the fewest active ones."""
 
@@ -150,6 +155,7 @@ class LeastLoad(Router):
             self.active[bucket] -= 1
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class GroupLanes(Router):
     """The trajectories of the groups in `first` run on bucket 0's instances and every other one on
     bucket 1's, from their start to their end. Told which groups will close a partial batch (by
@@ -169,6 +175,7 @@ class GroupLanes(Router):
         return RouteDecision(bucket, None)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LeastLatency(LeastLoad):
     """No length information, but knows the instances: each new trajectory goes to the lane that
     would decode fastest with it added (`fastest_lane`); never migrates. Libra's router without its
@@ -186,6 +193,7 @@ class LeastLatency(LeastLoad):
         return fastest_lane(self.lanes, self.active)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MLFQ(Router):
     """Demote to the bucket of the tokens spent so far once they pass the current bucket's bound."""
 
@@ -210,6 +218,7 @@ class MLFQ(Router):
         self.prompt_tokens.pop(trajectory_id, None)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LengthPredictor(Router):
     """Predicts the tokens after the prompt at the start: the prompt's mean over earlier steps, else
     exp(a + b * log(prompt tokens)) fitted on every trajectory seen. With `repredict`, at each
@@ -268,6 +277,7 @@ class LengthPredictor(Router):
             self.fit = fitted[:2]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Oracle(Router):
     """Knows the true remaining length at every decision (the replay hands it over)."""
 
@@ -295,6 +305,7 @@ class Oracle(Router):
         return self._decide(trajectory_id)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CMLFQ(Router):
     """The original causal MLFQ router (see the module docstring)."""
 
@@ -381,6 +392,7 @@ class MigrationBudget:
         self.earned = 0.0
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Budgeted(Router):
     """Any router under a migration budget: a move the budget does not allow is not made (the
     trajectory stays where it is). Used to compare baselines with Libra at equal migration cost."""

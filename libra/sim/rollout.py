@@ -434,20 +434,23 @@ class RolloutSim:
             return
         self.result.completed_groups.append(group)
         self.result.group_crowd.append(len(self.running))
+        assert self.close is not None
         if len(self.result.completed_groups) >= self.close.needed and self.closing is None:
             self._schedule_close()
 
     def _schedule_close(self) -> None:
         """The batch is full: close now or when the update beside it is done (its hybrids leaving now)."""
-        hold = self.close.hold_s
-        if self.close.hold is not None:
+        close = self.close
+        assert close is not None
+        hold = close.hold_s
+        if close.hold is not None:
             for inst in self.instances:
                 if inst.hybrid and inst.released_at is None:
                     for seq, done in inst.evict():
                         self._stop(seq, done)
                     self._live = None
                     self._load_changed(inst)
-            hold = self.close.hold([(i.tp, i.released_at) for i in self.instances if i.hybrid])
+            hold = close.hold([(i.tp, i.released_at) for i in self.instances if i.hybrid])  # type: ignore[misc]
         self.closing = self.loop.at(max(self.loop.now, hold), self._suspend_all)
 
     def _stop(self, seq: _Seq, done: int) -> None:
@@ -533,6 +536,11 @@ class RolloutSim:
         self.result.events = self.loop.processed
         self.result.hybrid_released_s = [(i.tp, i.released_at if i.released_at is not None else makespan)
                                          for i in self.instances if i.hybrid]
+        # the rollout is over: no cycle through its instances (their callbacks, a pending completion's
+        # event) keeps it in memory until the garbage collector's next pass (its heaps hold 10^5 entries)
+        for inst in self.instances:
+            inst.on_done = inst.on_load = inst.event = None
+        self.closing = None
         return self.result
 
 

@@ -49,16 +49,16 @@ import functools
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import fmean, pvariance
 
 from libra.errors import LibraError
 from libra.planner.workload import TrajectoryLength
-from libra.traces import bundled_traces, group_by_step, read_trace
+from libra.traces import BUNDLED, bundled_traces, group_by_step, read_trace
 from libra.types import NO_TOOL, Trajectory, Turn
 
-TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
+TRACES = BUNDLED  # the traces shipped with Libra
 TIMEOUT_S = 30.0  # a tool call that ends in `timeout` held the trajectory this long
 EPOCH_STEPS = 60  # default dataset: one epoch every 60 steps, so a 200-step run sees each prompt 3-4 times
 
@@ -146,12 +146,11 @@ def workload_spec(name: str, group_size: int | None = None, prompts_per_step: in
         spec = PRESETS[name]
     else:
         raise LibraError(f"unknown workload {name!r}; use one of {', '.join(PRESETS)} or trace:FILE.csv")
-    changes = {}
     if group_size is not None:
-        changes["group_size"] = group_size
+        spec = replace(spec, group_size=group_size)
     if prompts_per_step is not None:
-        changes["prompts_per_step"] = prompts_per_step
-    return spec if not changes else WorkloadSpec(**{**spec.__dict__, **changes})
+        spec = replace(spec, prompts_per_step=prompts_per_step)
+    return spec
 
 
 @dataclass(frozen=True, slots=True)

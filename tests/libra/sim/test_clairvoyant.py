@@ -9,7 +9,7 @@ from libra.planner.planner import PlannerSettings
 from libra.planner.trigger import TriggerSettings
 from libra.scheduler.keys import ToolReturn
 from libra.scheduler.routers import GroupLanes
-from libra.sim import systems
+from libra.sim import probes, systems
 from libra.sim.modes import RolloutMode
 from libra.sim.probes import ClairvoyantClose, HybridSplit, alone_s
 from libra.sim.relaxation import Relaxation
@@ -44,25 +44,23 @@ def test_alone_s_sums_each_turn_at_a_batch_of_one_with_its_tools_and_prefills() 
     assert alone_s(COST, 4, t, Progress(1, 0, 0.5)) == pytest.approx(0.5 + 30 * step(4, 1, 565), rel=1e-12)
 
 
-def test_the_clairvoyant_close_sets_the_closing_groups_apart_and_stays_under_the_relaxation() -> None:
+def test_the_clairvoyant_close_sets_the_closing_groups_apart_and_stays_under_the_relaxation(monkeypatch) -> None:
     spec = workload_spec("search-r1", prompts_per_step=8)
-    decisions = []
-    original = GroupLanes.start
+    made: list[GroupLanes] = []  # each step's router (where the simulator is compiled, its methods cannot be wrapped)
 
-    def start(self, trajectory_id, prompt_id, prompt_tokens):
-        decision = original(self, trajectory_id, prompt_id, prompt_tokens)
-        decisions.append((self.groups[trajectory_id] in self.first, decision.bucket))
-        return decision
+    def lanes_of(groups, first):
+        made.append(GroupLanes(groups, first))
+        return made[-1]
 
-    GroupLanes.start = start
-    try:
-        lanes = run(ClairvoyantClose, spec, PARTIAL, train_gpus=32, lane=(1, 8), rest=(2, 4), margin=1.25)
-    finally:
-        GroupLanes.start = original
-    assert decisions and {bucket for first, bucket in decisions if first} == {0}
-    assert {bucket for first, bucket in decisions if not first} == {1}
-    # 8 prompts a step, 1.5x in flight: 12 groups, of which ceil(8 x 1.25) = 10 set apart at a fresh step
-    assert sum(first for first, _ in decisions[:12 * 16]) == 10 * 16
+    monkeypatch.setattr(probes, "GroupLanes", lanes_of)
+    lanes = run(ClairvoyantClose, spec, PARTIAL, train_gpus=32, lane=(1, 8), rest=(2, 4), margin=1.25)
+    assert len(made) == len(lanes.steps)
+    # 8 prompts a step, 1.5x in flight: 12 groups of 16 samples, of which ceil(8 x 1.25) = 10 set apart at a fresh step
+    first = made[0]
+    assert len(first.groups) == 12 * 16 and len(set(first.groups.values())) == 12 and len(first.first) == 10
+    assert sum(group in first.first for group in first.groups.values()) == 10 * 16
+    for router in made:  # the groups that close the batch on bucket 0, every other one on bucket 1
+        assert router.first and router.first < set(router.groups.values())
     assert {s.instances for s in lanes.steps} == {((4, 2), (8, 1))} and {s.train_gpus for s in lanes.steps} == {32}
     assert lanes.tokens_per_s < run(Relaxation, spec, PARTIAL).tokens_per_s
     fixed = run(FixedSplit, spec, PARTIAL, train_gpus=32)
