@@ -12,7 +12,8 @@ routers, the second half is scored by mean rollout makespan, as a ratio to routi
 beside them, the same GPUs as uniform instances of the layout's largest TP (nothing to route).
 
 Scale: Libra alone at 48, 256 and 1,024 GPUs with the batch grown in proportion, each run timed whole
-(200 steps) against the limit of 5 minutes.
+(200 steps, the draw included) in a process of its own on the compiled core (`libra.native`) against
+the limit of 5 minutes, and at 48 GPUs on the Python sources too.
 
     python -m benchmarks.bench_sim [--steps 100] [--routing-steps 40] [--scale-steps 200] [--scale-only]
 """
@@ -21,9 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 
 from benchmarks.common import DECODE_FIT, OUT, save
+from libra import native
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.profiles import MODELS, parse_cluster
@@ -96,6 +101,42 @@ def routing(name: str, cost: CostModel, steps: int) -> dict:
     return {"workload": label, "groups": groups, "bounds": list(bounds), "steps": steps, "routers": rows}
 
 
+SCALE_RUN = """
+import json, sys, time
+from libra import native
+from libra.planner.cost_model import CostModel
+from libra.planner.profiles import MODELS, parse_cluster
+from libra.sim.runner import simulate
+from libra.sim.workloads import workload_spec
+nodes, steps = int(sys.argv[1]), int(sys.argv[2])
+base = workload_spec("search-r1")
+spec = workload_spec("search-r1", prompts_per_step=max(1, base.prompts_per_step * nodes // 6))
+started = time.perf_counter()
+simulate(spec, CostModel(parse_cluster(f"{nodes}x8:a800"), MODELS["qwen3-14b"]), steps, ["libra"], seed=0)
+print(json.dumps({"seconds": time.perf_counter() - started, "trajectories_per_step": spec.prompts_per_step * spec.group_size,
+                  "compiled": native.compiled(), "core": native.state().reason}))
+"""
+
+
+def scale_run(nodes: int, steps: int, *, compiled: bool) -> dict:
+    """Libra alone on `nodes` x 8 A800s (search-r1, the batch grown with the cluster), `steps` steps
+    timed whole (the draw included) in a process of its own, on the compiled core or the Python one."""
+    env = dict(os.environ, **{native.SWITCH: "1" if compiled else "0"})
+    out = subprocess.run([sys.executable, "-c", SCALE_RUN, str(nodes), str(steps)], env=env, capture_output=True,
+                         text=True, check=True)
+    run = json.loads(out.stdout)
+    if run["compiled"] != compiled:
+        raise SystemExit(f"asked for the {'compiled' if compiled else 'Python'} core, got: {run['core']}")
+    per_step = run["seconds"] / steps
+    core = "compiled" if compiled else "Python"
+    print(f"scale: {nodes * 8} GPUs, {run['trajectories_per_step']} trajectories/step, {core} core: {per_step:.2f} s per "
+          f"simulated step over {steps} steps ({per_step * 200:.0f} s for 200 steps, "
+          f"{per_step * 200 / SCALE_LIMIT_S:.2f} of the {SCALE_LIMIT_S:.0f} s limit; libra)")
+    return {"gpus": nodes * 8, "trajectories_per_step": run["trajectories_per_step"], "core": core,
+            "seconds_per_step": per_step, "seconds_for_200_steps": per_step * 200, "steps_timed": steps,
+            "limit_s": SCALE_LIMIT_S}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
@@ -103,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-steps", type=int, default=200, help="steps timed per cluster size (200: the whole run)")
     parser.add_argument("--workloads", nargs="*", default=[*PRESETS, REPLAY])
     parser.add_argument("--scale-nodes", type=int, nargs="*", default=[6, 32, 128])
+    parser.add_argument("--python-core-nodes", type=int, nargs="*", default=[6],
+                        help="sizes also timed on the Python sources (LIBRA_NATIVE=0)")
     parser.add_argument("--no-save", action="store_true")
     parser.add_argument("--scale-only", action="store_true", help="time the scale runs again and keep the saved tables")
     args = parser.parse_args(argv)
@@ -114,20 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         tables = [ablation(name, cost, args.steps) for name in args.workloads]
         routed = [routing(name, cost, args.routing_steps) for name in args.workloads] if args.routing_steps > 1 else []
-    scale = []
-    for nodes in args.scale_nodes:
-        cluster = parse_cluster(f"{nodes}x8:a800")
-        base = workload_spec("search-r1")
-        spec = workload_spec("search-r1", prompts_per_step=max(1, base.prompts_per_step * nodes // 6))
-        started = time.perf_counter()
-        simulate(spec, CostModel(cluster, model), args.scale_steps, ["libra"], seed=0)
-        per_step = (time.perf_counter() - started) / args.scale_steps
-        scale.append({"gpus": cluster.gpus, "trajectories_per_step": spec.prompts_per_step * spec.group_size,
-                      "seconds_per_step": per_step, "seconds_for_200_steps": per_step * 200, "steps_timed": args.scale_steps,
-                      "limit_s": SCALE_LIMIT_S})
-        print(f"scale: {cluster.gpus} GPUs, {spec.prompts_per_step * spec.group_size} trajectories/step: "
-              f"{per_step:.2f} s per simulated step over {args.scale_steps} steps ({per_step * 200:.0f} s for 200 steps, "
-              f"{per_step * 200 / SCALE_LIMIT_S:.2f} of the {SCALE_LIMIT_S:.0f} s limit; libra)")
+    compiled = native.state().active  # (not built, or stale: the Python sources are timed, and said so)
+    scale = [scale_run(nodes, args.scale_steps, compiled=compiled) for nodes in args.scale_nodes]
+    if compiled and args.python_core_nodes:  # the same runs on the Python sources: what the compiled core buys
+        timed = {r["gpus"]: r for r in scale}
+        for nodes in args.python_core_nodes:
+            python = scale_run(nodes, args.scale_steps, compiled=False)
+            if python["gpus"] in timed:
+                timed[python["gpus"]]["python_core_seconds_for_200_steps"] = python["seconds_for_200_steps"]
     if not args.no_save:
         print(f"wrote {save('sim', {'model': 'Qwen3-14B', 'cluster': '6x8:a800', 'decode_fit': DECODE_FIT, 'tables': tables, 'routing': routed, 'scale': scale})}")
     return 0

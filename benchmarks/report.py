@@ -186,11 +186,15 @@ def sim_section(result: dict) -> list[str]:
         lines.append("| uniform, largest TP, same GPUs | " + " | ".join(
             f"{next(v for n, v in r['routers'].items() if n.startswith('uniform'))['vs_oracle']:.2f}" for r in routed) + " |")
     lines.append("")
-    lines.append("Simulation time for Libra alone (search-r1, batch grown with the cluster): " + "; ".join(
+    core = result["scale"][0].get("core", "Python") if result["scale"] else "Python"
+    lines.append(f"Simulation time for Libra alone on the {core} core (search-r1, batch grown with the cluster): " + "; ".join(
         f"{r['gpus']:,} GPUs ({r['trajectories_per_step']:,} trajectories/step) {r['seconds_per_step']:.2f} s per step, "
         f"{r['seconds_for_200_steps']:.0f} s per 200 steps"
         + (f" ({r['steps_timed']} steps timed)" if r.get("steps_timed", 200) != 200 else "")
         + (f", {r['seconds_for_200_steps'] / r['limit_s']:.2f} of the {r['limit_s']:.0f} s limit" if "limit_s" in r else "")
+        + (f" (the Python sources: {r['python_core_seconds_for_200_steps']:.0f} s, "
+           f"{r['python_core_seconds_for_200_steps'] / r['seconds_for_200_steps']:.2f}x the compiled core's time)"
+           if "python_core_seconds_for_200_steps" in r else "")
         for r in result["scale"]) + ".")
     return lines
 

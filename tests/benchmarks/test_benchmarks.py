@@ -40,9 +40,10 @@ def test_headroom_lanes_are_each_tried_once_on_the_rollout_gpus() -> None:
 
 def test_sim_benchmark_smoke(capsys) -> None:
     assert bench_sim.main(["--steps", "2", "--workloads", "search-r1", "--scale-nodes", "1", "--scale-steps", "1",
-                           "--no-save"]) == 0
+                           "--python-core-nodes", "1", "--no-save"]) == 0
     out = capsys.readouterr().out
     assert "search-r1 (2 steps" in out and "libra" in out and "scale: 8 GPUs" in out
+    assert "Python core" in out  # the compiled core's runs, and the same on the Python sources (or those alone)
 
 
 @pytest.mark.parametrize("name, parameters", [("qwen2.5-3b", 3_085_938_688), ("qwen2.5-7b", 7_615_616_512),
