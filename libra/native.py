@@ -77,11 +77,16 @@ def state(built: Path = BUILT) -> NativeState:
         return NativeState(False, "not built (python -m libra.native_build build)", {})
     except (OSError, ValueError) as exc:
         return NativeState(False, f"its manifest is unreadable ({exc}); rebuild: python -m libra.native_build build", {})
+    if not isinstance(manifest, dict):
+        return NativeState(False, "its manifest is unreadable (not a JSON object); rebuild: python -m libra.native_build build", {})
     if manifest.get("cache_tag") != sys.implementation.cache_tag:
         return NativeState(False, f"built for {manifest.get('cache_tag')}, this is {sys.implementation.cache_tag}; "
                                   "rebuild: python -m libra.native_build build", {})
     sources = manifest.get("sources", {})
-    stale = [m for m in MODULES if sources.get(m) != digest(source_of(m))]
+    try:
+        stale = [m for m in MODULES if sources.get(m) != digest(source_of(m))]
+    except OSError as exc:  # (a process that sees the package but not its sources)
+        return NativeState(False, f"its sources are unreadable here ({exc}): not used", {})
     if stale:
         return NativeState(False, f"stale: {', '.join(stale)} changed since the build; the Python sources run "
                                   "(rebuild: python -m libra.native_build build)", {})

@@ -42,8 +42,9 @@ def test_the_compiled_core_runs_only_when_built_from_the_sources_in_the_tree(tmp
     assert stale.reason.startswith(f"stale: {edited} changed since the build; the Python sources run")
     other = native.state(built_as(tmp_path, cache_tag="cpython-39"))
     assert not other.active and other.reason.startswith(f"built for cpython-39, this is {sys.implementation.cache_tag}")
-    (tmp_path / "built" / native.MANIFEST).write_text("{not json")
-    assert native.state(tmp_path / "built").reason.startswith("its manifest is unreadable")
+    for unreadable in ("{not json", "[1, 2]"):
+        (tmp_path / "built" / native.MANIFEST).write_text(unreadable)
+        assert native.state(tmp_path / "built").reason.startswith("its manifest is unreadable")
     built = built_as(tmp_path)
     (built / f"{native.MODULES[0].replace('.', '/')}.so").unlink()
     assert native.state(built).reason.startswith("incomplete build (missing ")
