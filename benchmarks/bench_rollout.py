@@ -35,7 +35,8 @@ from benchmarks.common import save
 from libra.rollout.agent import rollout
 from libra.rollout.engines import VLLMEngine
 from libra.rollout.envs import expert_bounds, make_env
-from libra.rollout.sandbox import Sandbox, SandboxLimits, make_workroot
+from libra.rollout.sandbox import Sandbox, SandboxLimits
+from libra.rollout.workroots import make_workroot
 from libra.scheduler.replay import make_router
 from libra.scheduler.routers import Buckets, LeastLoad
 

@@ -219,7 +219,7 @@ def supervised_reference(base: Path, steps: int, batch: int, eval_prompts: int =
     from libra.rl.schedule import EVAL_SEED
     from libra.rollout.envs import demonstration, make_env
     from libra.rollout.policy import POLICY_FILES, encode, supervised_step
-    from libra.rollout.sandbox import temporary_workroot
+    from libra.rollout.workroots import temporary_workroot
 
     env, tokenizer = make_env("math"), AutoTokenizer.from_pretrained(SHIPPED)
     most = max(multiple for _, multiple in REFERENCE_RUNS) * steps * batch

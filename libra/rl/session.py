@@ -175,7 +175,7 @@ class TrainingSession:
         pipeline's update this rollout runs beside; its batch does not close before that update is
         done (generation goes on meanwhile)."""
         from libra.rollout.agent import rollout
-        from libra.rollout.sandbox import make_workroot
+        from libra.rollout.workroots import make_workroot
 
         r, t = self.config.rollout, self.config.trainer
         spec = rollout_spec(t, r, step, evaluation)

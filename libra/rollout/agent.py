@@ -39,9 +39,10 @@ from libra.files import discard_tree
 from libra.rollout.engines import Engine, Generation
 from libra.rollout.envs import Env, Task, prompt
 from libra.rollout.protocol import STOPS, observation, parse
-from libra.rollout.sandbox import SandboxUnavailable, make_workroot
+from libra.rollout.sandbox import SandboxUnavailable
 from libra.rollout.suspend import Suspended, WorkdirTooLarge, restore_files, snapshot_files
 from libra.rollout.trajectory import PartialTurn, TrajectoryRun, TurnRecord
+from libra.rollout.workroots import make_workroot
 from libra.scheduler.causal_tree import path_of
 from libra.scheduler.keys import ToolReturn
 from libra.scheduler.routers import Router

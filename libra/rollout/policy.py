@@ -30,7 +30,7 @@ from libra.errors import LibraError
 from libra.optim import learning_rate, make_optimizer, set_learning_rate
 from libra.rollout.envs import ENVS, demonstration, make_env
 from libra.rollout.protocol import SPECIAL
-from libra.rollout.sandbox import temporary_workroot
+from libra.rollout.workroots import temporary_workroot
 
 PAD, EOS = "<|pad|>", "<|eos|>"
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "policy"  # the default settings' policy

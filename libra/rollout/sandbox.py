@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import logging
 import os
 import select
 import shutil
@@ -72,16 +71,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import SandboxConfig
 from libra.errors import LibraError
-from libra.files import discard_tree, owner_gone
-from libra.mounts import MountError, can_mount, mount_tmpfs, share
+from libra.mounts import MountError, can_mount, mount_tmpfs
 from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
 from libra.rollout.sandbox_client import Server, ServerStopped
 from libra.rollout.sandbox_server import (
@@ -94,14 +90,13 @@ from libra.rollout.sandbox_server import (
     TOOL_RUNNER,
 )
 from libra.rollout.seccomp import filter_program
+from libra.rollout.workroots import base_shared, warn_once, workroot_base
 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         "HOME": INSIDE, "PWD": INSIDE, "TMPDIR": "/tmp"}
 
 # A bwrap per call runs this: the tool's code comes on stdin.
 _PRELUDE = TOOL_RUNNER + "sys.exit(run_tool(0, %(limits)r, bytes.fromhex(%(program)r)))\n"
-
-
 
 
 class SandboxUnavailable(LibraError):
@@ -333,14 +328,14 @@ class Sandbox:
                         made = CallCgroups.open(launcher.uid if launcher.uid is not None else os.geteuid(), self.clock)
                         atexit.register(made.close)
                     except CgroupUnavailable as exc:
-                        _warn_once(f"tool calls get no cgroups ({exc}): the memory a call holds is capped per "
+                        warn_once(f"tool calls get no cgroups ({exc}): the memory a call holds is capped per "
                                    "process (its address space) times its process limit, not as a whole, and its CPU "
                                    "time per process, so a call may keep every core busy until its time limit")
                     if made is not None and "cpu" in made.missing:
-                        _warn_once(f"tool calls get no CPU cgroup ({made.missing['cpu']}): a call's CPU time is capped per "
+                        warn_once(f"tool calls get no CPU cgroup ({made.missing['cpu']}): a call's CPU time is capped per "
                                    "process, so it may keep every core busy until its time limit")
                     if made is not None and "pids" in made.missing:
-                        _warn_once(f"tool calls get no process cgroup ({made.missing['pids']}): a call's processes are "
+                        warn_once(f"tool calls get no process cgroup ({made.missing['pids']}): a call's processes are "
                                    "capped by the sandbox user's process limit alone")
                 self._cgroups = (os.getpid(), made)
             return self._cgroups[1]
@@ -375,13 +370,13 @@ class Sandbox:
         launcher = self.launcher()
         if launcher.isolation != "bwrap" or not can_mount():
             return False
-        if workdir.is_relative_to(workroot_base()) and not _base_shared():
+        if workdir.is_relative_to(workroot_base()) and not base_shared():
             return False  # the sandbox server would not see the mount (workroot_base warned)
         size = self.config.workdir_bytes
         try:
             mount_tmpfs(workdir, size, max(1_024, size // 4_096), launcher.uid if launcher.uid is not None else os.geteuid())
         except MountError as exc:
-            _warn_once(f"working directories stay on the host's filesystem ({exc}): a tool's files are not on a "
+            warn_once(f"working directories stay on the host's filesystem ({exc}): a tool's files are not on a "
                        "nosuid,nodev filesystem and the bytes a trajectory writes are capped per file only")
             return False
         return True
@@ -422,7 +417,7 @@ class Sandbox:
             out_of_memory = cgroups is not None and cgroup is not None and cgroups.oom_killed(cgroup)
         finally:
             if cgroups is not None and cgroup is not None and not cgroups.remove(cgroup):
-                _warn_once(f"a tool call's cgroups could not be removed under {', '.join(map(str, cgroups.tops))}")
+                warn_once(f"a tool call's cgroups could not be removed under {', '.join(map(str, cgroups.tops))}")
         if out_of_memory:
             stderr = (stderr + "\n" if stderr else "") + (f"[killed: the call's processes held more than "
                                                           f"{limits.call_memory_bytes} bytes together]")
@@ -446,87 +441,13 @@ def _give(workdir: Path, uid: int) -> None:
         if not info.st_mode & stat.S_IXOTH:
             raise SandboxUnavailable(
                 f"the sandbox runs as uid {uid}, which cannot enter {directory} to reach the working directory "
-                f"{workdir}: create working directories with libra.rollout.sandbox.make_workroot() or under a "
+                f"{workdir}: create working directories with libra.rollout.workroots.make_workroot() or under a "
                 "directory others may search (mode 711)")
     info = os.lstat(workdir)
     if stat.S_ISLNK(info.st_mode):
         raise SandboxUnavailable(f"the working directory {workdir} is a link")
     if info.st_uid != uid:
         os.chown(workdir, uid, uid, follow_symlinks=False)
-
-
-_BASE: tuple[int, Path, bool] | None = None  # (the process that made it, the directory, whether it is a shared mount)
-BASE_PREFIX = "libra-sandbox-"  # then the making process's pid and a dash
-_BASE_LOCK = threading.Lock()
-
-
-def workroot_base() -> Path:
-    """The directory under which this process makes working directories (mode 711, removed when
-    the process exits): the sandbox server sees it whole, and shows each call only its own. Its name
-    carries the process's pid, so the first one a process makes removes those of processes that
-    died without removing theirs (a training killed with SIGKILL). Where this process may mount, it
-    is a shared mount, so that trajectories' own filesystems mounted in it later reach the server."""
-    global _BASE
-    with _BASE_LOCK:
-        if _BASE is None or _BASE[0] != os.getpid():
-            remove_orphaned_bases(Path(tempfile.gettempdir()))
-            base = Path(tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-")).resolve()
-            os.chmod(base, 0o711)
-            atexit.register(discard_tree, base)
-            shared = False
-            if can_mount():
-                try:
-                    share(base)
-                    shared = True
-                except MountError as exc:
-                    _warn_once(f"working directories stay on the host's filesystem ({exc}): a tool's files are not "
-                               "on a nosuid,nodev filesystem and the bytes a trajectory writes are capped per file only")
-            _BASE = (os.getpid(), base, shared)
-        return _BASE[1]
-
-
-def _base_shared() -> bool:
-    workroot_base()
-    assert _BASE is not None
-    return _BASE[2]
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        logging.getLogger("libra").warning("%s", message)
-
-
-def remove_orphaned_bases(directory: Path) -> list[Path]:
-    """Remove the working-directory bases in `directory` whose process is gone; those removed."""
-    removed = []
-    for base in directory.glob(f"{BASE_PREFIX}*-*"):
-        if not owner_gone(base.name, BASE_PREFIX) or not base.is_dir() or base.is_symlink():
-            continue
-        discard_tree(base)
-        removed.append(base)
-    return removed
-
-
-@contextmanager
-def temporary_workroot(prefix: str = "libra-work-") -> Iterator[Path]:
-    """`make_workroot` for the length of a `with` block (removed after it)."""
-    root = make_workroot(prefix)
-    try:
-        yield root
-    finally:
-        discard_tree(root)
-
-
-def make_workroot(prefix: str = "libra-work-") -> Path:
-    """A new directory for working directories, which a sandbox's uid can reach (mode 711) and the
-    sandbox server can serve: make working directories inside it."""
-    root = Path(tempfile.mkdtemp(prefix=prefix, dir=workroot_base()))
-    os.chmod(root, 0o711)
-    return root
 
 
 def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path, env: dict, code: str,

@@ -8,7 +8,7 @@ from libra.rollout.envs.base import Env, Task, demonstration, prompt
 from libra.rollout.envs.math_env import MathEnv
 from libra.rollout.envs.repo_env import RepoEnv
 from libra.rollout.envs.search_env import SearchEnv
-from libra.rollout.sandbox import temporary_workroot
+from libra.rollout.workroots import temporary_workroot
 
 ENVS = ("search", "math", "repo")
 

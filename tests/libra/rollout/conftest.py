@@ -20,7 +20,7 @@ def tmp_path():
     """The rollout tests' working directories are the sandbox's: its unprivileged uid must reach
     them, and pytest's own tmp_path lies under a directory only the test's user may enter."""
     from libra.files import discard_tree
-    from libra.rollout.sandbox import make_workroot
+    from libra.rollout.workroots import make_workroot
 
     root = make_workroot("libra-test-")
     yield root

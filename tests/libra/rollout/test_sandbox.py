@@ -72,6 +72,7 @@ def attack(episode, host: Path, code: str) -> tuple[str, str]:
 
 # -- what the code sees --------------------------------------------------------------------------
 
+
 def test_plain_code_runs_and_returns_its_output(episode):
     assert episode.call("python", "print(sum(range(10)))") == ("45", "ok")
 
@@ -94,7 +95,6 @@ def test_only_the_system_the_interpreter_and_the_working_directory_are_visible(e
     assert set(eval(env)) == {"PATH", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "HOME", "TMPDIR", "PWD"}
 
 
-
 def test_its_cgroups_are_its_namespaces_root_and_name_nothing_of_the_host(episode, host):
     output, _ = attack(episode, host, "print(open('/proc/self/cgroup').read().strip())")
     assert output and all(line.endswith(":/") for line in output.splitlines())  # no host pid, no call counter
@@ -115,6 +115,7 @@ def test_no_process_it_can_see_names_a_host_path(episode, host):
 
 
 # -- files ---------------------------------------------------------------------------------------
+
 
 def test_files_outside_the_working_directory_cannot_be_read(episode, host):
     for path in ["/etc/shadow", "/etc/passwd", str(host / "secret.txt"), "../sentinel/secret.txt", "/root/.bashrc",
@@ -171,6 +172,7 @@ def test_rewriting_the_tests_earns_no_reward(tmp_path, config):
 
 
 # -- processes -----------------------------------------------------------------------------------
+
 
 def test_programs_it_starts_are_confined_too(episode, host):
     code = ("import _posixsubprocess, os, subprocess\n"
@@ -328,19 +330,9 @@ def test_what_a_tool_leaves_cannot_break_the_hosts_cleanup(tmp_path, config):
     assert not (tmp_path / "work").exists()
 
 
-def test_a_killed_runs_working_directories_go_when_the_next_process_makes_its_own(tmp_path):
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    orphan = tmp_path / f"{sandbox.BASE_PREFIX}{gone.pid}-abc"
-    live = tmp_path / f"{sandbox.BASE_PREFIX}{os.getpid()}-def"
-    for base in (orphan, live):
-        (base / "libra-train-x" / "t0").mkdir(parents=True)
-        os.chmod(base / "libra-train-x", 0o500)
-    assert sandbox.remove_orphaned_bases(tmp_path) == [orphan]
-    assert not orphan.exists() and live.is_dir()
-
-
 @pytest.mark.skipif(not AS_ROOT, reason="a working directory of its own (a tmpfs) is mounted only where Libra runs as root")
+
+
 def test_a_setuid_file_a_tool_leaves_gives_no_privilege_on_the_host(tmp_path, config):
     episode = open_episode("math", config, tmp_path / "work")
     code = "import os, shutil, sys\nshutil.copy(sys.executable, 'py')\nos.chmod('py', 0o4755)\nprint(oct(os.stat('py').st_mode))"
@@ -354,6 +346,8 @@ def test_a_setuid_file_a_tool_leaves_gives_no_privilege_on_the_host(tmp_path, co
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="a working directory of its own (a tmpfs) is mounted only where Libra runs as root")
+
+
 def test_the_bytes_a_trajectory_writes_are_capped_as_a_whole(tmp_path, config):
     config = config.model_copy(update={"workdir_bytes": 4 * 2**20})
     episode = open_episode("math", config, tmp_path / "work")
@@ -395,29 +389,8 @@ def test_the_cores_all_a_calls_processes_keep_busy_are_capped_together(episode, 
     assert cpu_s <= 0.5 * wall_s + 0.1  # half a core for the wall time, and a CFS period's slack
 
 
-def test_a_working_directory_is_prepared_before_anything_is_written_in_it(tmp_path):
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "task.py").write_text("x = 1\n")
-    with pytest.raises(ValueError, match="before anything is written"):
-        Sandbox(SandboxConfig()).prepare(tmp_path / "work")
-
-
-@pytest.mark.skipif(not AS_ROOT, reason="mounts need root")
-def test_a_killed_runs_mounted_working_directories_are_unmounted_then_removed(tmp_path):
-    from libra.mounts import mount_tmpfs
-
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    orphan = tmp_path / f"{sandbox.BASE_PREFIX}{gone.pid}-abc"
-    (orphan / "t0").mkdir(parents=True)
-    mount_tmpfs(orphan / "t0", 2**20, 64, 65534)
-    (orphan / "t0" / "f").write_text("left by a tool")
-    assert sandbox.remove_orphaned_bases(tmp_path) == [orphan]
-    assert not orphan.exists()
-    assert str(orphan) not in Path("/proc/self/mountinfo").read_text()
-
-
 # -- network -------------------------------------------------------------------------------------
+
 
 def test_the_network_is_unreachable(episode, host):
     server = socket.socket()
@@ -444,6 +417,7 @@ def test_the_network_is_unreachable(episode, host):
 
 
 # -- output, concurrency, configuration -------------------------------------------------------------
+
 
 def test_output_is_capped(tmp_path, config):
     box = Sandbox(config)
@@ -475,16 +449,6 @@ def test_concurrent_calls_each_get_their_own_sandbox(tmp_path, config):
     # none sees another's directory; its own PID namespace: the code is pid 2 under the server's
     # init, pid 1 itself in a bwrap of its own (no bwrap init beside it)
     assert outputs == {i: f"{i} ['workspace'] {2 if config.server else 1} []" for i in range(12)}
-
-
-def test_an_unreachable_working_directory_is_a_clear_error(tmp_path):
-    if not AS_ROOT:
-        pytest.skip("only a root caller hands the directory to another uid")
-    private = tmp_path / "private"
-    (private / "work").mkdir(parents=True)
-    os.chmod(private, 0o700)
-    with pytest.raises(SandboxUnavailable, match="cannot enter .*private.*make_workroot"):
-        Sandbox().run("print(1)", private / "work", FAST)
 
 
 def test_no_isolation_is_refused_loudly_and_none_only_when_asked(tmp_path, monkeypatch):
@@ -552,6 +516,7 @@ def test_long_code_runs_too(episode):
 
 
 # -- found by review: shared state between calls, processes after a timeout, forged test reports --
+
 
 def test_calls_share_no_writable_file_system(episode, host):
     for target in ["/persist.txt", "/dev/x"]:
@@ -629,16 +594,3 @@ def test_a_report_nested_past_the_parser_fails_the_tests_not_the_host(tmp_path, 
     output, status = episode.call("test", "")
     assert status == "ok" and "[[[[" in output  # the run's own output is the report
     assert episode.reward("done") == 0.0
-
-
-def test_working_directories_through_links_or_inside_another_are_refused(tmp_path):
-    box = Sandbox()
-    outer = tmp_path / "outer"
-    outer.mkdir()
-    assert box.run("import os\nos.symlink('/etc', 'inner')\nos.mkdir('real')", outer, FAST).status == "ok"
-    with pytest.raises(SandboxUnavailable, match="link"):
-        box.run("print(1)", outer / "inner", FAST)
-    if AS_ROOT:
-        with pytest.raises(SandboxUnavailable, match="which a sandbox owns"):
-            box.run("print(1)", outer / "real", FAST)
-        assert Path("/etc").stat().st_uid == 0
