@@ -21,6 +21,7 @@ from libra.clock import Clock
 from libra.errors import LibraError
 from libra.planner.cost_model import CostModel
 from libra.planner.planner import Plan, Planner, PlannerSettings, evaluate, recost
+from libra.planner.rollout_search import GroupTimes
 from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import (
     Decision,
@@ -129,8 +130,9 @@ class PlanController:
             return None
         plans = []
         training = TrainingTable(self.cost, workload)  # the variants differ in rollout settings only
+        group_times = GroupTimes(self.cost, workload)  # and cost the same instance groups
         for index, settings in enumerate(self.variants):
-            p = Planner(self.cost, workload, settings, training)
+            p = Planner(self.cost, workload, settings, training, group_times)
             try:
                 raw = p.plan(self.clock)
             except LibraError:  # this variant has no feasible split

@@ -26,7 +26,7 @@ from pydantic import Field
 from libra.clock import Clock
 from libra.errors import LibraError
 from libra.planner.cost_model import CostModel, TrainEstimate
-from libra.planner.rollout_search import INFEASIBLE, RolloutLayout, RolloutSearch
+from libra.planner.rollout_search import INFEASIBLE, GroupTimes, RolloutLayout, RolloutSearch
 from libra.planner.settings import Settings
 from libra.planner.training_search import TrainingTable
 from libra.planner.workload import Workload
@@ -103,16 +103,17 @@ class Planner:
     """Plans for one (cost model, workload). Reuses its caches across calls with other settings."""
 
     def __init__(self, cost: CostModel, workload: Workload, settings: PlannerSettings | None = None,
-                 training: TrainingTable | None = None) -> None:
+                 training: TrainingTable | None = None, group_times: GroupTimes | None = None) -> None:
         """`training`: a table of training configurations for the same cost model and workload to
-        share (planners that differ only in their rollout settings search training once)."""
+        share (planners that differ only in their rollout settings search training once);
+        `group_times`: the same for the rollout search's instance groups."""
         self.cost = cost
         self.workload = workload
         self.settings = settings or PlannerSettings()
         if training is not None and (training.cost is not cost or training.workload is not workload):
             raise ValueError("a shared training table must be for the same cost model and workload")
         self.training = training or TrainingTable(cost, workload)
-        self.rollout_search = RolloutSearch(cost, workload, self.settings.rollout_tps)
+        self.rollout_search = RolloutSearch(cost, workload, self.settings.rollout_tps, group_times)
         self._rollout: dict[int, RolloutLayout] = {}
 
     # cached per-count solutions ---------------------------------------------------------------

@@ -22,7 +22,7 @@ leaves unused go, one instance at a time, to the slowest group.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from libra.planner.cost_model import CostModel
 from libra.planner.workload import Workload
@@ -66,15 +66,30 @@ class RolloutLayout:
 INFEASIBLE = RolloutLayout((), math.inf)
 
 
+@dataclass
+class GroupTimes:
+    """The cost model's makespan of each group (first bucket, last bucket, TP, instances) of one
+    workload, filled as searches ask for them."""
+
+    cost: CostModel
+    workload: Workload
+    seconds: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
+
+
 class RolloutSearch:
     """Solves rollout layouts for one (cost model, workload); caches group times across calls."""
 
-    def __init__(self, cost: CostModel, workload: Workload, tps: tuple[int, ...] = TP_CHOICES) -> None:
+    def __init__(self, cost: CostModel, workload: Workload, tps: tuple[int, ...] = TP_CHOICES,
+                 times: GroupTimes | None = None) -> None:
+        """`times`: group times of the same cost model and workload to share (searches that differ
+        only in their TP sizes cost each group once)."""
+        if times is not None and (times.cost is not cost or times.workload is not workload):
+            raise ValueError("shared group times must be for the same cost model and workload")
         self.cost = cost
         self.workload = workload
         self.buckets = workload.buckets
         self.tps = cost.instance_tps(tps)
-        self._times: dict[tuple[int, int, int, int], float] = {}
+        self._times = (times or GroupTimes(cost, workload)).seconds
         self.dp_evaluations = 0
         self.group_evaluations = 0
 

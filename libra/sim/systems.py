@@ -34,6 +34,7 @@ from libra.errors import InfeasibleError, LibraError
 from libra.planner.controller import PlanController
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import Plan, Planner, PlannerSettings, fixed_layout_time
+from libra.planner.rollout_search import GroupTimes
 from libra.planner.training_search import TrainingTable
 from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload, close_of, close_quantile
@@ -437,11 +438,11 @@ class OracleSystem(System):
         with one and two nodes' GPUs moved between training and rollout (for steps where a straggler
         decides the rollout and more rollout GPUs would not help)."""
         workload = workload_of(batch)
-        training = TrainingTable(self.cost, workload)
+        training, group_times = TrainingTable(self.cost, workload), GroupTimes(self.cost, workload)
         plans = []
         for settings in self.variants:
             try:
-                plans.append((Planner(self.cost, workload, settings, training).plan(), settings))
+                plans.append((Planner(self.cost, workload, settings, training, group_times).plan(), settings))
             except LibraError:  # no feasible split for this variant
                 continue
         if not plans:

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -9,7 +10,7 @@ from libra.planner.cost_model import CostModel
 from libra.planner.exhaustive import ExhaustivePlanner, best_rollout, best_training
 from libra.planner.planner import Planner, PlannerSettings
 from libra.planner.profiles import HARDWARE, MODELS, Cluster
-from libra.planner.rollout_search import RolloutSearch
+from libra.planner.rollout_search import GroupTimes, RolloutSearch
 from libra.planner.training_search import TrainingTable
 from libra.planner.workload import TrajectoryLength, build_workload
 
@@ -104,3 +105,22 @@ def test_evaluate_reproduces_the_plan_on_its_own_workload(instance) -> None:
     plan = planner.plan()
     if not math.isinf(plan.t_iter_s):
         assert math.isclose(evaluate(planner, plan), plan.t_iter_s, rel_tol=1e-9)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances(), st.integers(1, 64))
+def test_searches_sharing_group_times_find_what_each_finds_alone(instance, gpus: int) -> None:
+    """The planner's variants (one per TP size, and all of them) share the cost model's group times:
+    each finds the layout it finds alone, and the ones after the first cost fewer groups."""
+    cost, workload = instance
+    shared = GroupTimes(cost, workload)
+    costed = 0
+    for tps in ((1, 2, 4, 8), (8,), (4,), (1, 2, 4, 8)):
+        alone, together = RolloutSearch(cost, workload, tps), RolloutSearch(cost, workload, tps, shared)
+        assert together.solve(gpus) == alone.solve(gpus)
+        assert together.group_evaluations <= alone.group_evaluations
+        costed += together.group_evaluations
+    assert costed == len(shared.seconds)
+    other = build_workload([TrajectoryLength(100, 50, 0, 1, 0.0)], 16)
+    with pytest.raises(ValueError, match="same cost model and workload"):
+        RolloutSearch(cost, other, (8,), shared)
