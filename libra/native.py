@@ -17,6 +17,7 @@ patch the module that uses it instead.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -56,6 +57,7 @@ class NativeState:
     active: bool
     reason: str
     files: dict[str, Path]  # module name -> its compiled file (empty when inactive)
+    slotted: frozenset[str] = frozenset()  # "module.Class" of the dataclasses declared with slots=True
 
 
 def source_of(module: str) -> Path:
@@ -94,21 +96,67 @@ def state(built: Path = BUILT) -> NativeState:
     missing = [str(f) for f in files.values() if not f.is_file()] or [m for m in MODULES if m not in files]
     if missing:
         return NativeState(False, f"incomplete build (missing {', '.join(missing)}); rebuild: python -m libra.native_build build", {})
-    return NativeState(True, f"compiled ({len(MODULES)} modules, mypy {manifest.get('mypy')})", files)
+    slotted = manifest.get("slotted")
+    if not isinstance(slotted, list):
+        return NativeState(False, "a build from an older Libra; rebuild: python -m libra.native_build build", {})
+    return NativeState(True, f"compiled ({len(MODULES)} modules, mypy {manifest.get('mypy')})", files, frozenset(slotted))
+
+
+def _set_frozen_state(self: object, state: object) -> None:
+    """Unpickling a compiled frozen dataclass: its fields set as its `__init__` sets them (pickle
+    would assign each one, which a frozen class refuses). `state` as any pickle of it holds it: the
+    fields by name, (dict, slots) as for classes with slots, or the values in field order."""
+    if isinstance(state, tuple) and len(state) == 2 and all(part is None or isinstance(part, dict) for part in state):
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if isinstance(state, (list, tuple)):
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]
+        state = {f.name: value for f, value in zip(fields, state, strict=True)}
+    if not isinstance(state, dict):
+        raise TypeError(f"cannot restore a {type(self).__name__} from {type(state).__name__}")
+    for name, value in state.items():
+        object.__setattr__(self, name, value)
+
+
+def _frozen_values(self: object) -> list[object]:
+    """Pickling a compiled dataclass declared with slots=True: its values in field order, as Python
+    pickles such a class (so that either core loads what the other wrote)."""
+    return [getattr(self, f.name) for f in dataclasses.fields(self)]  # type: ignore[arg-type]
+
+
+class _CompiledLoader(importlib.machinery.ExtensionFileLoader):
+    """Loads a compiled module; its frozen dataclasses then pickle as the Python ones do, both ways
+    (checkpoints hold the planner's records): mypyc's own __setstate__ assigns each field, which a
+    frozen class refuses, and its __getstate__ gives fields by name where a class with slots gives
+    values in order."""
+
+    def __init__(self, fullname: str, path: str, slotted: frozenset[str]) -> None:
+        super().__init__(fullname, path)
+        self.slotted = slotted
+
+    def exec_module(self, module: ModuleType) -> None:
+        super().exec_module(module)
+        for name in MODULES:  # every one loaded by now: a module's initialisation may load others of its group
+            loaded = sys.modules.get(name)
+            for value in list(vars(loaded).values()) if loaded is not None else []:
+                params = getattr(value, "__dataclass_params__", None)
+                if isinstance(value, type) and value.__module__ == name and params is not None and params.frozen:
+                    type.__setattr__(value, "__setstate__", _set_frozen_state)
+                    if f"{name}.{value.__name__}" in self.slotted:
+                        type.__setattr__(value, "__getstate__", _frozen_values)
 
 
 class _CompiledFinder(importlib.abc.MetaPathFinder):
     """Finds the compiled file of each module of the set (and of their shared library)."""
 
-    def __init__(self, files: dict[str, Path]) -> None:
+    def __init__(self, files: dict[str, Path], slotted: frozenset[str]) -> None:
         self.files = files
+        self.slotted = slotted
 
     def find_spec(self, fullname: str, path: object = None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         file = self.files.get(fullname)
         if file is None:
             return None
-        loader = importlib.machinery.ExtensionFileLoader(fullname, str(file))
-        return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+        return importlib.util.spec_from_file_location(fullname, file, loader=_CompiledLoader(fullname, str(file), self.slotted))
 
 
 _installed: NativeState | None = None
@@ -124,7 +172,7 @@ def install() -> NativeState:
         if _installed.active and already:
             _installed = NativeState(False, f"{', '.join(already)} imported before the compiled core was installed", {})
         if _installed.active:
-            sys.meta_path.insert(0, _CompiledFinder(_installed.files))
+            sys.meta_path.insert(0, _CompiledFinder(_installed.files, _installed.slotted))
     return _installed
 
 

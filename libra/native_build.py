@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.machinery
 import json
 import os
@@ -56,13 +57,28 @@ def build(built: Path = BUILT) -> NativeState:
         if missing:
             raise SystemExit(f"the build made no compiled file for {', '.join(missing)}")
         manifest = {"cache_tag": sys.implementation.cache_tag, "mypy": mypy.version.__version__,
-                    "sources": sources, "files": files}
+                    "sources": sources, "files": files, "slotted": slotted_dataclasses()}
         (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         old = Path(tmp) / "old"
         if built.exists():
             built.rename(old)
         out.rename(built)
     return state(built)
+
+
+def slotted_dataclasses() -> list[str]:
+    """"module.Class" of every dataclass of the set declared with slots=True (a compiled class no
+    longer says so, and Python pickles those as values in field order)."""
+    found = []
+    for module in MODULES:
+        for node in ast.walk(ast.parse(source_of(module).read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(d, ast.Call) and getattr(d.func, "id", None) == "dataclass"
+                    and any(k.arg == "slots" and isinstance(k.value, ast.Constant) and k.value.value is True
+                            for k in d.keywords)
+                    for d in node.decorator_list):
+                found.append(f"{module}.{node.name}")
+    return sorted(found)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ to the bit compiled or not."""
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ def built_as(tmp_path: Path, **changes) -> Path:
     for file in files.values():
         (built / file).parent.mkdir(parents=True, exist_ok=True)
         (built / file).write_bytes(b"")
-    manifest = {"cache_tag": sys.implementation.cache_tag, "mypy": "2.4.0", "files": files,
+    manifest = {"cache_tag": sys.implementation.cache_tag, "mypy": "2.4.0", "files": files, "slotted": [],
                 "sources": {m: native.digest(native.source_of(m)) for m in native.MODULES}} | changes
     (built / native.MANIFEST).write_text(json.dumps(manifest))
     return built
@@ -81,3 +82,42 @@ def test_compiled_and_python_simulations_agree_to_the_bit(mode: str) -> None:
     python = simulated("0")
     assert python["compiled"] is False
     assert compiled["runs"] == python["runs"]  # floats through JSON: exact
+
+
+PICKLES = """
+import pickle, sys
+from libra.planner.cost_model import CostModel
+from libra.planner.planner import plan
+from libra.planner.profiles import MODELS, parse_cluster
+from libra.scheduler.keys import KeyScheme, ToolReturn
+from libra.scheduler.routers import Buckets, Lane, RouteDecision
+from libra.sim.rollout import Close, InstanceSpec, Progress, path_of
+from libra.sim.training import workload_of
+from libra.sim.workloads import WorkloadGenerator, workload_spec
+spec = workload_spec("search-r1", prompts_per_step=4)
+batch = WorkloadGenerator(spec, 0).step(0)
+made = plan(CostModel(parse_cluster("2x8:a800"), MODELS["qwen3-8b"]), workload_of(batch))
+objects = [made.rollout, made.rollout.groups[0], workload_of(batch), workload_of(batch).buckets[0], batch[0].length,
+           batch[0], batch[0].turns[0], spec, KeyScheme(), ToolReturn("search", 40, "ok"), Buckets((100, 1000)),
+           Lane(2, (0.01, 0.02)), RouteDecision(1, 5.0), path_of(batch[0]), InstanceSpec(4, 1, True), Progress(1, 20, 0.5),
+           Close({"t": "g"}, 1)]
+if sys.argv[1] == "dump":
+    sys.stdout.buffer.write(pickle.dumps(objects))
+else:
+    assert pickle.loads(sys.stdin.buffer.read()) == objects
+    print("loaded")
+"""
+
+
+def test_frozen_records_pickled_by_either_core_load_in_the_other() -> None:
+    """A checkpoint holds the planner's records (a plan's rollout layout and workload, among them):
+    one written by the Python sources loads where the compiled core runs, and the other way round,
+    equal to what was written (a compiled frozen dataclass refused the fields pickle assigns it)."""
+    def run(switch: str, command: str, data: bytes = b"") -> bytes:
+        env = dict(os.environ, **{native.SWITCH: switch})
+        return subprocess.run([sys.executable, "-c", PICKLES, command], cwd=ROOT, env=env, input=data,
+                              capture_output=True, check=True).stdout
+
+    for writer, reader in (("0", "1"), ("1", "0"), ("1", "1")):
+        assert run(reader, "load", run(writer, "dump")) == b"loaded\n", (writer, reader)
+    assert pickle.loads(run("1", "dump"))  # and here, whichever core this process runs
