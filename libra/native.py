@@ -1,4 +1,4 @@
-"""The simulator's compiled core: the event loop, the rollout physics, the routers' decisions and
+"""The simulator's compiled core: the event loop and its clock, the rollout physics, the routers' decisions and
 the rollout search compiled with mypyc from their own Python sources, and used only when it was
 built from exactly the sources in the tree.
 
