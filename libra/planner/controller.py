@@ -51,14 +51,16 @@ class PlanController:
     def __init__(self, cost: CostModel, planner: PlannerSettings | None = None,
                  trigger: TriggerSettings | None = None, clock: Clock | None = None,
                  variants: Sequence[PlannerSettings] = (), probe: Callable[[Plan], float] | None = None,
-                 probe_candidates: int = 2) -> None:
+                 probe_candidates: int = 2, prepare_probes: Callable[[Sequence[Plan]], None] | None = None) -> None:
         """`variants`: alternative planner settings searched side by side (the best plan wins), e.g.
         one per uniform instance size. `probe`: measures a plan's iteration seconds on recent
         trajectories; the `probe_candidates` plans ranked best (the cost model's T_iter times
         their variant's probe correction) with hybrids and as many without, the cost model's own
         best plan, and the plan in force, are compared on it instead, and
         each probed variant's correction learns probed / predicted, so variants whose plans
-        disappoint make way for the others."""
+        disappoint make way for the others. `prepare_probes`: told every plan a planning will probe,
+        in the order it probes them, before the first probe (a probe that can measure several at
+        once, side by side, does so there; the probes then answer as they would have alone)."""
         self.cost = cost
         self.planner_settings = planner or PlannerSettings()
         self.variants = tuple(variants) or (self.planner_settings,)
@@ -72,6 +74,7 @@ class PlanController:
         self.events: list[PlanEvent] = []
         self.probe = probe
         self.probe_candidates = probe_candidates
+        self.prepare_probes = prepare_probes
         self.probe_correction = [1.0] * len(self.variants)
         self.fired_drift: float | None = None  # the drift pressure last fired at, in the episode under way
         self.streak: tuple[int | None, int] = (None, 0)  # (last step counted, `trigger.streak` there)
@@ -87,6 +90,7 @@ class PlanController:
         state.setdefault("streak", (None, 0))
         state.setdefault("baseline", None)
         state.setdefault("_asked", None)
+        state.setdefault("prepare_probes", None)
         self.__dict__.update(state)
 
     def due(self, step: int, times: StepTimes | None = None, force: bool = False) -> str | None:
@@ -153,6 +157,8 @@ class PlanController:
             favourite = min(plans, key=lambda item: item[1].t_iter_s)
             if all(item[3] != favourite[3] for item in probed):
                 probed.append(favourite)
+            if self.prepare_probes is not None:
+                self.prepare_probes([item[1] for item in probed] + ([self.current] if self.current is not None else []))
             plans = []
             for _, raw, p, index in probed:
                 measured = self.probe(raw)

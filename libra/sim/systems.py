@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -40,6 +41,7 @@ from libra.planner.trigger import StepTimes, TriggerSettings
 from libra.planner.workload import Workload, close_of, close_quantile
 from libra.scheduler.libra_router import LibraRouter
 from libra.scheduler.routers import MLFQ, Buckets, LeastLoad, Oracle, Router
+from libra.sim.forked import forked_map
 from libra.sim.modes import RolloutMode
 from libra.sim.rollout import (
     Close,
@@ -55,6 +57,8 @@ from libra.sim.training import lengths_of, train_seconds, with_hybrids, workload
 from libra.sim.workloads import SimTrajectory
 
 PROBE_STEPS = 2  # steps of recent trajectories a plan's rollout is probed on
+# a probe's replay: (step, its batch, the instances, their bounds, the buckets' shares)
+_ReplayJob = tuple[int, list[SimTrajectory], tuple[InstanceSpec, ...], tuple[int, ...], tuple[float, ...]]
 
 SYSTEMS = ("verl-colocated", "static-uniform", "+planner", "+hetero-tp", "+cmlfq", "libra",
             "greedy-heuristic", "areal-static-optimal", "oracle")
@@ -292,7 +296,8 @@ class Planned(System):
         self.recent: deque[tuple[int, list[SimTrajectory]]] = deque(maxlen=PROBE_STEPS)  # (step, batch)
         self.replays: dict[tuple, tuple[float, list[tuple[int, float]]]] = {}  # probe cache
         self.controller = PlanController(self.cost, self.planner_settings, trigger, variants=variants,
-                                         probe=None if frozen else self.probe)
+                                         probe=None if frozen else self.probe,
+                                         prepare_probes=None if frozen else self.prepare_probes)
         self.context = 1.0  # mean context of the last batch (prices the router's lanes)
         self.batch_size = 0  # trajectories a step trains (a partial rollout's probe trains that many)
         # step -> (its measured rollout and training seconds, the instances, bounds and shares it ran on)
@@ -330,11 +335,37 @@ class Planned(System):
         """(makespan, hybrids' release) of `batch` (step `step`'s) rolled out on `layout` (cached)."""
         key = (step, layout, bounds)
         if key not in self.replays:
-            router = self._make_router(layout, bounds, shares, detached=True)
-            rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(
-                batch, close=self._probe_close(batch))
-            self.replays[key] = (rollout.makespan_s, rollout.hybrid_released_s)
+            self.replays[key] = self._replayed((step, batch, layout, bounds, shares))
         return self.replays[key]
+
+    def _replayed(self, job: _ReplayJob) -> tuple[float, list[tuple[int, float]]]:
+        """A replay computed (`_replay` without the cache): a function of the job and of what the
+        router has learned, which a replay leaves as it was (its router is a detached copy)."""
+        _, batch, layout, bounds, shares = job
+        router = self._make_router(layout, bounds, shares, detached=True)
+        rollout = RolloutSim(self.cost, layout, router, self.hybrid_leave_fraction).run(
+            batch, close=self._probe_close(batch))
+        return rollout.makespan_s, rollout.hybrid_released_s
+
+    def prepare_probes(self, plans: Sequence[Plan]) -> None:
+        """Every replay the probes of `plans` will ask for (`PlanController`'s hook), computed at once,
+        half of them on a second core (`forked_map`), in the order the probes would ask: the
+        calibration's, then each plan's recent steps. A replay is a function of its job alone, so
+        the probes then answer as they would have without this, to the bit."""
+        if not plans:
+            return
+        jobs: dict[tuple, _ReplayJob] = {}
+        for step, batch in self._calibrated():  # each probe starts with these: the first asks for them
+            _, _, layout, bounds, shares = self.ran[step]
+            if (step, layout, bounds) not in self.replays:
+                jobs.setdefault((step, layout, bounds), (step, batch, layout, bounds, shares))
+        for plan in plans:
+            layout, bounds = plan_layout(plan)
+            for step, batch in self.recent:
+                key = (step, layout, bounds)
+                if key not in self.replays and key not in jobs:  # the first to ask sets the shares (as `_replay`)
+                    jobs[key] = (step, batch, layout, bounds, plan_shares(plan, workload_of(batch)))
+        self.replays.update(zip(jobs, forked_map(self._replayed, list(jobs.values())), strict=True))
 
     def _calibration(self) -> float:
         """Under partial rollouts, the recent steps' measured rollout seconds over their replay on the
@@ -342,18 +373,19 @@ class Planned(System):
         replay runs the step's own trajectories from their start). In the asynchronous mode a
         rollout goes on until the update beside it is done: a step whose rollout lasted no longer
         than its training may have been held, and says nothing of where it closed."""
-        if not self.mode.partial:
-            return 1.0
         measured = replayed = 0.0
-        for step, batch in self.recent:
-            if step not in self.ran:
-                continue
-            rollout_s, train_s, layout, bounds, shares = self.ran[step]
-            if self.mode.name == "async" and rollout_s <= train_s:
-                continue
+        for step, batch in self._calibrated():
+            rollout_s, _, layout, bounds, shares = self.ran[step]
             measured += rollout_s
             replayed += self._replay(step, batch, layout, bounds, shares)[0]
         return measured / replayed if measured > 0 and replayed > 0 else 1.0
+
+    def _calibrated(self) -> list[tuple[int, list[SimTrajectory]]]:
+        """The recent steps `_calibration` compares with their replays (none without partial rollouts)."""
+        if not self.mode.partial:
+            return []
+        return [(step, batch) for step, batch in self.recent if step in self.ran
+                and not (self.mode.name == "async" and self.ran[step][0] <= self.ran[step][1])]
 
     def _probe_close(self, batch: list[SimTrajectory]) -> Close | None:
         """A replay's close under partial rollouts: at the batch's groups over the overprovision."""
@@ -471,16 +503,15 @@ class OracleSystem(System):
         configs.setdefault((config.train_gpus, config.train_config, layout, bounds), config)
 
     def plan_ahead(self, batches: list[list[SimTrajectory]]) -> None:
-        # per step, per candidate: (config, its rollout of the batch, training of the batch)
-        steps = []
-        for batch in batches:
-            options = []
-            for config in self._candidates(batch):
-                rollout = super().rollout(len(steps), config, batch)
-                train_s, train_config = train_seconds(self.cost, config.train_config, config.train_gpus, batch,
-                                                      self.planner_settings)
-                options.append((config, rollout, train_s, train_config))
-            steps.append(options)
+        # per step, per candidate: (config, its rollout of the batch, training of the batch); the
+        # rollouts are independent (each routed on its own batch's true lengths): half on a second core
+        candidates = [(k, config) for k, batch in enumerate(batches) for config in self._candidates(batch)]
+        rollouts = iter(forked_map(lambda job: System.rollout(self, job[0], job[1], batches[job[0]]), candidates))
+        steps: list[list[tuple[StepConfig, RolloutResult, float, TrainConfig]]] = [[] for _ in batches]
+        for k, config in candidates:
+            train_s, train_config = train_seconds(self.cost, config.train_config, config.train_gpus, batches[k],
+                                                  self.planner_settings)
+            steps[k].append((config, next(rollouts), train_s, train_config))
         # best[c]: (time of the run so far ending with candidate c, the choices)
         best = [(o[1].makespan_s, [i]) for i, o in enumerate(steps[0])]
         for before, options in zip(steps, steps[1:], strict=False):
