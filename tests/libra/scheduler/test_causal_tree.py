@@ -70,6 +70,29 @@ def test_prune_keeps_the_bound() -> None:
     assert GLOBAL in tree.roots
 
 
+def test_prune_removes_the_least_visited_leaves_ties_in_depth_first_order() -> None:
+    tree = CausalTree(KeyScheme("fine"), max_nodes=1_000)
+    a, b, c = (ToolReturn(name, 10, "ok") for name in ("a", "b", "c"))
+    tree.insert("p", 100, [(a, 50), (b, 20)])
+    tree.insert("p", 100, [(a, 50)])
+    tree.insert("p", 100, [(c, 50)])
+    tree.insert("q", 100, [])  # a prompt root without children
+    assert tree.nodes == 9  # global, p, q and the six nodes below global and p
+
+    def shape() -> dict:
+        def below(node) -> dict:
+            return {key[0]: (child.count, below(child)) for key, child in node.children.items()}
+        return {name: below(root) for name, root in tree.roots.items()}
+
+    # leaves, depth first with children taken from the end: p/c, p/a/b, global/c, global/a/b (count 1
+    # each), then the childless prompt root q (count 1); the first three go
+    assert tree.prune(6) == 3
+    assert shape() == {GLOBAL: {"a": (2, {"b": (1, {})})}, "p": {"a": (2, {})}, "q": {}}
+    assert tree.prune(3) == 3  # global/a/b, q, then p/a: p is a leaf only in the next pass
+    assert shape() == {GLOBAL: {"a": (2, {})}, "p": {}}
+    assert tree.nodes == 3
+
+
 def test_save_load_roundtrip(tmp_path: Path) -> None:
     tree = CausalTree(KeyScheme("coarse", (100, 1000)), window=8, size_roots=True)
     tree.insert("p", 900, [(SEARCH_OK, 500), (BASH_ERR, 100)], prompt_tokens=300)
