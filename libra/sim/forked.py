@@ -59,14 +59,17 @@ def forked_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         finally:
             os._exit(status)
     os.close(write_fd)
-    try:
-        mine = [fn(item) for item in items[0::2]]
-        with os.fdopen(read_fd, "rb") as pipe:
+    with os.fdopen(read_fd, "rb") as pipe:
+        try:
+            mine = [fn(item) for item in items[0::2]]
             data = pipe.read()
-    except BaseException:
-        _end(pid)
-        raise
-    _, status = os.waitpid(pid, 0)
+        except BaseException:
+            _end(pid)
+            raise
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped already (SIGCHLD ignored): whole results say it finished
+        status = 0
     theirs: list[R] | None = None
     if status == 0 and data:
         try:

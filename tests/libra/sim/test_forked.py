@@ -2,6 +2,7 @@
 the bit, in the same order; a failed child's share computed here; no fork where it would be unsafe."""
 
 import os
+import signal
 import threading
 
 import pytest
@@ -57,6 +58,16 @@ def test_a_child_that_fails_has_its_share_computed_here(forks) -> None:
         return -x
 
     assert forked.forked_map(killed, [1, 2, 3]) == [-1, -2, -3]
+
+
+def test_a_child_reaped_by_the_system_still_hands_back_its_share(forks) -> None:
+    parent = os.getpid()
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped as they exit: no status to read
+    try:
+        out = forked.forked_map(lambda x: (x, os.getpid() == parent), [1, 2, 3])
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert out == [(1, True), (2, False), (3, True)]
 
 
 def test_an_error_here_ends_the_child_and_is_raised(forks) -> None:
