@@ -36,7 +36,12 @@ def usable_cores() -> int:
 def can_fork() -> bool:
     """Whether `forked_map` would split its work (see the module's docstring)."""
     return (hasattr(os, "fork") and os.environ.get("LIBRA_FORK", "1") != "0" and usable_cores() >= 2
-            and threading.active_count() == 1)
+            and not other_threads())
+
+
+def other_threads() -> bool:
+    """Whether a thread besides this one is running."""
+    return threading.active_count() > 1
 
 
 def forked_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
