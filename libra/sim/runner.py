@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import PlannerSettings
 from libra.planner.trigger import StepTimes, TriggerSettings
+from libra.sim.forked import forked_map
 from libra.sim.modes import Feed, RolloutMode, samples_per_group
 from libra.sim.rollout import Close
 from libra.sim.systems import SYSTEMS, StepConfig, System, make_system
@@ -150,18 +151,31 @@ def draw(spec: WorkloadSpec, cost: CostModel, steps: int, seed: int = 0, mode: R
                  spare_batches(spec, steps, seed) if mode.partial else [])
 
 
+# how long each system's simulation takes, roughly, against a fixed split's (search-r1, 48 GPUs): the
+# oracle plans ahead with every candidate's rollout, Libra's router learns from every step
+SPLIT_WEIGHT = {"oracle": 10, "libra": 6, "+cmlfq": 6, "+hetero-tp": 2, "+planner": 2}
+
+
 def simulate(spec: WorkloadSpec, cost: CostModel, steps: int, systems: list[str], seed: int = 0,
              planner: PlannerSettings | None = None, trigger: TriggerSettings | None = None,
              progress: Callable[[str, int], None] | None = None,
              mode: RolloutMode | None = None) -> dict[str, SystemRun]:
-    """Every system over the same `steps` batches of `spec` (drawn with `seed`), in `mode`."""
+    """Every system over the same `steps` batches of `spec` (drawn with `seed`), in `mode`. The
+    systems run side by side on two cores where a fork is safe (`forked_map`: each is a function of
+    the drawn steps alone), unless `progress` is given, which hears every step in this process."""
     unknown = [p for p in systems if p not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; systems: {', '.join(SYSTEMS)}")
     with collected_per_step():
         drawn = draw(spec, cost, steps, seed, mode)
         gc.collect(1)
-        return {name: simulate_system(name, drawn, planner, trigger, progress) for name in systems}
+        if progress is not None:
+            return {name: simulate_system(name, drawn, planner, trigger, progress) for name in systems}
+        # the longest first, so that the short ones fill in beside them rather than wait behind
+        ordered = sorted(systems, key=lambda name: -SPLIT_WEIGHT.get(name, 1))
+        runs = dict(zip(ordered, forked_map(lambda name: simulate_system(name, drawn, planner, trigger), ordered),
+                        strict=True))
+        return {name: runs[name] for name in systems}
 
 
 def simulation_cost(spec: WorkloadSpec, cost: CostModel) -> CostModel:
