@@ -348,8 +348,8 @@ class Planned(System):
         return rollout.makespan_s, rollout.hybrid_released_s
 
     def prepare_probes(self, plans: Sequence[Plan]) -> None:
-        """Every replay the probes of `plans` will ask for (`PlanController`'s hook), computed at once,
-        half of them on a second core (`forked_map`), in the order the probes would ask: the
+        """Every replay the probes of `plans` will ask for (`PlanController`'s hook), computed at once
+        and shared with a second core (`forked_map`), listed in the order the probes would ask: the
         calibration's, then each plan's recent steps. A replay is a function of its job alone, so
         the probes then answer as they would have without this, to the bit."""
         if not plans:
