@@ -25,6 +25,20 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     init.add_argument("--rebuild", action="store_true",
                       help="train it from scratch even when DIR or the shipped policy (data/policy) fits the settings")
     init.set_defaults(handler=cmd_policy_init)
+    tune = policy_sub.add_parser("tune", parents=[parent], help="continue a policy's supervision on one environment",
+                                 description="Continue the supervised training of a built policy on one environment's "
+                                 "expert demonstrations (fresh tasks, each seen once): the stage an RL run starts from "
+                                 "when the warm start cannot yet earn the reward. The shipped policy tuned on math ships "
+                                 "too, and is copied when the base and settings are the default.")
+    tune.add_argument("--env", help="search, math or repo (default math)")
+    tune.add_argument("--base", default=DEFAULT_POLICY, help=f"the policy to tune (default {DEFAULT_POLICY})")
+    tune.add_argument("--out", help="the tuned policy's directory (default: the base's, suffixed -ENV)")
+    tune.add_argument("--demos", type=int, help="demonstrations (default 4800)")
+    tune.add_argument("--batch", type=int, help="demonstrations per update (default 64)")
+    tune.add_argument("--lr", type=float, help="learning rate, constant (default 1e-3)")
+    tune.add_argument("--rebuild", action="store_true", help="tune again even when OUT or the shipped tuned policy "
+                      "was tuned from the same weights with the same settings")
+    tune.set_defaults(handler=cmd_policy_tune)
 
     cmd = sub.add_parser("rollout", parents=[parent], help="run a batch of agentic rollouts on real engines",
                          description="Roll out the policy on an environment's tasks with real tools (sandboxed) on "
@@ -63,6 +77,24 @@ def cmd_policy_init(args: argparse.Namespace, config: LibraConfig) -> int:
                               progress=lambda done, steps, loss: bar.update(done, steps, f"loss {loss:.3f}"))
     print(f"policy in {args.out}: {record['parameters']:,} parameters, {record['demonstrations']} demonstrations, "
           f"final loss {record['final_loss']:.3f}, built in {record['train_s']:.0f} s")
+    return 0
+
+
+def cmd_policy_tune(args: argparse.Namespace, config: LibraConfig) -> int:
+    from pathlib import Path
+
+    from cli.progress import progress
+    from flows.policy import tune, tune_settings
+    from libra.checks import as_flag
+
+    settings = tune_settings(args.env, args.demos, args.lr, args.batch, names=as_flag)
+    base = Path(args.base)
+    out = Path(args.out) if args.out else base.with_name(f"{base.name}-{settings.env}")
+    with progress("tuning the policy") as bar:
+        record = tune(out, base, settings, config.sandbox, args.rebuild, log=bar.echo,
+                      progress=lambda done, updates, loss: bar.update(done, updates, f"loss {loss:.3f}"))
+    print(f"policy in {out}: {base} after {record['demonstrations']} {settings.env} demonstrations in "
+          f"{settings.updates} updates, final loss {record['final_loss']:.3f}, tuned in {record['train_s']:.0f} s")
     return 0
 
 

@@ -1,5 +1,6 @@
 """Building the local policy outside a flow run: `libra policy init` calls `policy_settings` to check
-its flags and `build_policy` to train (or reuse) the policy. A plain function, not a Prefect flow:
+its flags and `build_policy` to train (or reuse) the policy; `libra policy tune` calls
+`tune_settings` and `tune`, which continues its supervision on one environment. Plain functions, not Prefect flows:
 the build reports its own progress and starts no Prefect server; the training flow builds the
 default policy itself when it is missing (`tasks.train_tasks.prepare_policy_task`).
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from libra.checks import Names, as_parameter, in_range
 from libra.config import SandboxConfig
-from libra.rollout.policy import PolicySettings
+from libra.rollout.policy import PolicySettings, TuneSettings
 
 
 def policy_settings(steps: int | None = None, demos: int | None = None, names: Names = as_parameter) -> PolicySettings:
@@ -35,3 +36,25 @@ def build_policy(out: str | Path, settings: PolicySettings, sandbox: SandboxConf
     from libra.rollout.policy import init_policy
 
     return init_policy(out, settings, log=log, progress=progress, sandbox=sandbox, rebuild=rebuild)
+
+
+def tune_settings(env: str | None = None, demos: int | None = None, lr: float | None = None, batch: int | None = None,
+                  names: Names = as_parameter) -> TuneSettings:
+    """The default tuning with the given environment, demonstrations, learning rate and batch, or a
+    LibraError naming the value out of range."""
+    settings = TuneSettings()
+    in_range(names("demos"), demos, 1, 10_000_000)
+    in_range(names("batch"), batch, 1, 65_536)
+    in_range(names("lr"), lr, 1e-8, 1.0)
+    changes = {k: v for k, v in {"env": env, "demonstrations": demos, "lr": lr, "batch": batch}.items() if v is not None}
+    return replace(settings, **changes)  # TuneSettings checks the environment and that a batch fits
+
+
+def tune(out: str | Path, base: str | Path, settings: TuneSettings, sandbox: SandboxConfig, rebuild: bool,
+         log: Callable[[str], None], progress: Callable[[int, int, float], None]) -> dict:
+    """The policy in `base` tuned with `settings` into `out` (or the one there kept, or the shipped one
+    copied, when tuned from the same weights with `settings`, unless `rebuild`); its record
+    (`libra.rollout.policy.tune_policy`)."""
+    from libra.rollout.policy import tune_policy
+
+    return tune_policy(out, base, settings, log=log, progress=progress, sandbox=sandbox, rebuild=rebuild)

@@ -25,11 +25,24 @@ from tasks.run_context import RunContext
 DEFAULT_POLICY = TrainerConfig.model_fields["policy"].default  # built (or copied) when it is missing
 
 
+def default_policy(policy: Path) -> tuple[str, ...] | None:
+    """Which of Libra's own policy directories `policy` is, which it builds (or copies) when missing:
+    () for the default one (DEFAULT_POLICY), (env,) for that one tuned on an environment
+    (DEFAULT_POLICY-<env>, as `libra policy tune --env <env>` writes it); None for any other."""
+    from libra.rollout.envs import ENVS
+
+    base = Path(DEFAULT_POLICY).resolve()
+    for env in ENVS:
+        if policy.resolve() == base.with_name(f"{base.name}-{env}"):
+            return (env,)
+    return () if policy.resolve() == base else None
+
+
 def policy_missing(config: LibraConfig) -> str | None:
     """Why the run cannot start for want of a policy: trainer.policy names a directory with none
-    that is not the default one (Libra writes only where it was asked to); None otherwise."""
+    that is not one of Libra's own (Libra writes only where it was asked to); None otherwise."""
     policy = Path(config.trainer.policy)
-    if (policy / "config.json").is_file() or policy.resolve() == Path(DEFAULT_POLICY).resolve():
+    if (policy / "config.json").is_file() or default_policy(policy) is not None:
         return None
     return (f"trainer.policy: no policy in {policy}; build one with `libra policy init --out {policy}`, or point "
             "trainer.policy at an HF-format checkpoint")
@@ -97,15 +110,20 @@ def check_megatron_layout(config: LibraConfig) -> None:
 
 @task(name="prepare-policy", cache_policy=NO_CACHE)
 def prepare_policy_task(context: RunContext, config: LibraConfig) -> None:
-    """Put the local policy in place when the config names the default directory and it holds none:
-    the shipped policy is copied, or built when it does not fit the settings (minutes); the
-    context's policy-progress listener hears of each step of building it."""
+    """Put the local policy in place when the config names one of Libra's own directories and it
+    holds none (`default_policy`): the shipped policy is copied, or built when it does not fit the
+    settings (minutes), then tuned when the directory is a tuned one (the shipped tuning copied
+    likewise); the context's policy-progress listener hears of each step of building it."""
     policy = Path(config.trainer.policy)
-    if (policy / "config.json").is_file():
+    if (policy / "config.json").is_file() or (which := default_policy(policy)) is None:
         return
-    from libra.rollout.policy import PolicySettings, init_policy
+    from libra.rollout.policy import PolicySettings, TuneSettings, init_policy, tune_policy
 
-    init_policy(policy, PolicySettings(), log=lambda _: None, progress=context.policy_built, sandbox=config.sandbox)
+    base = Path(DEFAULT_POLICY) if which else policy
+    init_policy(base, PolicySettings(), log=lambda _: None, progress=context.policy_built, sandbox=config.sandbox)
+    for env in which:
+        tune_policy(policy, base, TuneSettings(env=env), log=lambda _: None, progress=context.policy_built,
+                    sandbox=config.sandbox)
 
 
 @dataclass(frozen=True)

@@ -55,3 +55,27 @@ def test_policy_init_builds_and_then_reuses(tmp_path: Path, capsys) -> None:
     first = capsys.readouterr().out
     assert main(["policy", "init", "--out", str(out), "--steps", "3", "--demos", "16"]) == 0
     assert "is up to date" in capsys.readouterr().out and "demonstrations" in first
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "chess"], "unknown environment 'chess'; environments: search, math, repo"),
+    (["--demos", "0"], "--demos must be >= 1"),
+    (["--demos", "10", "--batch", "64"], "10 demonstrations in batches of 64; give at least 64 demonstrations"),
+    (["--lr", "nan"], "--lr must be a finite number"),
+    (["--base", "nowhere"], "no policy in nowhere to tune: run `libra policy init --out nowhere` first"),
+])
+def test_policy_tune_bad_arguments(tmp_path: Path, capsys, args, message) -> None:
+    assert main(["policy", "tune", "--out", str(tmp_path / "t"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "t").exists()
+
+
+def test_policy_tune_with_the_defaults_copies_the_shipped_tuning(tmp_path: Path, capsys, policy_dir) -> None:  # noqa: F811
+    from libra.rollout.policy import SHIPPED_TUNED
+
+    assert main(["policy", "tune", "--base", str(policy_dir), "--out", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    assert f"policy in {tmp_path / 'm'}: {policy_dir} after 4800 math demonstrations in 75 updates" in out
+    for name in ("model.safetensors", "libra_policy.json", "tokenizer.json"):
+        assert (tmp_path / "m" / name).read_bytes() == (SHIPPED_TUNED["math"] / name).read_bytes()

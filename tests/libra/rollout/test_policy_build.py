@@ -1,5 +1,6 @@
 """The supervised step the policy's warm start (and `bench_train --reference`) takes: the mean
-cross-entropy over the labelled tokens only, one clipped AdamW step."""
+cross-entropy over the labelled tokens only, one clipped AdamW step; and the tuning that continues
+a built policy's supervision on one environment."""
 
 import torch
 
@@ -35,3 +36,87 @@ def test_a_supervised_step_averages_the_labelled_tokens_and_lowers_their_loss() 
     assert abs(loss - expected) < 1e-5
     assert _loss(model, _examples()) < expected
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_tuning_takes_the_supervised_steps_written_out_and_is_then_kept(tmp_path, policy_dir) -> None:
+    """Two updates of four fresh math demonstrations each, as the settings say, equal the same two
+    supervised steps taken by hand from the base; a second call keeps the result, `rebuild` redoes it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from libra.rollout.envs import demonstration, make_env
+    from libra.rollout.policy import TUNE_TASK_SEED, TuneSettings, encode, tune_policy
+    from libra.rollout.workroots import temporary_workroot
+
+    settings = TuneSettings(env="math", demonstrations=9, batch=4, lr=1e-3, seed=3)  # 2 updates; the ninth unused
+    heard: list[tuple[int, int]] = []
+    out = tmp_path / "tuned"
+    record = tune_policy(out, policy_dir, settings, log=lambda _: None, progress=lambda d, n, _: heard.append((d, n)))
+    assert heard == [(1, 2), (2, 2)] and record["demonstrations"] == 8
+    assert record["tuned"]["settings"] == {"env": "math", "demonstrations": 9, "batch": 4, "lr": 1e-3, "seed": 3}
+    assert record["base"]["settings"]["demos_per_env"] == 400  # the base's own record, kept
+
+    env, tokenizer = make_env("math"), AutoTokenizer.from_pretrained(policy_dir)
+    examples = []
+    for task in env.tasks(8, seed=TUNE_TASK_SEED + 3):
+        with temporary_workroot("libra-test-tune-") as workdir:
+            examples.append(encode(tokenizer, *demonstration(env, task, workdir)))
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).train()
+    optimizer = make_optimizer(model.parameters(), 1e-3, weight_decay=0.0)
+    losses = [supervised_step(model, optimizer, examples[:4]), supervised_step(model, optimizer, examples[4:])]
+    assert record["final_loss"] == sum(losses) / 2
+    tuned = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    for (name, mine), theirs, before in zip(model.named_parameters(), tuned.parameters(), base.parameters(), strict=True):
+        assert torch.equal(mine, theirs), name
+        assert not torch.equal(theirs, before), name
+    assert (out / "tokenizer.json").read_bytes() == (policy_dir / "tokenizer.json").read_bytes()
+
+    messages: list[str] = []
+    assert tune_policy(out, policy_dir, settings, log=messages.append) == record
+    assert messages == [f"policy in {out} is up to date (tuned in {record['train_s']:.0f} s, final loss "
+                        f"{record['final_loss']:.3f})"]
+    assert tune_policy(out, policy_dir, settings, log=messages.append, rebuild=True)["train_s"] != record["train_s"]
+    assert not (tmp_path / ".tuned.tuning").exists()  # the staging directory became the policy
+
+
+def test_tuning_refuses_what_it_cannot_do_and_replaces_nothing(tmp_path, policy_dir) -> None:
+    import pytest
+
+    from libra.errors import LibraError
+    from libra.rollout.policy import TuneSettings, tune_policy
+
+    with pytest.raises(LibraError, match="unknown environment 'chess'; environments: search, math, repo"):
+        TuneSettings(env="chess")
+    with pytest.raises(LibraError, match="3 demonstrations in batches of 4; give at least 4 demonstrations"):
+        TuneSettings(demonstrations=3, batch=4)
+    with pytest.raises(LibraError, match=r"learning rate 2.0 must be in \(0, 1\]"):
+        TuneSettings(lr=2.0)
+    small = TuneSettings(demonstrations=4, batch=4)
+    with pytest.raises(LibraError, match=f"no policy in {tmp_path / 'none'} to tune: run `libra policy init"):
+        tune_policy(tmp_path / "x", tmp_path / "none", small, log=lambda _: None)
+    with pytest.raises(LibraError, match="give --out a directory other than its base"):
+        tune_policy(policy_dir, policy_dir, small, log=lambda _: None)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    with pytest.raises(LibraError, match="holds a policy that tuning did not write; give --out another directory"):
+        tune_policy(other, policy_dir, small, log=lambda _: None)
+    assert [p.name for p in other.iterdir()] == ["config.json"]
+
+
+def test_the_shipped_tuned_policy_is_the_default_tuning_of_the_shipped_policy() -> None:
+    """data/policy-math's record says it is data/policy tuned with TuneSettings(): so `libra policy
+    tune` with the defaults, and the main job, copy it instead of spending the tuning's minutes."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from libra.rollout.policy import SHIPPED, SHIPPED_TUNED, TuneSettings
+
+    record = json.loads((SHIPPED_TUNED["math"] / "libra_policy.json").read_text())
+    assert record["tuned"] == {"base_sha256": hashlib.sha256((SHIPPED / "model.safetensors").read_bytes()).hexdigest(),
+                               "settings": asdict(TuneSettings())}
+    assert record["demonstrations"] == 4800 and record["base"] == json.loads((SHIPPED / "libra_policy.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (SHIPPED_TUNED["math"] / name).read_bytes() == (SHIPPED / name).read_bytes()
