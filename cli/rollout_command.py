@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
     tune.add_argument("--demos", type=int, help="demonstrations (default 4800)")
     tune.add_argument("--batch", type=int, help="demonstrations per update (default 64)")
     tune.add_argument("--lr", type=float, help="learning rate, constant (default 1e-3)")
+    tune.add_argument("--held-out", type=int, help="leave out the problems of this many held-out tasks, the ones a "
+                      "training run evaluates on (default 1024)")
     tune.add_argument("--rebuild", action="store_true", help="tune again even when OUT or the shipped tuned policy "
                       "was tuned from the same weights with the same settings")
     tune.set_defaults(handler=cmd_policy_tune)
@@ -87,7 +89,7 @@ def cmd_policy_tune(args: argparse.Namespace, config: LibraConfig) -> int:
     from flows.policy import tune, tune_settings
     from libra.checks import as_flag
 
-    settings = tune_settings(args.env, args.demos, args.lr, args.batch, names=as_flag)
+    settings = tune_settings(args.env, args.demos, args.lr, args.batch, args.held_out, names=as_flag)
     base = Path(args.base)
     out = Path(args.out) if args.out else base.with_name(f"{base.name}-{settings.env}")
     with progress("tuning the policy") as bar:

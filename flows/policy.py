@@ -39,14 +39,16 @@ def build_policy(out: str | Path, settings: PolicySettings, sandbox: SandboxConf
 
 
 def tune_settings(env: str | None = None, demos: int | None = None, lr: float | None = None, batch: int | None = None,
-                  names: Names = as_parameter) -> TuneSettings:
-    """The default tuning with the given environment, demonstrations, learning rate and batch, or a
-    LibraError naming the value out of range."""
+                  held_out: int | None = None, names: Names = as_parameter) -> TuneSettings:
+    """The default tuning with the given environment, demonstrations, learning rate, batch and
+    held-out tasks left out, or a LibraError naming the value out of range."""
     settings = TuneSettings()
     in_range(names("demos"), demos, 1, 10_000_000)
     in_range(names("batch"), batch, 1, 65_536)
     in_range(names("lr"), lr, 1e-8, 1.0)
-    changes = {k: v for k, v in {"env": env, "demonstrations": demos, "lr": lr, "batch": batch}.items() if v is not None}
+    in_range(names("held_out"), held_out, 0, 1_000_000)
+    changes = {k: v for k, v in {"env": env, "demonstrations": demos, "lr": lr, "batch": batch,
+                                 "held_out": held_out}.items() if v is not None}
     return replace(settings, **changes)  # TuneSettings checks the environment and that a batch fits
 
 

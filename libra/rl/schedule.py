@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from libra.config import RolloutConfig, TrainerConfig
+from libra.rollout.envs import HELD_OUT_SEED
 from libra.trainer.samples import TrainingSample
 
 if TYPE_CHECKING:
     from libra.rollout.trajectory import TrajectoryRun
 
-EVAL_SEED = 0  # held-out tasks (`libra rollout`'s default seed); the policy was warm-started on seeds >= 10000
+EVAL_SEED = HELD_OUT_SEED  # held-out tasks; the policy was warm-started on seeds >= 10000, tuned on problems apart
 TRAIN_SEED_BASE = 1_000_000  # training tasks: seeds far from the held-out and the warm-start ones
 
 

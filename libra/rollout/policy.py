@@ -37,14 +37,14 @@ from libra.clock import Stopwatch
 from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.optim import learning_rate, make_optimizer, set_learning_rate
-from libra.rollout.envs import ENVS, demonstration, make_env
+from libra.rollout.envs import ENVS, HELD_OUT_SEED, Env, Task, demonstration, make_env
 from libra.rollout.protocol import SPECIAL
 from libra.rollout.workroots import temporary_workroot
 
 PAD, EOS = "<|pad|>", "<|eos|>"
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "policy"  # the default settings' policy
 SHIPPED_TUNED = {"math": SHIPPED.with_name("policy-math")}  # the default tune of the shipped policy, by environment
-TUNE_TASK_SEED = 20_000  # tuning's tasks: neither the held-out (0), the warm start's (10_000 + seed) nor training's (1e6+)
+TUNE_TASK_SEED = 20_000  # tuning's tasks: not the held-out (0), the warm start's (10_000 + seed) nor training's (1e6+) seeds
 POLICY_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                 "libra_policy.json")
 
@@ -201,13 +201,15 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
 @dataclass(frozen=True)
 class TuneSettings:
     """Continued supervision of a built policy (`tune_policy`): `demonstrations` of the `env` expert's
-    on fresh tasks (seed TUNE_TASK_SEED + `seed`), each seen once, one AdamW update (constant rate
-    `lr`, no weight decay, the gradient clipped to norm 1) per `batch` of them, in the tasks' order."""
+    on fresh tasks (seed TUNE_TASK_SEED + `seed`; none the same problem as one of the first
+    `held_out` held-out tasks), each seen once, one AdamW update (constant rate `lr`, no weight
+    decay, the gradient clipped to norm 1) per `batch` of them, in the tasks' order."""
     env: str = "math"
     demonstrations: int = 4800
     batch: int = 64
     lr: float = 1e-3
     seed: int = 0
+    held_out: int = 1024  # 8x the main job's evaluation
 
     def __post_init__(self) -> None:
         if self.env not in ENVS:
@@ -217,6 +219,8 @@ class TuneSettings:
                              f"{self.batch}; give at least {max(1, self.batch)} demonstrations and a batch of at least 1")
         if not 0 < self.lr <= 1:
             raise LibraError(f"tuning's learning rate {self.lr} must be in (0, 1]")
+        if self.held_out < 0:
+            raise LibraError(f"tuning's held_out {self.held_out} must be >= 0 (the held-out tasks whose problems it leaves out)")
 
     @property
     def updates(self) -> int:
@@ -256,7 +260,7 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
     tokenizer = AutoTokenizer.from_pretrained(base)
     env = make_env(settings.env, sandbox)
     examples = []
-    for task in env.tasks(settings.updates * settings.batch, seed=TUNE_TASK_SEED + settings.seed):
+    for task in fresh_tasks(env, settings.updates * settings.batch, TUNE_TASK_SEED + settings.seed, settings.held_out):
         with temporary_workroot("libra-tune-") as workdir:
             examples.append(encode(tokenizer, *demonstration(env, task, workdir)))
     longest = max(len(ids) for ids, _ in examples)
@@ -284,6 +288,21 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
         shutil.rmtree(out)
     staging.rename(out)
     return record
+
+
+def fresh_tasks(env: Env, count: int, seed: int, held_out: int) -> list[Task]:
+    """The first `count` tasks of `seed` whose problem is none of the first `held_out` held-out
+    tasks' (`Env.problem`), or a LibraError when they are too rare to find."""
+    taken = {env.problem(task) for task in env.tasks(held_out, seed=HELD_OUT_SEED)}
+    drawn = count
+    while True:
+        fresh = [task for task in env.tasks(drawn, seed=seed) if env.problem(task) not in taken]
+        if len(fresh) >= count:
+            return fresh[:count]
+        if drawn >= 16 * count:
+            raise LibraError(f"only {len(fresh)} of {drawn} {env.name} tasks are problems outside the first {held_out} "
+                             f"held-out tasks, short of {count}: ask for fewer demonstrations or a smaller --held-out")
+        drawn *= 2
 
 
 def _sha256(path: Path) -> str:

@@ -62,6 +62,7 @@ def test_policy_init_builds_and_then_reuses(tmp_path: Path, capsys) -> None:
     (["--demos", "0"], "--demos must be >= 1"),
     (["--demos", "10", "--batch", "64"], "10 demonstrations in batches of 64; give at least 64 demonstrations"),
     (["--lr", "nan"], "--lr must be a finite number"),
+    (["--held-out", "-1"], "--held-out must be >= 0"),
     (["--base", "nowhere"], "no policy in nowhere to tune: run `libra policy init --out nowhere` first"),
 ])
 def test_policy_tune_bad_arguments(tmp_path: Path, capsys, args, message) -> None:

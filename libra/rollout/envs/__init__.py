@@ -11,6 +11,7 @@ from libra.rollout.envs.search_env import SearchEnv
 from libra.rollout.workroots import temporary_workroot
 
 ENVS = ("search", "math", "repo")
+HELD_OUT_SEED = 0  # the held-out tasks' seed: what a training run evaluates on (and `libra rollout`'s default)
 
 
 def make_env(name: str, sandbox: SandboxConfig | None = None) -> Env:
@@ -36,4 +37,4 @@ def expert_bounds(env: Env, instances: int, tokenizer, tasks: int = 24) -> tuple
     return tuple(bounds) or (max(lengths),)
 
 
-__all__ = ["ENVS", "Env", "Task", "demonstration", "expert_bounds", "make_env", "prompt"]
+__all__ = ["ENVS", "HELD_OUT_SEED", "Env", "Task", "demonstration", "expert_bounds", "make_env", "prompt"]

@@ -50,6 +50,11 @@ class Env(Protocol):
         """A scripted solver: given the transcript so far, the next model turn."""
         ...
 
+    def problem(self, task: Task) -> str:
+        """What makes two tasks the same problem, whatever their wording: supervision on other seeds
+        leaves out the held-out tasks' problems."""
+        ...
+
 
 def prompt(env: Env, task: Task) -> str:
     return f"{env.instructions}\nTools: {', '.join(env.tools)}.\nQuestion: {task.question}\n"

@@ -59,6 +59,9 @@ class MathEnv:
         self.sandbox.prepare(workdir)
         return _Episode(task, workdir, self.sandbox, self.limits)
 
+    def problem(self, task: Task) -> str:
+        return f"{task.data['category']}: {task.data['expression']}"  # the name in the question aside
+
     def expert(self, task: Task) -> Callable[[str], str]:
         def next_turn(transcript: str) -> str:  # reasons, computes, then answers what python printed
             if "<obs>" not in transcript:

@@ -132,6 +132,9 @@ class RepoEnv:
         write_work_file(workdir, "code.py", task.data["code"])
         return _Episode(workdir, task.data["tests"], task.data["names"], self.sandbox, self.limits)
 
+    def problem(self, task: Task) -> str:
+        return f"{task.question}\n{task.data['code']}"
+
     def expert(self, task: Task) -> Callable[[str], str]:
         line, fix = task.data["line"], task.data["fix"]
         wrong = task.data["code"].splitlines()[line - 1].strip()

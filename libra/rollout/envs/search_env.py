@@ -121,6 +121,9 @@ class SearchEnv:
     def open(self, task: Task, workdir: Path) -> _Episode:
         return _Episode(self, task)
 
+    def problem(self, task: Task) -> str:
+        return task.question
+
     def expert(self, task: Task) -> Callable[[str], str]:
         hops, thoughts = task.data["hops"], task.data["thoughts"]
 

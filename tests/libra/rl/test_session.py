@@ -218,6 +218,48 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy
         session.close()
 
 
+def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_differ(tmp_path):
+    """configs/demo.yaml's trainer settings from the policy it trains (the shipped tuning on math),
+    on the HF engine with 4 prompts x 4 samples: every step has groups whose rewards differ (the
+    policy solves some tasks and fails others), only those carry advantages, the losses are finite
+    and every weight moves."""
+    import math
+    from pathlib import Path
+
+    import torch
+    import yaml
+
+    from libra.rollout.policy import SHIPPED_TUNED
+
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[3] / "configs" / "demo.yaml").read_text())["trainer"]
+    assert recipe["policy"] == ".libra/policy-math"
+    trainer = {k: v for k, v in recipe.items() if k not in ("policy", "run", "steps", "eval_every", "eval_prompts")}
+    config = LibraConfig.model_validate({
+        "rollout": {"engine": "hf", "max_turns": 3, "max_tokens_per_turn": 96},
+        "trainer": {**trainer, "policy": str(SHIPPED_TUNED["math"]), "run": "recipe", "pipeline": "sync",
+                    "prompts_per_step": 4, "samples_per_prompt": 4, "checkpoint_dir": str(tmp_path / "checkpoints")}})
+    session = open_session(config)
+    try:
+        before = [p.detach().clone() for p in session.trainer.model.parameters()]
+        for step in range(2):
+            session.rollout(step)
+            batch = session.score(step)
+            groups: dict[str, list] = {}
+            for sample in batch.samples:
+                groups.setdefault(sample.prompt_id, []).append(sample)
+            differ = [g for g in groups.values() if len({s.reward for s in g}) > 1]
+            assert differ and len(groups) - len(differ) == batch.stats.uniform_groups
+            assert all(s.advantage == 0 for g in groups.values() if g not in differ for s in g)
+            assert all(any(s.advantage != 0 for s in g) for g in differ)
+            update = session.update(step)
+            assert math.isfinite(update.stats.loss) and update.stats.tokens > 0
+            session.sync()
+        changed = sum(not torch.equal(a, b.detach()) for a, b in zip(before, session.trainer.model.parameters(), strict=True))
+        assert changed == len(before)
+    finally:
+        session.close()
+
+
 def test_partial_rollouts_carry_incomplete_groups_and_drop_stale_ones_counted_and_checkpointed(policy_dir, tmp_path):  # noqa: F811
     """Synchronous partial rollouts on vLLM over three iterations with max_staleness 1: each batch
     closes at 2 complete groups of the 4 in flight, the others are carried whole (into the

@@ -47,12 +47,13 @@ def test_tuning_takes_the_supervised_steps_written_out_and_is_then_kept(tmp_path
     from libra.rollout.policy import TUNE_TASK_SEED, TuneSettings, encode, tune_policy
     from libra.rollout.workroots import temporary_workroot
 
-    settings = TuneSettings(env="math", demonstrations=9, batch=4, lr=1e-3, seed=3)  # 2 updates; the ninth unused
+    settings = TuneSettings(env="math", demonstrations=9, batch=4, lr=1e-3, seed=3, held_out=0)  # 2 updates of 4
     heard: list[tuple[int, int]] = []
     out = tmp_path / "tuned"
     record = tune_policy(out, policy_dir, settings, log=lambda _: None, progress=lambda d, n, _: heard.append((d, n)))
     assert heard == [(1, 2), (2, 2)] and record["demonstrations"] == 8
-    assert record["tuned"]["settings"] == {"env": "math", "demonstrations": 9, "batch": 4, "lr": 1e-3, "seed": 3}
+    assert record["tuned"]["settings"] == {"env": "math", "demonstrations": 9, "batch": 4, "lr": 1e-3, "seed": 3,
+                                           "held_out": 0}
     assert record["base"]["settings"]["demos_per_env"] == 400  # the base's own record, kept
 
     env, tokenizer = make_env("math"), AutoTokenizer.from_pretrained(policy_dir)
@@ -80,6 +81,27 @@ def test_tuning_takes_the_supervised_steps_written_out_and_is_then_kept(tmp_path
     assert not (tmp_path / ".tuned.tuning").exists()  # the staging directory became the policy
 
 
+def test_tuning_leaves_out_the_held_out_problems_and_keeps_the_order_of_the_rest() -> None:
+    import pytest
+
+    from libra.errors import LibraError
+    from libra.rollout.envs import make_env
+    from libra.rollout.policy import fresh_tasks
+
+    env = make_env("math")
+    held = {env.problem(t) for t in env.tasks(1024, seed=0)}
+    drawn = env.tasks(5051, seed=20_000)
+    fresh = fresh_tasks(env, 4800, 20_000, 1024)
+    assert [t.task_id for t in fresh] == [t.task_id for t in drawn if env.problem(t) not in held]  # 251 left out
+    assert fresh[-1].task_id == "math-20000-5050"
+    same_problem = [t for t in drawn if env.problem(t) in held]
+    assert len(same_problem) == 251 and env.problem(same_problem[0]).startswith(same_problem[0].data["category"])
+    search = make_env("search")  # 72 problems, every one among 1,024 held-out tasks
+    with pytest.raises(LibraError, match="only 0 of 160 search tasks are problems outside the first 1024 held-out tasks, "
+                                         "short of 10: ask for fewer demonstrations or a smaller --held-out"):
+        fresh_tasks(search, 10, 20_000, 1024)
+
+
 def test_tuning_refuses_what_it_cannot_do_and_replaces_nothing(tmp_path, policy_dir) -> None:
     import pytest
 
@@ -92,6 +114,8 @@ def test_tuning_refuses_what_it_cannot_do_and_replaces_nothing(tmp_path, policy_
         TuneSettings(demonstrations=3, batch=4)
     with pytest.raises(LibraError, match=r"learning rate 2.0 must be in \(0, 1\]"):
         TuneSettings(lr=2.0)
+    with pytest.raises(LibraError, match="held_out -1 must be >= 0"):
+        TuneSettings(held_out=-1)
     small = TuneSettings(demonstrations=4, batch=4)
     with pytest.raises(LibraError, match=f"no policy in {tmp_path / 'none'} to tune: run `libra policy init"):
         tune_policy(tmp_path / "x", tmp_path / "none", small, log=lambda _: None)
