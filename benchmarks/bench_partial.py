@@ -7,7 +7,8 @@ rollout goes on generating until the update beside it is done).
     python -m benchmarks.bench_partial [--steps 8] [--seeds 0 1 2] [--overprovision 1.5] [--quick]
 
 The workload is the main job's (configs/demo.yaml: the math tasks, vLLM, 8 prompts x 8 samples,
-lr 1e-4, from the shipped policy) with the placement benchmark's drift: every training turn
+lr 1e-4), from the shipped base policy (data/policy, not the main job's tuned one), with the
+placement benchmark's drift: every training turn
 generates at least `min_tokens_per_turn` tokens, and that floor and the turn limit grow 15% per
 iteration, so the straggler grows as the run goes on. Every mode trains on the same number of
 groups per update (prompts_per_step), so after the same steps the runs have trained on the same
@@ -59,12 +60,14 @@ LIMIT, FLOOR, GROWTH = 96, 24, 0.15  # the per-turn limit and floor of the first
 
 def config_for(base: Path, mode: str, steps: int, seed: int, overprovision: float, eval_prompts: int = 128,
                placement: str = "none") -> LibraConfig:
-    """The main job's recipe (`bench_train.recipe_config`) with the growing per-turn floor, in `mode`,
-    on `placement` (the workers' split: none shares every core between the stages)."""
+    """The main job's recipe (`bench_train.recipe_config`) from the shipped base policy (data/policy,
+    on which these modes were measured) with the growing per-turn floor, in `mode`, on `placement`
+    (the workers' split: none shares every core between the stages)."""
     from benchmarks.bench_train import recipe_config
 
     partial = mode != "one_step_off"
     data = recipe_config(base, f"{mode}-seed{seed}", steps, seed).model_dump()
+    data["trainer"]["policy"] = str(SHIPPED)
     data["rollout"] |= {"max_tokens_per_turn": LIMIT, "min_tokens_per_turn": FLOOR, "turn_growth": GROWTH,
                         "partial": partial, "overprovision": overprovision if partial else 1.0}
     data["trainer"] |= {"eval_every": steps, "eval_prompts": eval_prompts,

@@ -3,7 +3,8 @@
     python -m benchmarks.bench_train [--steps 30] [--seeds 0 1 2] [--learning-only] [--reference] [--quick]
 
 1. Learning: `libra train`'s flow with the main job's recipe (configs/demo.yaml: its rollout and
-   trainer sections) from the shipped policy for `--steps` updates, once per seed: held-out reward
+   trainer sections) from the shipped copy of its policy (the shipped policy tuned on math,
+   data/policy-math) for `--steps` updates, once per seed: held-out reward
    (128 held-out prompts, greedy) every 10 updates; each seed's gain beside the spread of the gains
    between seeds. `--learning-only` measures this part alone and keeps the others' saved figures.
 2. Pipeline: the same steps with one-step-off and with synchronous iterations (same seed):
@@ -14,9 +15,10 @@
    log-prob loss, backward, AdamW step) over the same micro-batches of the same samples.
 
 5. Supervised reference (`--reference`, alone; the other figures kept): what the same number of
-   updates and samples reach with perfect labels instead of a reward. The shipped policy is trained
-   on as many of the math expert's demonstrations (fresh tasks, each seen once) as the recipe's run
-   rolls out, one update per batch of prompts_per_step x samples_per_prompt, at a few learning rates,
+   updates and samples reach with perfect labels instead of a reward. The shipped base policy
+   (data/policy, before any tuning) is trained on as many of the math expert's demonstrations
+   (fresh tasks, each seen once) as the recipe's run rolls out, one update per batch of
+   prompts_per_step x samples_per_prompt, at a few learning rates,
    then at 2x and 4x the updates; each is evaluated as the runs are (greedy, the 128 held-out tasks).
    Reinforcement from a 0/1 reward on the policy's own samples carries less per sample than the
    expert's whole answer, so these say how far the recipe's budget can take this policy.
@@ -38,7 +40,7 @@ from typing import Any
 
 from benchmarks.common import OUT, quiet_engines, run_locations, save, saved
 from libra.config import LibraConfig
-from libra.rollout.policy import SHIPPED
+from libra.rollout.policy import SHIPPED, SHIPPED_TUNED
 
 STAGES = ("rollout", "score", "update", "sync", "evaluate", "checkpoint")
 
@@ -57,15 +59,25 @@ def config_for(base: Path, run: str, steps: int, seed: int, pipeline: str, eval_
 DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 
+def recipe_policy(policy: str) -> Path:
+    """The shipped directory of the recipe's policy, one of Libra's own (`.libra/policy` or a tuning of
+    it, `.libra/policy-<env>`), which a fresh checkout does not hold yet."""
+    shipped = {".libra/policy": SHIPPED, **{f".libra/policy-{env}": path for env, path in SHIPPED_TUNED.items()}}
+    if policy not in shipped:
+        raise SystemExit(f"configs/demo.yaml's trainer.policy {policy!r} is not a shipped policy: one of {', '.join(shipped)}")
+    return shipped[policy]
+
+
 def recipe_config(base: Path, run: str, steps: int, seed: int) -> LibraConfig:
     """The main job's recipe (configs/demo.yaml's rollout and trainer sections) as run `run`, seeded,
-    from the shipped policy, its files under `base`."""
+    from the shipped copy of its policy, its files under `base`."""
     import yaml
 
     demo = yaml.safe_load(DEMO.read_text())
+    policy = recipe_policy(demo["trainer"].get("policy", ".libra/policy"))
     return LibraConfig.model_validate({
         **run_locations(base), "rollout": demo.get("rollout", {}),
-        "trainer": {**demo["trainer"], "policy": str(SHIPPED), "run": run, "steps": steps, "seed": seed,
+        "trainer": {**demo["trainer"], "policy": str(policy), "run": run, "steps": steps, "seed": seed,
                     "eval_every": 10, "eval_prompts": 128, "checkpoint_dir": str(base / "checkpoints")},
     })
 
