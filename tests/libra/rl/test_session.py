@@ -182,9 +182,7 @@ def test_partial_credit_is_refused_for_an_environment_that_grades_no_partial_wor
 def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy_moves(policy_dir, tmp_path):  # noqa: F811
     """A few updates with dynamic sampling over twice the groups on the HF engine: finite losses,
     weights that changed, and no group whose rewards were all equal in an update."""
-    import math
 
-    import torch
 
     from libra.rl.schedule import rolled_prompts
 
@@ -194,26 +192,42 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy
     config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"max_turns": 3,
                                                                                     "max_tokens_per_turn": 96})})
     informative = 0
+
+    def check(batch, groups: dict[str, list]) -> None:
+        nonlocal informative
+        assert batch.stats.groups == rolled_prompts(config.trainer) - batch.stats.dropped_groups
+        assert len(groups) == batch.stats.trained_groups <= config.trainer.prompts_per_step
+        if batch.stats.uniform_groups < batch.stats.groups:  # some group's rewards differed
+            informative += 1
+            assert all(len({s.reward for s in members}) > 1 for members in groups.values())
+            assert all(any(s.advantage != 0 for s in members) for members in groups.values())
+
+    train_checked(config, 3, check)
+    assert informative > 0
+
+
+def train_checked(config: LibraConfig, steps: int, check) -> None:
+    """`steps` iterations of `config`, each scored batch handed to `check` with its samples by group;
+    every update's loss finite, and every weight moved by the end."""
+    import math
+
+    import torch
+
     session = open_session(config)
     try:
         before = [p.detach().clone() for p in session.trainer.model.parameters()]
-        for step in range(3):
+        for step in range(steps):
             session.rollout(step)
             batch = session.score(step)
-            assert batch.stats.groups == rolled_prompts(config.trainer) - batch.stats.dropped_groups
-            groups = {}
+            groups: dict[str, list] = {}
             for sample in batch.samples:
                 groups.setdefault(sample.prompt_id, []).append(sample)
-            assert len(groups) == batch.stats.trained_groups <= config.trainer.prompts_per_step
-            if batch.stats.uniform_groups < batch.stats.groups:  # some group's rewards differed
-                informative += 1
-                assert all(len({s.reward for s in members}) > 1 for members in groups.values())
-                assert all(any(s.advantage != 0 for s in members) for members in groups.values())
+            check(batch, groups)
             update = session.update(step)
             assert math.isfinite(update.stats.loss) and update.stats.tokens > 0
             session.sync()
         changed = sum(not torch.equal(a, b.detach()) for a, b in zip(before, session.trainer.model.parameters(), strict=True))
-        assert informative > 0 and changed == len(before)
+        assert changed == len(before)
     finally:
         session.close()
 
@@ -223,10 +237,8 @@ def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_dif
     on the HF engine with 4 prompts x 4 samples: every step has groups whose rewards differ (the
     policy solves some tasks and fails others), only those carry advantages, the losses are finite
     and every weight moves."""
-    import math
     from pathlib import Path
 
-    import torch
     import yaml
 
     from libra.rollout.policy import SHIPPED_TUNED
@@ -238,26 +250,14 @@ def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_dif
         "rollout": {"engine": "hf", "max_turns": 3, "max_tokens_per_turn": 96},
         "trainer": {**trainer, "policy": str(SHIPPED_TUNED["math"]), "run": "recipe", "pipeline": "sync",
                     "prompts_per_step": 4, "samples_per_prompt": 4, "checkpoint_dir": str(tmp_path / "checkpoints")}})
-    session = open_session(config)
-    try:
-        before = [p.detach().clone() for p in session.trainer.model.parameters()]
-        for step in range(2):
-            session.rollout(step)
-            batch = session.score(step)
-            groups: dict[str, list] = {}
-            for sample in batch.samples:
-                groups.setdefault(sample.prompt_id, []).append(sample)
-            differ = [g for g in groups.values() if len({s.reward for s in g}) > 1]
-            assert differ and len(groups) - len(differ) == batch.stats.uniform_groups
-            assert all(s.advantage == 0 for g in groups.values() if g not in differ for s in g)
-            assert all(any(s.advantage != 0 for s in g) for g in differ)
-            update = session.update(step)
-            assert math.isfinite(update.stats.loss) and update.stats.tokens > 0
-            session.sync()
-        changed = sum(not torch.equal(a, b.detach()) for a, b in zip(before, session.trainer.model.parameters(), strict=True))
-        assert changed == len(before)
-    finally:
-        session.close()
+
+    def check(batch, groups: dict[str, list]) -> None:
+        differ = [g for g in groups.values() if len({s.reward for s in g}) > 1]
+        assert differ and len(groups) - len(differ) == batch.stats.uniform_groups
+        assert all(s.advantage == 0 for g in groups.values() if g not in differ for s in g)
+        assert all(any(s.advantage != 0 for s in g) for g in differ)
+
+    train_checked(config, 2, check)
 
 
 def test_partial_rollouts_carry_incomplete_groups_and_drop_stale_ones_counted_and_checkpointed(policy_dir, tmp_path):  # noqa: F811
