@@ -17,9 +17,10 @@ def train_section(result: dict) -> list[str]:
     shown = ", ".join(f"{k} {v}" for k, v in result["recipe"].items() if k in ("lr", "dynamic_sampling", "oversample",
                                                                                  "samples_per_prompt", "prompts_per_step"))
     return [
-        f"**Training** (`python -m benchmarks.bench_train`; GRPO on the math tasks from "
-        f"{result['recipe'].get('policy', '.libra/policy')} (the shipped copy), vLLM on the CPU, the main job's recipe "
-        f"(configs/demo.yaml: {shown}); {result['machine']})",
+        f"**Training** (`python -m benchmarks.bench_train`; GRPO on the math tasks, vLLM on the CPU, the main job's "
+        f"recipe (configs/demo.yaml: {shown}); the learning runs from {result['recipe'].get('policy', '.libra/policy')} "
+        f"(the shipped copy), the pipeline, Prefect and trainer rows from the base policy (data/policy); "
+        f"{result['machine']})",
         "",
         "| measure | Libra | baseline in the same run | figure | goal |",
         "|---|---|---|---|---|",
