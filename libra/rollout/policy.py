@@ -17,8 +17,9 @@ machine copies it instead of spending the build's minutes.
 supervision of a built policy on one environment's demonstrations, fresh tasks each seen once. The
 shipped policy copies the math tool's inputs from the question badly (most of its wrong answers
 carry a wrong number into the call), and a 0/1 reward on its own samples is too thin a signal to
-teach that within a short run; after 4,800 more math demonstrations it copies well enough for
-GRPO's reward to drive it. That policy ships in `data/policy-math/` and the main job trains it.
+teach that within a short run; after 4,800 more math demonstrations it solves about twice as many
+held-out tasks (0.305 against 0.148, greedy). That policy ships in `data/policy-math/` and the main
+job trains it.
 """
 
 from __future__ import annotations
@@ -143,11 +144,8 @@ def supervised_step(model, optimizer: torch.optim.Optimizer, batch: list[tuple[l
 
 
 def _record_if_built_with(directory: Path, settings: PolicySettings) -> dict | None:
-    record_path = directory / "libra_policy.json"
-    if not record_path.is_file():
-        return None
-    record = json.loads(record_path.read_text())
-    return record if record.get("settings") == json.loads(json.dumps(asdict(settings))) else None
+    record = _record_or_none(directory)
+    return record if record is not None and record.get("settings") == json.loads(json.dumps(asdict(settings))) else None
 
 
 def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), log=print,
@@ -239,6 +237,9 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
     if out.resolve() == base.resolve():
         raise LibraError(f"tuning writes a new policy: give --out a directory other than its base {base}")
     tuned = {"base_sha256": _sha256(base / "model.safetensors"), "settings": json.loads(json.dumps(asdict(settings)))}
+    if (out / "config.json").exists() and (_record_or_none(out) or {}).get("tuned") is None:
+        raise LibraError(f"{out} holds a policy that tuning did not write; give --out another directory (nothing "
+                         "there is replaced)")
     if not rebuild:
         if (record := _record_if_tuned_as(out, tuned)) is not None:
             log(f"policy in {out} is up to date (tuned in {record['train_s']:.0f} s, final loss {record['final_loss']:.3f})")
@@ -251,9 +252,6 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
                 shutil.copyfile(shipped / name, out / name)
             log(f"policy in {out}: copied the shipped tuned policy (final loss {record['final_loss']:.3f})")
             return record
-    if (out / "config.json").exists() and (_record_or_none(out) or {}).get("tuned") is None:
-        raise LibraError(f"{out} holds a policy that tuning did not write; give --out another directory (nothing "
-                         "there is replaced)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     build = Stopwatch()

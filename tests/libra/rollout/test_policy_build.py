@@ -124,9 +124,10 @@ def test_tuning_refuses_what_it_cannot_do_and_replaces_nothing(tmp_path, policy_
     other = tmp_path / "other"
     other.mkdir()
     (other / "config.json").write_text("{}")
-    with pytest.raises(LibraError, match="holds a policy that tuning did not write; give --out another directory"):
-        tune_policy(other, policy_dir, small, log=lambda _: None)
-    assert [p.name for p in other.iterdir()] == ["config.json"]
+    for settings in (small, TuneSettings()):  # the defaults' shipped tuning is not copied over it either
+        with pytest.raises(LibraError, match="holds a policy that tuning did not write; give --out another directory"):
+            tune_policy(other, policy_dir, settings, log=lambda _: None)
+    assert [p.name for p in other.iterdir()] == ["config.json"] and (other / "config.json").read_text() == "{}"
 
 
 def test_the_shipped_tuned_policy_is_the_default_tuning_of_the_shipped_policy() -> None:
