@@ -40,7 +40,7 @@ from typing import Any
 
 from benchmarks.common import OUT, quiet_engines, run_locations, save, saved
 from libra.config import LibraConfig
-from libra.rollout.policy import SHIPPED, SHIPPED_TUNED
+from libra.rollout.policy import SHIPPED, SHIPPED_TUNED, tuned_dir
 
 STAGES = ("rollout", "score", "update", "sync", "evaluate", "checkpoint")
 
@@ -62,10 +62,12 @@ DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 def recipe_policy(policy: str) -> Path:
     """The shipped directory of the recipe's policy, one of Libra's own (`.libra/policy` or a tuning of
     it, `.libra/policy-<env>`), which a fresh checkout does not hold yet."""
-    shipped = {".libra/policy": SHIPPED, **{f".libra/policy-{env}": path for env, path in SHIPPED_TUNED.items()}}
-    if policy not in shipped:
-        raise SystemExit(f"configs/demo.yaml's trainer.policy {policy!r} is not a shipped policy: one of {', '.join(shipped)}")
-    return shipped[policy]
+    base = Path(".libra/policy")
+    shipped = {base: SHIPPED, **{tuned_dir(base, env): path for env, path in SHIPPED_TUNED.items()}}
+    if Path(policy) not in shipped:
+        raise SystemExit(f"configs/demo.yaml's trainer.policy {policy!r} is not a shipped policy: one of "
+                         f"{', '.join(map(str, shipped))}")
+    return shipped[Path(policy)]
 
 
 def recipe_config(base: Path, run: str, steps: int, seed: int) -> LibraConfig:

@@ -88,10 +88,11 @@ def cmd_policy_tune(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.progress import progress
     from flows.policy import tune, tune_settings
     from libra.checks import as_flag
+    from libra.rollout.policy import tuned_dir
 
     settings = tune_settings(args.env, args.demos, args.lr, args.batch, args.held_out, names=as_flag)
     base = Path(args.base)
-    out = Path(args.out) if args.out else base.with_name(f"{base.name}-{settings.env}")
+    out = Path(args.out) if args.out else tuned_dir(base, settings.env)
     with progress("tuning the policy") as bar:
         record = tune(out, base, settings, config.sandbox, args.rebuild, log=bar.echo,
                       progress=lambda done, updates, loss: bar.update(done, updates, f"loss {loss:.3f}"))

@@ -30,12 +30,13 @@ def default_policy(policy: Path) -> tuple[str, ...] | None:
     () for the default one (DEFAULT_POLICY), (env,) for that one tuned on an environment
     (DEFAULT_POLICY-<env>, as `libra policy tune --env <env>` writes it); None for any other."""
     from libra.rollout.envs import ENVS
+    from libra.rollout.policy import tuned_dir
 
-    base = Path(DEFAULT_POLICY).resolve()
+    base, policy = Path(DEFAULT_POLICY).resolve(), policy.resolve()
     for env in ENVS:
-        if policy.resolve() == base.with_name(f"{base.name}-{env}"):
+        if policy == tuned_dir(base, env):
             return (env,)
-    return () if policy.resolve() == base else None
+    return () if policy == base else None
 
 
 def policy_missing(config: LibraConfig) -> str | None:

@@ -196,6 +196,12 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
     return record
 
 
+def tuned_dir(base: Path, env: str) -> Path:
+    """Where `libra policy tune` writes `base` tuned on `env` unless told: the base's directory
+    suffixed with the environment (`.libra/policy` -> `.libra/policy-math`)."""
+    return base.with_name(f"{base.name}-{env}")
+
+
 @dataclass(frozen=True)
 class TuneSettings:
     """Continued supervision of a built policy (`tune_policy`): `demonstrations` of the `env` expert's
