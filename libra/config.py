@@ -249,6 +249,11 @@ class TrainerConfig(_Section):
                                   "in their places in its last python call), so a group of near misses still "
                                   "carries a gradient; the stored reward and the held-out reward stay the "
                                   "environment's exact one (0: off; below 1, so only the right answer earns 1)")
+    overlong_filter: bool = Field(False, description="leave out of the update's loss every trajectory that "
+                                  "ended at a limit (turns or context) without an answer, its group's advantages "
+                                  "still counting it as reward 0 (DAPO's overlong filtering): the few that run out "
+                                  "of turns are several times as long as the rest, and their tokens would "
+                                  "otherwise outweigh the answers' in the token mean")
     micro_batch_tokens: int = Field(8192, ge=64, le=10_000_000, description="padded tokens per forward/backward pass")
     pipeline: Literal["one_step_off", "sync", "async"] = Field("one_step_off", description="one_step_off: rollout k+1 "
                                                                "runs while k trains; async: it also goes on generating "

@@ -48,7 +48,8 @@ def config_digest(config: LibraConfig) -> str:
     for section, key, default in (("trainer", "layout", "fixed"), ("trainer", "dynamic_sampling", False),
                                   ("trainer", "oversample", 1.0), ("trainer", "epochs", 1),
                                   ("trainer", "decoupled_cap", 0.0), ("rollout", "partial", False),
-                                  ("trainer", "partial_credit", 0.0), ("rollout", "overprovision", 1.0)):
+                                  ("trainer", "partial_credit", 0.0), ("rollout", "overprovision", 1.0),
+                                  ("trainer", "overlong_filter", False)):
         values = trainer if section == "trainer" else rollout
         if values[key] == default:
             values.pop(key)

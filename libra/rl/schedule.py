@@ -136,6 +136,22 @@ def trained_rewards(runs: Sequence[TrajectoryRun], partial_credit: float) -> dic
             else partial_credit * r.episode.partial_credit() for r in runs}
 
 
+def loss_bearing(samples: Sequence[TrainingSample], runs: Sequence[TrajectoryRun],
+                 overlong_filter: bool) -> list[TrainingSample]:
+    """The samples an update's loss takes, of `samples` (made from `runs`, in their order, with
+    advantages over their whole groups): every one; with `overlong_filter` (trainer.overlong_filter),
+    those whose trajectory gave no answer are left out. The agent stops a trajectory only at its
+    answer or at a limit (turns, context), so these are the ones that ran out (DAPO's overlong
+    filtering). Their groups' advantages counted them, at reward 0. When none would be left, every
+    sample is kept: every reward is then 0 and so is every advantage."""
+    if len(samples) != len(runs):
+        raise ValueError(f"{len(samples)} samples for {len(runs)} trajectories")
+    if not overlong_filter:
+        return list(samples)
+    kept = [s for s, r in zip(samples, runs, strict=True) if r.answer is not None]
+    return kept or list(samples)
+
+
 def select_groups(runs: Sequence[TrajectoryRun], dynamic: bool, wanted: int,
                   rewards: Mapping[str, float] | None = None) -> GroupSelection:
     """The groups of `runs` (whole groups, in order) an update trains on. Without dynamic sampling,

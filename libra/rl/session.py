@@ -45,6 +45,7 @@ from libra.rl.routes import router_for
 from libra.rl.schedule import (
     admit,
     hybrids_wanted,
+    loss_bearing,
     rollout_spec,
     select_groups,
     trained_rewards,
@@ -243,7 +244,9 @@ class TrainingSession:
         rewards = trained_rewards(kept, t.partial_credit if step != EVALUATION else 0.0)
         selection = select_groups(kept, t.dynamic_sampling and step != EVALUATION, t.prompts_per_step, rewards)
         stats = RolloutStats.of(rolled.result, kept, self.engine_version, selection, rolled.stale_dropped)
-        samples = to_samples(selection.trained, t.normalize_std, [rewards[r.trajectory_id] for r in selection.trained])
+        samples = loss_bearing(to_samples(selection.trained, t.normalize_std,
+                                          [rewards[r.trajectory_id] for r in selection.trained]),
+                               selection.trained, t.overlong_filter)
         batch = Batch(step, tuple(samples), tuple(r.record() for r in kept),
                       stats, rolled.decode)
         self.batches.scored(batch)

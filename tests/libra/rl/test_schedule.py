@@ -169,3 +169,28 @@ def test_partial_rollout_settings_that_cannot_work_are_refused_in_one_line():
     with pytest.raises(ValueError, match="pipeline async trains on batches 1 update old: max_staleness must be >= 1"):
         TrainerConfig(pipeline="async", max_staleness=0)
     assert rolled_ahead("async", 3, 10) == 4
+
+
+def test_overlong_filtering_leaves_the_runs_out_of_turns_out_of_the_loss_but_not_out_of_their_groups():
+    from libra.rl.schedule import loss_bearing
+    from libra.trainer.samples import to_samples
+
+    def finished(tid: str, prompt: str, reward: float, answer: str | None, length: int) -> SimpleNamespace:
+        return SimpleNamespace(trajectory_id=tid, prompt_id=prompt, reward=reward, answer=answer,
+                               ids=list(range(length)), mask=[0] + [1] * (length - 1),
+                               logprobs=[0.0] + [-1.0] * (length - 1), versions=[], model_version=0)
+
+    # a0 solved, a1 wrong, a2 ran out of turns (8 times as long); group b ran out of turns whole
+    runs = [finished("a0", "a", 1.0, "7", 80), finished("a1", "a", 0.0, "8", 80), finished("a2", "a", 0.0, None, 640),
+            finished("b0", "b", 0.0, None, 640), finished("b1", "b", 0.0, None, 640)]
+    samples = to_samples(runs)
+    assert [round(s.advantage, 5) for s in samples] == [1.1547, -0.57735, -0.57735, 0.0, 0.0]
+    assert loss_bearing(samples, runs, overlong_filter=False) == samples
+    kept = loss_bearing(samples, runs, overlong_filter=True)
+    # a2 is left out, and a0 and a1 keep the advantages its reward of 0 gave their group
+    assert kept == samples[:2]
+    # a step of nothing but runs out of turns is trained as it is: every advantage is 0
+    assert loss_bearing(samples[3:], runs[3:], overlong_filter=True) == samples[3:]
+    with pytest.raises(ValueError, match="2 samples for 5 trajectories"):
+        loss_bearing(samples[:2], runs, overlong_filter=True)
+    assert TrainerConfig().overlong_filter is False

@@ -235,8 +235,9 @@ def train_checked(config: LibraConfig, steps: int, check) -> None:
 def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_differ(tmp_path):
     """configs/demo.yaml's trainer settings from the policy it trains (the shipped tuning on math),
     on the HF engine with 4 prompts x 4 samples: every step has groups whose rewards differ (the
-    policy solves some tasks and fails others), only those carry advantages, the losses are finite
-    and every weight moves."""
+    policy solves some tasks and fails others), only those carry advantages, the trajectories that
+    ran out of turns are left out of the loss when the recipe filters them (and only those), the
+    losses are finite and every weight moves."""
     from pathlib import Path
 
     import yaml
@@ -252,10 +253,17 @@ def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_dif
                     "prompts_per_step": 4, "samples_per_prompt": 4, "checkpoint_dir": str(tmp_path / "checkpoints")}})
 
     def check(batch, groups: dict[str, list]) -> None:
-        differ = [g for g in groups.values() if len({s.reward for s in g}) > 1]
-        assert differ and len(groups) - len(differ) == batch.stats.uniform_groups
-        assert all(s.advantage == 0 for g in groups.values() if g not in differ for s in g)
-        assert all(any(s.advantage != 0 for s in g) for g in differ)
+        rewards: dict[str, set[float]] = {}  # each whole group's, its samples trained on or not
+        for trajectory in batch.trajectories:
+            rewards.setdefault(trajectory.prompt_id, set()).add(trajectory.reward)
+        differ = {prompt for prompt, seen in rewards.items() if len(seen) > 1}
+        assert differ and len(rewards) - len(differ) == batch.stats.uniform_groups
+        assert all(s.advantage == 0 for prompt, g in groups.items() if prompt not in differ for s in g)
+        assert all(any(s.advantage != 0 for s in groups[prompt]) for prompt in differ)
+        # overlong filtering: the trajectories that ran out of turns are in the store, not in the loss
+        out_of_turns = {t.trajectory_id for t in batch.trajectories if t.outcome == "unanswered"}
+        assert {s.trajectory_id for s in batch.samples} == \
+            {t.trajectory_id for t in batch.trajectories} - (out_of_turns if recipe.get("overlong_filter") else set())
 
     train_checked(config, 2, check)
 
