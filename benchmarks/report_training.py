@@ -14,8 +14,9 @@ def train_section(result: dict) -> list[str]:
     rows = "; ".join(f"seed {k}: {curve(v)}" for k, v in seeds.items())
     pipeline, prefect, trainer = result["pipeline"], result["prefect"], result["trainer"]
     least, spread, end_min = result["gain_min"], result["gain_spread"], result["end_min"]
-    shown = ", ".join(f"{k} {v}" for k, v in result["recipe"].items() if k in ("lr", "dynamic_sampling", "oversample",
-                                                                                 "samples_per_prompt", "prompts_per_step"))
+    shown = ", ".join(f"{k} {v}" for k, v in result["recipe"].items()
+                      if k in ("lr", "overlong_filter", "dynamic_sampling", "oversample", "samples_per_prompt",
+                               "prompts_per_step"))
     return [
         f"**Training** (`python -m benchmarks.bench_train`; GRPO on the math tasks, vLLM on the CPU, the main job's "
         f"recipe (configs/demo.yaml: {shown}); the learning runs from {result['recipe'].get('policy', '.libra/policy')} "
