@@ -246,7 +246,7 @@ class TrainingSession:
         stats = RolloutStats.of(rolled.result, kept, self.engine_version, selection, rolled.stale_dropped)
         samples = loss_bearing(to_samples(selection.trained, t.normalize_std,
                                           [rewards[r.trajectory_id] for r in selection.trained]),
-                               selection.trained, t.overlong_filter)
+                               selection.trained, t.overlong_filter and step != EVALUATION)
         batch = Batch(step, tuple(samples), tuple(r.record() for r in kept),
                       stats, rolled.decode)
         self.batches.scored(batch)

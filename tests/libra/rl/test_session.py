@@ -206,9 +206,9 @@ def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy
     assert informative > 0
 
 
-def train_checked(config: LibraConfig, steps: int, check) -> None:
+def train_checked(config: LibraConfig, steps: int, check, after=None) -> None:
     """`steps` iterations of `config`, each scored batch handed to `check` with its samples by group;
-    every update's loss finite, and every weight moved by the end."""
+    every update's loss finite, and every weight moved by the end (`after`: then handed the session)."""
     import math
 
     import torch
@@ -228,16 +228,19 @@ def train_checked(config: LibraConfig, steps: int, check) -> None:
             session.sync()
         changed = sum(not torch.equal(a, b.detach()) for a, b in zip(before, session.trainer.model.parameters(), strict=True))
         assert changed == len(before)
+        if after is not None:
+            after(session)
     finally:
         session.close()
 
 
-def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_differ(tmp_path):
+def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_differ(tmp_path, monkeypatch):
     """configs/demo.yaml's trainer settings from the policy it trains (the shipped tuning on math),
     on the HF engine with 4 prompts x 4 samples: every step has groups whose rewards differ (the
     policy solves some tasks and fails others), only those carry advantages, the trajectories that
-    ran out of turns are left out of the loss when the recipe filters them (and only those), the
-    losses are finite and every weight moves."""
+    ran out of turns are left out of the loss when the recipe filters them (and only those, and
+    never in the evaluation's batch, which trains nothing), the losses are finite and every weight
+    moves."""
     from pathlib import Path
 
     import yaml
@@ -250,7 +253,8 @@ def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_dif
     config = LibraConfig.model_validate({
         "rollout": {"engine": "hf", "max_turns": 3, "max_tokens_per_turn": 96},
         "trainer": {**trainer, "policy": str(SHIPPED_TUNED["math"]), "run": "recipe", "pipeline": "sync",
-                    "prompts_per_step": 4, "samples_per_prompt": 4, "checkpoint_dir": str(tmp_path / "checkpoints")}})
+                    "prompts_per_step": 4, "samples_per_prompt": 4, "eval_prompts": 4,
+                    "checkpoint_dir": str(tmp_path / "checkpoints")}})
 
     def check(batch, groups: dict[str, list]) -> None:
         rewards: dict[str, set[float]] = {}  # each whole group's, its samples trained on or not
@@ -265,7 +269,20 @@ def test_updates_of_the_main_jobs_recipe_learn_from_the_groups_whose_rewards_dif
         assert {s.trajectory_id for s in batch.samples} == \
             {t.trajectory_id for t in batch.trajectories} - (out_of_turns if recipe.get("overlong_filter") else set())
 
-    train_checked(config, 2, check)
+    def evaluated(session) -> None:
+        import libra.rl.session as module
+        from libra.rl.batches import EVALUATION
+        from libra.rl.schedule import loss_bearing
+
+        filtered = []  # the evaluation's batch trains nothing: it never filters (greedy runs rarely run out)
+        monkeypatch.setattr(module, "loss_bearing", lambda samples, runs, overlong: filtered.append(overlong)
+                            or loss_bearing(samples, runs, overlong), raising=True)
+        session.rollout(EVALUATION, evaluation=True)
+        batch = session.score(EVALUATION)
+        assert len(batch.trajectories) == 4 and filtered == [False]
+        assert {s.trajectory_id for s in batch.samples} == {t.trajectory_id for t in batch.trajectories}
+
+    train_checked(config, 2, check, evaluated)
 
 
 def test_partial_rollouts_carry_incomplete_groups_and_drop_stale_ones_counted_and_checkpointed(policy_dir, tmp_path):  # noqa: F811
