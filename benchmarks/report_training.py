@@ -13,7 +13,8 @@ def train_section(result: dict) -> list[str]:
 
     rows = "; ".join(f"seed {k}: {curve(v)}" for k, v in seeds.items())
     pipeline, prefect, trainer = result["pipeline"], result["prefect"], result["trainer"]
-    least, spread, end_min = result["gain_min"], result["gain_spread"], result["end_min"]
+    least, end_min = result["gain_min"], result["end_min"]
+    spread = result["gain_spread"] if len(seeds) > 1 else None  # between seeds: none with one
     shown = ", ".join(f"{k} {v}" for k, v in result["recipe"].items()
                       if k in ("lr", "overlong_filter", "dynamic_sampling", "oversample", "samples_per_prompt",
                                "prompts_per_step"))
@@ -25,9 +26,11 @@ def train_section(result: dict) -> list[str]:
         "",
         "| measure | Libra | baseline in the same run | figure | goal |",
         "|---|---|---|---|---|",
-        f"| held-out reward (128 held-out prompts, greedy) every 10 updates to {result['steps']} | {rows} | spread of the "
-        f"gain between seeds: {spread:.3f} | least gain {least:+.3f}, {least / spread if spread > 0 else float('inf'):.1f}x "
-        f"the spread; lowest final {end_min:.3f} | gain >= 3x spread; final >= 0.35 |",
+        f"| held-out reward (128 held-out prompts, greedy) every 10 updates to {result['steps']} | {rows} | "
+        + (f"spread of the gain between seeds: {spread:.3f} | least gain {least:+.3f}, "
+           f"{least / spread if spread > 0 else float('inf'):.1f}x the spread" if spread is not None else
+           f"one seed: no spread between seeds | gain {least:+.3f}")
+        + f"; lowest final {end_min:.3f} | gain >= 3x spread; final >= 0.35 |",
         f"| one-step-off pipeline, {pipeline['iterations']} iterations | {pipeline['one_step_off_s']:.1f} s | "
         f"synchronous: {pipeline['sync_s']:.1f} s | ratio {pipeline['ratio_sync_over_one_step_off']:.2f} | > 1 |",
         f"| Prefect's share of an iteration (synchronous iterations) | {prefect['overhead_share']:.1%} | - | "

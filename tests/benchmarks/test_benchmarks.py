@@ -80,3 +80,20 @@ def test_dashboard_benchmark_smoke(capsys) -> None:
     assert bench_dashboard.main(["--rows", "4000", "--steps", "4", "--sim-steps", "2", "--repeats", "1", "--no-save"]) == 0
     out = capsys.readouterr().out
     assert out.count(" first ") == 8 and "slowest open" in out and "of the 3 s goal" in out
+
+
+def test_the_learning_figures_compare_the_gain_with_a_spread_only_between_seeds() -> None:
+    """One seed has no spread between seeds: the figures say so rather than divide by zero (a single
+    seed's run once printed a ratio of 195312500), and the README's row names the gain alone."""
+    from benchmarks.bench_train import spread_against_goal
+    from benchmarks.report_training import train_section
+
+    assert spread_against_goal(0.094, 0.039) == "spread between seeds 0.039: least gain / spread 2.4 (goal >= 3)"
+    assert spread_against_goal(0.1, 0.0) == "spread between seeds 0.000: least gain / spread inf (goal >= 3)"
+    assert spread_against_goal(0.195, None).startswith("one seed: no spread between seeds")
+    one = {"seeds": {"0": {"heldout": {"0": 0.305, "60": 0.5}}}, "steps": 60, "gain_min": 0.195, "gain_spread": 0.0,
+           "end_min": 0.5, "recipe": {"lr": 1e-4}, "machine": "2 cores",
+           "pipeline": {"iterations": 4, "one_step_off_s": 10.0, "sync_s": 12.0, "ratio_sync_over_one_step_off": 1.2},
+           "prefect": {"overhead_share": 0.01}, "trainer": {"libra_tokens_per_s": 90, "bare_tokens_per_s": 100, "ratio": 0.9}}
+    row = train_section(one)[4]
+    assert "| seed 0: 0.305 / 0.500 | one seed: no spread between seeds | gain +0.195; lowest final 0.500 |" in row
