@@ -369,8 +369,9 @@ def spread_against_goal(least: float, spread: float | None) -> str:
     """The least gain against the spread of the gains between seeds (the goal: at least 3x), in words."""
     if spread is None:
         return "one seed: no spread between seeds to compare the gain with (goal: least gain >= 3x the spread)"
-    ratio = least / spread if spread > 0 else float("inf")
-    return f"spread between seeds {spread:.3f}: least gain / spread {ratio:.1f} (goal >= 3)"
+    from benchmarks.report_training import gain_over_spread
+
+    return f"spread between seeds {spread:.3f}: least gain / spread {gain_over_spread(least, spread):.1f} (goal >= 3)"
 
 
 if __name__ == "__main__":

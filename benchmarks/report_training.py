@@ -5,6 +5,11 @@ run and the megatron trainer (`benchmarks.report` puts them in order with the ot
 from __future__ import annotations
 
 
+def gain_over_spread(least: float, spread: float) -> float:
+    """The least gain over the spread of the gains between seeds (the goal: at least 3)."""
+    return least / spread if spread > 0 else float("inf")
+
+
 def train_section(result: dict) -> list[str]:
     seeds = result["seeds"]
 
@@ -28,7 +33,7 @@ def train_section(result: dict) -> list[str]:
         "|---|---|---|---|---|",
         f"| held-out reward (128 held-out prompts, greedy) every 10 updates to {result['steps']} | {rows} | "
         + (f"spread of the gain between seeds: {spread:.3f} | least gain {least:+.3f}, "
-           f"{least / spread if spread > 0 else float('inf'):.1f}x the spread" if spread is not None else
+           f"{gain_over_spread(least, spread):.1f}x the spread" if spread is not None else
            f"one seed: no spread between seeds | gain {least:+.3f}")
         + f"; lowest final {end_min:.3f} | gain >= 3x spread; final >= 0.35 |",
         f"| one-step-off pipeline, {pipeline['iterations']} iterations | {pipeline['one_step_off_s']:.1f} s | "
