@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import OUT, quiet_engines, run_locations, save, saved
+from benchmarks.report_training import gain_over_spread, seed_spread
 from libra.config import LibraConfig
 from libra.rollout.policy import SHIPPED, SHIPPED_TUNED, tuned_dir
 
@@ -358,10 +359,9 @@ def learning_figures(steps: int, seeds: dict[int, dict[str, Any]], gains: list[f
 
 
 def report_learning(result: dict[str, Any]) -> None:
-    gains = [s["reward_end"] - s["reward_start"] for s in result["seeds"].values()]
-    print(f"learning: gains {min(gains):+.3f} (least) to {max(gains):+.3f}, mean {result['gain_mean']:+.3f}, held-out "
-          f"reward over {result['steps']} steps; "
-          f"{spread_against_goal(min(gains), max(gains) - min(gains) if len(gains) > 1 else None)}; "
+    least, spread = result["gain_min"], seed_spread(result)
+    print(f"learning: gains {least:+.3f} (least) to {least + (spread or 0.0):+.3f}, mean {result['gain_mean']:+.3f}, "
+          f"held-out reward over {result['steps']} steps; {spread_against_goal(least, spread)}; "
           f"lowest final held-out reward {result['end_min']:.3f} (goal >= 0.35)")
 
 
@@ -369,8 +369,6 @@ def spread_against_goal(least: float, spread: float | None) -> str:
     """The least gain against the spread of the gains between seeds (the goal: at least 3x), in words."""
     if spread is None:
         return "one seed: no spread between seeds to compare the gain with (goal: least gain >= 3x the spread)"
-    from benchmarks.report_training import gain_over_spread
-
     return f"spread between seeds {spread:.3f}: least gain / spread {gain_over_spread(least, spread):.1f} (goal >= 3)"
 
 

@@ -5,6 +5,12 @@ run and the megatron trainer (`benchmarks.report` puts them in order with the ot
 from __future__ import annotations
 
 
+def seed_spread(result: dict) -> float | None:
+    """The spread of the gains between the seeds of `bench_train`'s learning figures; None with one seed
+    (files saved before one seed was told apart hold 0.0 there)."""
+    return result["gain_spread"] if len(result["seeds"]) > 1 else None
+
+
 def gain_over_spread(least: float, spread: float) -> float:
     """The least gain over the spread of the gains between seeds (the goal: at least 3)."""
     return least / spread if spread > 0 else float("inf")
@@ -19,7 +25,7 @@ def train_section(result: dict) -> list[str]:
     rows = "; ".join(f"seed {k}: {curve(v)}" for k, v in seeds.items())
     pipeline, prefect, trainer = result["pipeline"], result["prefect"], result["trainer"]
     least, end_min = result["gain_min"], result["end_min"]
-    spread = result["gain_spread"] if len(seeds) > 1 else None  # between seeds: none with one
+    spread = seed_spread(result)
     shown = ", ".join(f"{k} {v}" for k, v in result["recipe"].items()
                       if k in ("lr", "overlong_filter", "dynamic_sampling", "oversample", "samples_per_prompt",
                                "prompts_per_step"))
