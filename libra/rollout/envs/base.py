@@ -93,7 +93,7 @@ def read_work_file(workdir: Path, name: str, limit: int = 1 << 20) -> str:
     try:
         fd = os.open(workdir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
-        raise WorkFileError(f"{name} cannot be read ({exc.strerror.lower()})") from None
+        raise WorkFileError(f"{name} cannot be read ({_reason(exc)})") from None
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise WorkFileError(f"{name} is not a plain file")
@@ -105,7 +105,9 @@ def read_work_file(workdir: Path, name: str, limit: int = 1 << 20) -> str:
 
 def write_work_file(workdir: Path, name: str, text: str) -> None:
     """(Re)write the file `name` of a working directory as the host: whatever stands there (a link
-    included) is removed first, and the new file is created, never opened through a link."""
+    included) is removed first, and the new file is created, never opened through a link. What the
+    sandboxed code did to the directory (a directory in the file's place, the directory filled up)
+    is a `WorkFileError`, the tool's answer to the model, not a failure of the environment."""
     path = workdir / name
     try:
         os.unlink(path)
@@ -113,6 +115,15 @@ def write_work_file(workdir: Path, name: str, text: str) -> None:
         pass
     except IsADirectoryError:
         raise WorkFileError(f"{name} is a directory") from None
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    except OSError as exc:
+        raise WorkFileError(f"{name} cannot be replaced ({_reason(exc)})") from None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise WorkFileError(f"{name} cannot be written ({_reason(exc)})") from None
+
+
+def _reason(exc: OSError) -> str:
+    return (exc.strerror or str(exc)).lower()

@@ -168,8 +168,11 @@ class _Episode:
 
     def _tests(self) -> tuple[str, str]:
         # test_code.py is for the model to read (the task's, written afresh); the run itself only
-        # computes values, and the host judges them
+        # computes values, and the host judges them (`_run`)
         write_work_file(self.workdir, "test_code.py", self.tests)
+        return self._run()
+
+    def _run(self) -> tuple[str, str]:
         result = self.sandbox.run(runner(self.names), self.workdir, self.limits)
         judged = verdict(self.names, result.stdout) if result.status == "ok" else None
         self.passed = judged is not None and judged[1]
@@ -207,7 +210,9 @@ class _Episode:
         return f"line {n} is now: {lines[n - 1]}", "ok"
 
     def reward(self, answer: str) -> float:
-        self._tests()
+        # the tests run as at a call, without rewriting test_code.py: nothing the model did to its
+        # working directory can fail the reward, only fail the tests (a reward of 0)
+        self._run()
         return 1.0 if self.passed else 0.0
 
     def partial_credit(self) -> float:

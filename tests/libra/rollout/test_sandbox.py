@@ -171,6 +171,35 @@ def test_rewriting_the_tests_earns_no_reward(tmp_path, config):
     assert episode.reward("done") == 0.0  # the tests run are the task's, whatever the code wrote
 
 
+def test_breaking_its_own_working_directory_earns_a_reward_of_0_not_an_environment_failure(tmp_path, config):
+    """The code puts a directory where the tests' file goes. The tool says so, and the reward is
+    the tests' verdict, 0: a failed environment would leave the whole group out of the update,
+    the trajectory's 0 with it."""
+    workdir = tmp_path / "repo"
+    episode = open_episode("repo", config, workdir)
+    sabotage = "import os; os.remove('test_code.py'); os.mkdir('test_code.py')"
+    assert episode.call("edit", f"code.py 3: {sabotage}")[1] == "ok"
+    episode.call("test", "all")
+    assert (workdir / "test_code.py").is_dir()
+    assert episode.call("test", "all") == ("test_code.py is a directory", "error")
+    assert episode.call("read", "test_code.py") == ("test_code.py is a directory", "error")
+    assert episode.reward("done") == 0.0
+
+
+def test_filling_its_own_working_directory_earns_a_reward_of_0_not_an_environment_failure(tmp_path, config):
+    workdir = tmp_path / "repo"
+    episode = open_episode("repo", config.model_copy(update={"workdir_bytes": 2**20}), workdir)
+    if not os.path.ismount(workdir):
+        pytest.skip("working directories are capped filesystems of their own only where Libra may mount (root)")
+    fill = ("exec(\"import os\\nos.remove('test_code.py')\\ntry:\\n f = open('fill', 'wb', 0)\\n"
+            " while True: f.write(b'x' * 65536)\\nexcept OSError: pass\")")
+    assert episode.call("edit", f"code.py 3: {fill}")[1] == "ok"
+    episode.call("test", "all")
+    assert (workdir / "fill").stat().st_size > 2**19 and not (workdir / "test_code.py").exists()
+    assert episode.call("test", "all") == ("test_code.py cannot be written (no space left on device)", "error")
+    assert episode.reward("done") == 0.0
+
+
 # -- processes -----------------------------------------------------------------------------------
 
 
