@@ -241,12 +241,13 @@ class CallCgroups:
 
     def remove(self, name: str, wait_s: float = 2.0) -> bool:
         """Remove the call's cgroups once its processes are gone (waiting up to `wait_s`); whether
-        they were all removed."""
+        they were all removed. The memory cgroup gives back what is still charged to it first
+        (`_release`)."""
         deadline = Deadline(self.clock, wait_s)
         left = list(self.tops)
         try:
             while True:
-                left = [top for top in left if not _rmdir(top / name)]
+                left = [top for top in left if not (_release(self.trees[0], top / name) and _rmdir(top / name))]
                 if not left:
                     return True
                 if deadline.left() <= 0:
@@ -314,6 +315,32 @@ def remove_orphaned(parent: Path) -> list[Path]:
         if _rmdir(top):
             removed.append(top)
     return removed
+
+
+def _release(memory: _Tree, path: Path) -> bool:
+    """Reclaim what is still charged to a call's memory cgroup `path` (in the memory controller's
+    tree `memory`; any other path: nothing to do) once its processes are gone; False while some
+    are left. Pages of the page cache a call read in first (a file under /usr) stay charged to its
+    cgroup after it ends: removed, the cgroup lingers in the kernel as long as they stay cached,
+    which is for good on a machine without memory pressure, and the kernel makes at most 65,535 of
+    them. A call that read a fresh page of a large system file each time left one behind per call.
+    Reclaimed first, it goes when it is removed (the pages are read again when next needed). The
+    working directory's files (tmpfs, no swap) cannot be reclaimed: they hold the cgroup only until
+    the trajectory's working directory goes."""
+    if path.parent != memory.top:
+        return True
+    try:
+        if (path / "cgroup.procs").read_text().strip():
+            return False
+        if memory.hierarchy.version == 1:
+            _write(path / "memory.force_empty", "0")
+        elif (path / "memory.reclaim").exists():  # cgroup v2, Linux 5.19 and later
+            _write(path / "memory.reclaim", (path / "memory.current").read_text().strip() or "0")
+    except FileNotFoundError:
+        return True  # removed already
+    except OSError:
+        pass  # what could not be reclaimed keeps the cgroup a while longer; the removal goes on
+    return True
 
 
 def _write(path: Path, text: str) -> None:

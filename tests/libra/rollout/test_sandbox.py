@@ -337,6 +337,23 @@ def test_disk_space_past_the_file_size_limit_and_inotify_instances_are_refused(e
     assert (host.parent / "work" / "f").stat().st_blocks * 512 <= FAST.file_bytes  # what the writes reached
 
 
+def test_the_page_cache_cannot_be_read_without_a_sound(episode, host):
+    # the system's page cache is one for the host: a call that read chosen pages of a large system
+    # file passed a number to a later call, which probed them with preadv2(RWF_NOWAIT) (a red team);
+    # mincore and cachestat say the same of a file's pages. A plain read still works.
+    code = ("import ctypes, mmap, os, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+            "fd = os.open(sys.executable, os.O_RDONLY)\nbuffer = bytearray(1)\n"
+            "try:\n    os.preadv(fd, [buffer], 0, os.RWF_NOWAIT)\nexcept OSError as exc:\n    print(exc.errno)\n"
+            "print(os.preadv(fd, [buffer], 0), buffer == bytearray(b'\\x7f'))\n"
+            "own = mmap.mmap(-1, 4096)\nstart = ctypes.addressof(ctypes.c_char.from_buffer(own))\n"  # a page of its own
+            "vec = ctypes.create_string_buffer(1)\n"
+            "print(libc.syscall(27, ctypes.c_void_p(start), 4096, vec), ctypes.get_errno())\n"  # mincore
+            "stat = ctypes.create_string_buffer(64)\nrange_ = (ctypes.c_uint64 * 2)(0, 4096)\n"
+            "print(libc.syscall(451, fd, range_, stat, 0), ctypes.get_errno())\n")  # cachestat
+    output, status = attack(episode, host, code)
+    assert output.splitlines() == ["95", "1 True", "-1 38", "-1 38"], output  # EOPNOTSUPP, read, ENOSYS x2
+
+
 def test_the_filter_is_libseccomps_and_checks_the_architecture_first():
     from libra.rollout.seccomp import DENIED, filter_program
 

@@ -2,13 +2,16 @@
 memory, the frames it was forked from, its mount table or the kernel's key lists), and nothing it
 leaves in flight stops the others. Both ways a call can start (see `test_sandbox.py`)."""
 
+import os
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from libra.config import SandboxConfig
+from libra.rollout.envs import make_env
 from libra.rollout.sandbox import Sandbox, SandboxLimits
 from tests.libra.rollout.test_sandbox import open_episode
 
@@ -162,3 +165,40 @@ def test_descriptors_a_call_leaves_in_flight_do_not_stop_the_others(tmp_path, co
     hard, sent, refused = results["attack"].output.split()
     assert int(hard) == limits.open_files and int(sent) > int(hard) and int(refused) == 109  # ETOOMANYREFS
     assert (results["victim"].status, results["victim"].output) == ("ok", "fine")
+
+
+def memory_cgroups() -> int:
+    """The memory cgroups the kernel holds, those removed but still charged included."""
+    for line in open("/proc/cgroups"):
+        if line.startswith("memory\t"):
+            return int(line.split()[2])
+    return 0
+
+
+def test_a_call_that_reads_system_files_leaves_no_memory_cgroup_behind(tmp_path, config):
+    """Each call reads a page of a system file that nothing had cached, so the page is charged to
+    the call's memory cgroup. Left at that, every removed cgroup lingered in the kernel while its
+    page stayed cached (for good, without memory pressure), one per call, towards the kernel's
+    limit of 65,535; the call's cgroup gives its pages back before it is removed."""
+    env = make_env("math", config)
+    env.limits = SandboxLimits(timeout_s=30.0, cpu_s=5, memory_bytes=256 * 2**20)  # 20 calls, on a busy machine too
+    (tmp_path / "work").mkdir()
+    episode = env.open(env.tasks(1, seed=0)[0], tmp_path / "work")
+    if Sandbox(config).cgroups() is None:
+        pytest.skip("calls get memory cgroups only as root, where the controller is writable")
+    output, _ = episode.call("python", "import os\np = os.path.join(os.path.dirname(os.__file__), '_pydecimal.py')\n"
+                                       "print(p, os.stat(p).st_ino)")
+    path, inode = output.rsplit(" ", 1)  # the calls' interpreter's standard library: the host's own file
+    source = Path(path)
+    if not source.is_file() or source.stat().st_ino != int(inode):
+        pytest.skip(f"the calls' {path} is not the host's file")
+    pages = 20
+    assert source.stat().st_size > pages * 4096
+    before = memory_cgroups()
+    for page in range(pages):
+        with open(source, "rb") as handle:  # this page leaves the page cache, to be read in by the call
+            os.posix_fadvise(handle.fileno(), page * 4096, 4096, os.POSIX_FADV_DONTNEED)
+        code = (f"import os\nfd = os.open({path!r}, os.O_RDONLY)\nos.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)\n"
+                f"print(len(os.pread(fd, 1, {page * 4096})))")
+        assert episode.call("python", code) == ("1", "ok")
+    assert memory_cgroups() - before < pages // 2  # calls of another test in flight beside may count
