@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
         help="run the trace analysis job (a flow) on the configured store, Prefect and MLflow",
         description="Run the trace analysis job as a Prefect flow without a server: import every bundled agent trace "
         "into the store (one run per trace), compute the named statistics with DuckDB, and log each trace's "
-        "statistics, tables and length plots to MLflow. Idempotent: running it again leaves the same rows.",
+        "statistics, tables and length plots to MLflow. Idempotent: running it again leaves the same rows. A run "
+        "of a trace's name that something else wrote (not an import of a file of that name) is refused and kept.",
     )
     run.add_argument("--traces", nargs="*", metavar="FILE.csv", help="trace files (default: the bundled data/traces/*.csv)")
     run.add_argument("--json", action="store_true", help="print the per-trace summary as JSON")

@@ -8,7 +8,9 @@ is killed leaves the run as it was (absent if new, the previous import otherwise
 
 An import creates a run: into a run that exists it is refused (`RunExistsError`, which says to
 pass --replace) unless `replace` is given, and then it replaces the run whole, so re-importing
-with another `prompts_per_step` or another file leaves exactly the new rows. An import does not
+with another `prompts_per_step` or another file leaves exactly the new rows; or `refresh` is given,
+and then it replaces only an earlier import of a file of the same name (the trace-analysis flow run
+again), never a run something else wrote. An import does not
 wait for another writer of the same run: it is refused at once (`RunLockedError`).
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from libra.config import StoreConfig
 from libra.traces import ReadProgress, read_trace, steps_by_prompt
+from storage.manifest import RunExistsError, RunManifest, check_store_root, read_manifest
 from storage.records import trajectories_table, turns_table
 from storage.writer import StoreWriter, check_run_name, refuse_existing
 
@@ -48,18 +51,29 @@ def import_trace(
     root: str | Path | None = None,
     *,
     replace: bool = False,
+    refresh: bool = False,
     progress: ReadProgress | None = None,  # hears the bytes of the file read so far (libra.traces.read_trace)
 ) -> ImportSummary:
+    """Import the trace at `path` as the store run `run`. A run of that name is refused, unless
+    `replace` (it is replaced whole, whatever wrote it) or `refresh` (it is replaced only where it is
+    an earlier import of a file of the same name, as a flow that imports its traces again leaves
+    it: any other run of that name is refused)."""
     check_run_name(run)
     writer = writer_for(store, root)
     if not replace:  # fail before parsing; checked again under the lock
-        refuse_existing(writer.root, run)
+        if refresh:
+            refuse_other(writer.root, run, Path(path).name)
+        else:
+            refuse_existing(writer.root, run)
     trace = read_trace(path, progress=progress)
     step_of = steps_by_prompt(trace.trajectories, prompts_per_step)
     trajectories = trajectories_table(run, trace.trajectories, step_of)
     turns = turns_table(run, trace.trajectories, step_of)
     origin = f"import of {Path(path).name}, prompts_per_step={prompts_per_step}"
-    with writer.transaction(run, mode="replace" if replace else "create", origin=origin, wait_s=0) as tx:
+    mode = "replace" if replace or refresh else "create"
+    with writer.transaction(run, mode=mode, origin=origin, wait_s=0) as tx:
+        if refresh and not replace and tx.base is not None and not imported_from(tx.base, Path(path).name):
+            raise other_run_error(writer.root, tx.base, Path(path).name)
         shards = tx.write_run("turns", turns)
         shards += tx.write_run("trajectories", trajectories)
         replaced = tx.base is not None
@@ -71,4 +85,25 @@ def import_trace(
         steps=len(set(step_of.values())),
         shards=len(shards),
         replaced=replaced,
+    )
+
+
+def imported_from(manifest: RunManifest, name: str) -> bool:
+    """Whether the run is an import of a trace file named `name` (`import_trace`'s origin)."""
+    return manifest.origin.startswith(f"import of {name}, ")
+
+
+def refuse_other(root: str | Path, run: str, name: str) -> None:
+    """`RunExistsError` if `run` is committed in the store at `root` and is not an import of a trace
+    file named `name` (checked early, before the trace is read, and again under the run's lock)."""
+    check_store_root(root)
+    existing = read_manifest(root, run)
+    if existing is not None and not imported_from(existing, name):
+        raise other_run_error(root, existing, name)
+
+
+def other_run_error(root: str | Path, manifest: RunManifest, name: str) -> RunExistsError:
+    return RunExistsError(
+        f"run {manifest.run!r} already exists in store {root} ({manifest.origin}) and is not an import of {name}: "
+        f"rename the trace file, or import it under another run name with `libra traces import {name} --run NAME`"
     )

@@ -14,11 +14,12 @@ from storage.queries import run_named, to_jsonable
 
 
 @task(name="import-trace", cache_policy=NO_CACHE, retries=0)
-def import_trace_task(path: str, run: str, config: LibraConfig, replace: bool = True) -> ImportSummary:
-    """Validate a trace file and write it into the store as `run`, all or nothing. By default the
-    import replaces a run of that name whole, so re-running the flow (or retrying the task)
-    refreshes its runs; `replace=False` refuses a run that exists."""
-    return import_trace(path, run, config.store, config.traces.prompts_per_step, replace=replace)
+def import_trace_task(path: str, run: str, config: LibraConfig) -> ImportSummary:
+    """Validate a trace file and write it into the store as `run`, all or nothing. An earlier import
+    of a file of the same name is replaced whole, so re-running the flow (or retrying the task)
+    refreshes its runs; a run of that name that something else wrote (a simulation, a pool's, an
+    import of another file) is refused and left as it was."""
+    return import_trace(path, run, config.store, config.traces.prompts_per_step, refresh=True)
 
 
 @task(name="summarize-run", cache_policy=NO_CACHE)

@@ -75,6 +75,25 @@ def test_replace_with_another_file_drops_the_old_trajectories(tmp_path: Path) ->
         assert catalog.query("select trajectory_id, turn_idx from turns").to_pylist() == [{"trajectory_id": "q9/z", "turn_idx": 0}]
 
 
+def test_refresh_replaces_only_an_import_of_a_file_of_the_same_name(tmp_path: Path) -> None:
+    """What the trace-analysis flow (`libra run`) does: its own earlier import of t.csv is replaced,
+    and a run of that name that something else wrote (here an import of another file, or a
+    simulation's steps) is refused and left byte for byte."""
+    store = StoreConfig(root=str(tmp_path / "store"), fsync=False)
+    import_trace(small_trace(tmp_path / "t.csv"), "t", store, prompts_per_step=1)
+    assert import_trace(small_trace(tmp_path / "t.csv"), "t", store, prompts_per_step=2, refresh=True).replaced
+    (tmp_path / "elsewhere").mkdir()
+    other = write_trace(tmp_path / "elsewhere" / "other.csv", trace_rows("q9", "z", 4, [(3, "none", 0, "")]))
+    import_trace(other, "other-run", store, prompts_per_step=1)
+    before = snapshot(tmp_path / "store")
+    renamed = small_trace(tmp_path / "elsewhere" / "t.csv")
+    with pytest.raises(RunExistsError, match=r"^run 'other-run' already exists in store .*/store \(import of other.csv, "
+                                             r"prompts_per_step=1\) and is not an import of t.csv: rename the trace file, "
+                                             r"or import it under another run name with `libra traces import t.csv --run NAME`$"):
+        import_trace(renamed, "other-run", store, prompts_per_step=1, refresh=True)
+    assert snapshot(tmp_path / "store") == before
+
+
 def test_a_failed_import_leaves_the_previous_run(tmp_path: Path) -> None:
     store = StoreConfig(root=str(tmp_path / "store"), fsync=False)
     import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
