@@ -155,7 +155,7 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
     built with `settings` is kept, and the shipped one is copied when it was built with them.
     `progress` hears (training steps done, steps, the step's loss) after each step; the
     demonstrations' tools run in the sandbox `sandbox` configures."""
-    out = Path(out)
+    out = _policy_out(out)
     if not rebuild:
         if (record := _record_if_built_with(out, settings)) is not None:
             log(f"policy in {out} is up to date (built in {record['train_s']:.0f} s, final loss {record['final_loss']:.3f})")
@@ -194,6 +194,27 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
               "final_loss": sum(losses[-50:]) / len(losses[-50:])}
     (out / "libra_policy.json").write_text(json.dumps(record, indent=2))
     return record
+
+
+def _policy_out(out: str | Path) -> Path:
+    """`init_policy`'s directory, refused (nothing written) where writing the policy would replace
+    what it did not write: a file, or a directory that holds anything but a policy it built."""
+    if not str(out).strip():
+        raise LibraError("the policy's directory (--out) is empty: give a directory, e.g. --out .libra/policy")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise LibraError(f"{out} is a file, not a directory: give --out a new or empty directory for the policy")
+    if out.is_dir() and any(out.iterdir()):
+        try:
+            record = _record_or_none(out)
+        except (OSError, ValueError):  # unreadable, or not JSON: not a record a build wrote
+            record = None
+        if not isinstance(record, dict) or "tuned" in record:
+            held = sorted(p.name for p in out.iterdir())
+            raise LibraError(f"{out} holds files that `libra policy init` did not write ({', '.join(held[:5])}"
+                             f"{', ...' if len(held) > 5 else ''}); give --out a new or empty directory (nothing "
+                             "there is replaced)")
+    return out
 
 
 def tuned_dir(base: Path, env: str) -> Path:

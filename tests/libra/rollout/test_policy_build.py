@@ -130,6 +130,39 @@ def test_tuning_refuses_what_it_cannot_do_and_replaces_nothing(tmp_path, policy_
     assert [p.name for p in other.iterdir()] == ["config.json"] and (other / "config.json").read_text() == "{}"
 
 
+def test_init_refuses_a_directory_it_did_not_write_and_replaces_nothing(tmp_path, monkeypatch) -> None:
+    """`libra policy init --out ""` wrote the policy into the working directory, over the user's own
+    config.json and tokenizer.json (a bad-input review); a file, or a directory holding anything but
+    a policy init built, is refused now, and a policy it built is still kept or copied again."""
+    import pytest
+
+    from libra.errors import LibraError
+    from libra.rollout.policy import init_policy
+
+    quiet = {"log": lambda _: None}
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.json").write_text("mine")
+    (project / "tokenizer.json").write_text("mine too")
+    monkeypatch.chdir(project)
+    with pytest.raises(LibraError, match=r"^the policy's directory \(--out\) is empty: give a directory"):
+        init_policy("", **quiet)
+    for out in (".", project):
+        with pytest.raises(LibraError, match=r"holds files that `libra policy init` did not write \(config.json, "
+                                             r"tokenizer.json\); give --out a new or empty directory"):
+            init_policy(out, **quiet)
+    (project / "libra_policy.json").write_text("not json")
+    with pytest.raises(LibraError, match="did not write"):
+        init_policy(project, **quiet)
+    with pytest.raises(LibraError, match="is a file, not a directory"):
+        init_policy(project / "config.json", **quiet)
+    assert sorted(p.name for p in project.iterdir()) == ["config.json", "libra_policy.json", "tokenizer.json"]
+    assert (project / "config.json").read_text() == "mine" and (project / "tokenizer.json").read_text() == "mine too"
+    built = tmp_path / "built"
+    init_policy(built, **quiet)  # a copy of the shipped policy
+    assert init_policy(built, **quiet) == init_policy(tmp_path / "again", **quiet)  # kept as it is
+
+
 def test_the_shipped_tuned_policy_is_the_default_tuning_of_the_shipped_policy() -> None:
     """data/policy-math's record says it is data/policy tuned with TuneSettings(): so `libra policy
     tune` with the defaults, and the main job, copy it instead of spending the tuning's minutes."""
