@@ -9,7 +9,9 @@ that hold a NUL character (no path can). Values quoted in errors are cut short.
 
 from __future__ import annotations
 
+import os
 import reprlib
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +80,17 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer would block the open
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config ({exc.strerror}); pass an existing YAML file") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path}: not a regular file; pass a YAML file")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config ({exc.strerror}); pass an existing YAML file") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes; a config is a short YAML file")
     try:

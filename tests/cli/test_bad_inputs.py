@@ -82,7 +82,7 @@ BAD = [
     (["config", "--config", "big.yaml"], "big.yaml: larger than 1,048,576 bytes; a config is a short YAML file"),
     (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", "small.csv", "--config", "bomb.yaml"],
      "bomb.yaml: the document expands to more than 100,000 values (aliases repeating aliases?); a config is a short YAML file"),
-    (["config", "--config", "dir.csv"], "dir.csv: cannot read config (Is a directory); pass an existing YAML file"),
+    (["config", "--config", "dir.csv"], "dir.csv: not a regular file; pass a YAML file"),
     # training layouts the machine cannot run
     (["train", "--config", "ranks.yaml", "--steps", "1"],
      "trainer.tp x pp x dp = 4 ranks (tp=1 pp=1 dp=4), but placement.strategy static gives the trainer 1 worker(s)"),

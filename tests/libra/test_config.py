@@ -1,3 +1,4 @@
+import os
 import re
 import time
 from pathlib import Path
@@ -132,9 +133,15 @@ def test_large_deep_and_nul_documents(tmp_path: Path) -> None:
     assert _error(tmp_path / "c.yaml", b"store: !!python/object/apply:os.system [ls]\n") == (
         "not valid YAML (could not determine a constructor for the tag 'tag:yaml.org,2002:python/object/apply:os.system' "
         "at line 1, column 8)")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # nothing writes to it: opening it to read waited for ever
+    for path in (tmp_path, fifo, Path("/dev/zero")):
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert str(info.value) == f"{path}: not a regular file; pass a YAML file"
     with pytest.raises(ConfigError) as info:
-        load_config(tmp_path)
-    assert str(info.value) == f"{tmp_path}: cannot read config (Is a directory); pass an existing YAML file"
+        load_config(tmp_path / "missing.yaml")
+    assert str(info.value) == f"{tmp_path / 'missing.yaml'}: cannot read config (No such file or directory); pass an existing YAML file"
 
 
 def test_long_values_are_cut_short_in_errors(tmp_path: Path) -> None:
