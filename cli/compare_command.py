@@ -28,15 +28,21 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 def cmd_compare(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
     from dashboards.compare import compare, read_runs
+    from flows.runtime import allow_file_store, store_error
     from libra.checks import in_range
 
     in_range("--target", args.target, -1e9, 1e9)
     experiment = args.experiment or f"{config.tracking.experiment_prefix}-train-{config.trainer.env}"
     with json_stdout(args.json) as out:
+        allow_file_store(config.tracking.tracking_uri)
         try:
             histories = read_runs(config.tracking.tracking_uri, experiment, args.run)
         except LookupError as exc:
             raise LibraError(f"{exc}; train runs with `libra train` first, or name another --experiment") from None
+        except LibraError:
+            raise
+        except Exception as exc:  # not MLflow's store (a file that is not its database, a file as a directory)
+            raise store_error(config.tracking.tracking_uri, exc) from None
         result = compare(histories, args.target)
         if args.json:
             print(json.dumps({"experiment": experiment, "target": result.target,

@@ -105,19 +105,63 @@ def file_lock(path: Path) -> Iterator[None]:
 
 
 def open_mlflow_store(uri: str) -> None:
-    """Open MLflow's tracking store once, creating a SQLite database's tables under a lock."""
+    """Open MLflow's tracking store once: a SQLite database's tables created under a lock, a
+    directory store (MLflow keeps those behind `MLFLOW_ALLOW_FILE_STORE`, set here unless the
+    environment says otherwise) checked to be a directory, a server checked to answer on its port.
+    Each fails in one line (`LibraError`) rather than deep in the first flow that logs."""
     prefix = "sqlite:///"
+    scheme = uri.partition("://")[0] if "://" in uri else "file"  # a directory, or file:DIR
+    if scheme in ("http", "https"):
+        reach_server(uri)
+        return
+    if scheme == "file":
+        directory = Path(uri.removeprefix("file://") if uri.startswith("file://") else uri.removeprefix("file:"))
+        if directory.exists() and not directory.is_dir():
+            raise LibraError(f"MLflow's tracking store {uri} is a file, not a directory: point tracking.tracking_uri at "
+                             "a directory or an MLflow database (sqlite:///FILE.db), or run with --no-track")
+        allow_file_store(uri)
+        return
     if not uri.startswith(prefix):
-        return  # a server or another backend: nothing to create here
+        return  # another database: nothing to create here
     import mlflow
 
     with file_lock(Path(uri[len(prefix):] + ".lock")):
         try:
             mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as exc:  # a file that is not MLflow's database (or is not a database at all)
-            raise LibraError(f"MLflow's tracking store {uri} cannot be opened ({type(exc).__name__}: "
-                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}); point "
-                             "tracking.tracking_uri at a new file or an MLflow database, or run with --no-track") from None
+            raise store_error(uri, exc) from None
+
+
+def allow_file_store(uri: str) -> None:
+    """Let MLflow open `uri` if it is a directory store (`file:DIR`, or a plain path): MLflow 3
+    refuses those unless `MLFLOW_ALLOW_FILE_STORE` is set (set here unless the environment says)."""
+    if "://" not in uri or uri.startswith("file:"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def store_error(uri: str, exc: BaseException) -> LibraError:
+    """MLflow's tracking store at `uri` failed to open with `exc`: one line that says what to do."""
+    return LibraError(f"MLflow's tracking store {uri} cannot be opened ({type(exc).__name__}: "
+                      f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}); point "
+                      "tracking.tracking_uri at a new file or an MLflow database, or run with --no-track")
+
+
+def reach_server(uri: str, timeout_s: float = 10.0) -> None:
+    """`LibraError` unless the tracking server at `uri` accepts a connection within `timeout_s`
+    (MLflow's own client retries for minutes before it says anything)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise LibraError(f"MLflow's tracking server {uri} has no valid port; fix tracking.tracking_uri") from None
+    try:
+        socket.create_connection((parts.hostname or "localhost", port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise LibraError(f"MLflow's tracking server {uri} cannot be reached ({exc.strerror or exc}); start it, fix "
+                         "tracking.tracking_uri, or run with --no-track") from None
 
 
 def start_prefect() -> None:

@@ -40,6 +40,8 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "ranks.yaml").write_text("trainer: {backend: megatron, dp: 4}\nplacement: {strategy: static}\n"
                                          "rollout: {engine: vllm}\n")
     (tmp_path / "unplaced.yaml").write_text("trainer: {backend: megatron, layout: planned}\n")
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    (tmp_path / "notdb.yaml").write_text(f"tracking: {{tracking_uri: 'sqlite:///{tmp_path / 'notes.txt'}'}}\n")
     lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"{n}: &{n} [{', '.join(['*' + p] * 9)}]" for n, p in zip("bcdefghi", "abcdefgh", strict=True)]
     (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\nstore: {root: *i}\n")
@@ -120,6 +122,7 @@ BAD = [
     (["tree", "--run", "r", "--out", "t.json", "--last-steps", "-1"], "--last-steps must be >= 0, got -1"),
     (["compare"], "no MLflow database at sqlite:///.libra/mlflow.db; train runs with `libra train` first"),
     (["compare", "--target", "nan"], "--target must be a finite number, got nan"),
+    (["compare", "--config", "notdb.yaml"], "MLflow's tracking store sqlite:///"),  # a traceback of 81 lines before
     # a run or deployment that does not exist is refused before a Prefect home or a store is made
     (["tree", "--run", "nope", "--out", "t.json"], "no run named 'nope' in store .libra/store; the store is empty"),
     (["deploy", "--only", "nope"], "--only: unknown deployments nope; known: libra-train/demo"),

@@ -301,6 +301,37 @@ def test_a_tracking_database_that_is_not_mlflows_is_one_line(tmp_path: Path) -> 
     assert (tmp_path / "bad.db").read_text() == "not a database\n"
 
 
+def test_a_tracking_store_that_is_a_file_or_a_server_that_does_not_answer_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    """A plain path named a file went to MLflow (a 209-line traceback); a server that does not answer
+    kept MLflow's client retrying, silent, for minutes (a bad-input review); a directory is a store
+    MLflow opens again (it refuses those unless told)."""
+    import socket
+
+    import mlflow
+
+    from flows.runtime import open_mlflow_store
+    from libra.errors import LibraError
+
+    (tmp_path / "notes.txt").write_text("mine\n")
+    for uri in (str(tmp_path / "notes.txt"), f"file:{tmp_path / 'notes.txt'}"):
+        with pytest.raises(LibraError, match=r"^MLflow's tracking store .*notes.txt is a file, not a directory: point "
+                                             r"tracking.tracking_uri at a directory or an MLflow database"):
+            open_mlflow_store(uri)
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(LibraError, match=rf"^MLflow's tracking server http://127.0.0.1:{port} cannot be reached "
+                                         r"\(Connection refused\); start it, fix tracking.tracking_uri, or run with --no-track$"):
+        open_mlflow_store(f"http://127.0.0.1:{port}")
+    assert time.monotonic() - started < 5
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # (so that it is unset again after the test)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    open_mlflow_store(str(tmp_path / "mlruns"))
+    assert mlflow.MlflowClient(tracking_uri=str(tmp_path / "mlruns")).search_experiments() is not None
+
+
 @pytest.mark.parametrize("bounds", [[], [-1], [1, 2, 3], [5000, 500]])
 def test_payload_bounds_that_are_not_two_increasing_counts_say_so(bounds: list[int]) -> None:
     with pytest.raises(ConfigError, match=rf"payload_bounds must be two increasing positive token counts, got "
