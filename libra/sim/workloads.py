@@ -140,6 +140,8 @@ PRESETS: dict[str, WorkloadSpec] = {
 def workload_spec(name: str, group_size: int | None = None, prompts_per_step: int | None = None) -> WorkloadSpec:
     """A preset by name, or `trace:FILE.csv` for a replayed trace."""
     if name.startswith("trace:"):
+        if not name.split(":", 1)[1].strip():
+            raise LibraError(f"workload {name!r} names no file: give trace:FILE.csv, a trace in the per-turn format")
         spec = WorkloadSpec(name, name.split(":", 1)[1], group_size=1, length_drift=0.0, turn_drift=0.0,
                             max_tokens=10**9)
     elif name in PRESETS:

@@ -74,6 +74,8 @@ BAD = [
     (["eval-router", "--trace", "huge_int.csv"], "huge_int.csv:2: gen_tokens = '18446744073709551616' is more than"),
     (["simulate", "--workload", "trace:zero.csv", "--steps", "2", "--no-track", "--store", "store"],
      "zero.csv:2: trajectory p/s has no tokens"),
+    (["simulate", "--workload", "trace:", "--steps", "2", "--no-track", "--store", "store"],
+     "workload 'trace:' names no file: give trace:FILE.csv"),  # it said ".: is a directory"
     (["run", "--traces", "small.csv", "binary.csv"], "binary.csv:1: not UTF-8 text"),
     (["run", "--traces", "missing.csv", "--json"], "missing.csv: no such trace file"),
     # config files
