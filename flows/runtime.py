@@ -110,12 +110,11 @@ def open_mlflow_store(uri: str) -> None:
     environment says otherwise) checked to be a directory, a server checked to answer on its port.
     Each fails in one line (`LibraError`) rather than deep in the first flow that logs."""
     prefix = "sqlite:///"
-    scheme = uri.partition("://")[0] if "://" in uri else "file"  # a directory, or file:DIR
-    if scheme in ("http", "https"):
+    if uri.startswith(("http://", "https://")):
         reach_server(uri)
         return
-    if scheme == "file":
-        directory = Path(uri.removeprefix("file://") if uri.startswith("file://") else uri.removeprefix("file:"))
+    directory = file_store_directory(uri)
+    if directory is not None:
         if directory.exists() and not directory.is_dir():
             raise LibraError(f"MLflow's tracking store {uri} is a file, not a directory: point tracking.tracking_uri at "
                              "a directory or an MLflow database (sqlite:///FILE.db), or run with --no-track")
@@ -132,10 +131,18 @@ def open_mlflow_store(uri: str) -> None:
             raise store_error(uri, exc) from None
 
 
+def file_store_directory(uri: str) -> Path | None:
+    """The directory of a directory store (`file:DIR`, `file:///DIR`, or a plain path); None for a
+    database or a server."""
+    if uri.startswith("file:"):
+        return Path(uri.removeprefix("file://") if uri.startswith("file://") else uri.removeprefix("file:"))
+    return None if "://" in uri else Path(uri)
+
+
 def allow_file_store(uri: str) -> None:
-    """Let MLflow open `uri` if it is a directory store (`file:DIR`, or a plain path): MLflow 3
-    refuses those unless `MLFLOW_ALLOW_FILE_STORE` is set (set here unless the environment says)."""
-    if "://" not in uri or uri.startswith("file:"):
+    """Let MLflow open `uri` if it is a directory store: MLflow 3 refuses those unless
+    `MLFLOW_ALLOW_FILE_STORE` is set (set here unless the environment says)."""
+    if file_store_directory(uri) is not None:
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 
 
