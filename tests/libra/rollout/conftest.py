@@ -1,7 +1,9 @@
+import os
 from pathlib import Path
 
 import pytest
 
+from libra.config import SandboxConfig
 from libra.rollout.policy import PolicySettings, init_policy
 
 
@@ -25,3 +27,20 @@ def tmp_path():
     root = make_workroot("libra-test-")
     yield root
     discard_tree(root)  # the trajectories' own filesystems unmounted too
+
+
+@pytest.fixture
+def host(tmp_path):
+    """A host directory beside the working directory: a secret the sandbox must not read and a
+    tree that must not change."""
+    sentinel = tmp_path / "sentinel"
+    sentinel.mkdir()
+    (sentinel / "secret.txt").write_text("host secret 31337\n")
+    os.chmod(sentinel, 0o755)
+    os.chmod(sentinel / "secret.txt", 0o644)  # readable by anyone on the host: only isolation hides it
+    return sentinel
+
+
+@pytest.fixture(params=[True, False], ids=["server", "bwrap-per-call"])
+def config(request):
+    return SandboxConfig(server=request.param)
