@@ -60,20 +60,21 @@ def import_trace(
     it: any other run of that name is refused)."""
     check_run_name(run)
     writer = writer_for(store, root)
+    name = Path(path).name
     if not replace:  # fail before parsing; checked again under the lock
         if refresh:
-            refuse_other(writer.root, run, Path(path).name)
+            refuse_other(writer.root, run, name)
         else:
             refuse_existing(writer.root, run)
     trace = read_trace(path, progress=progress)
     step_of = steps_by_prompt(trace.trajectories, prompts_per_step)
     trajectories = trajectories_table(run, trace.trajectories, step_of)
     turns = turns_table(run, trace.trajectories, step_of)
-    origin = f"import of {Path(path).name}, prompts_per_step={prompts_per_step}"
+    origin = f"{import_origin(name)}prompts_per_step={prompts_per_step}"
     mode = "replace" if replace or refresh else "create"
     with writer.transaction(run, mode=mode, origin=origin, wait_s=0) as tx:
-        if refresh and not replace and tx.base is not None and not imported_from(tx.base, Path(path).name):
-            raise other_run_error(writer.root, tx.base, Path(path).name)
+        if refresh and not replace and tx.base is not None and not imported_from(tx.base, name):
+            raise other_run_error(writer.root, tx.base, name)
         shards = tx.write_run("turns", turns)
         shards += tx.write_run("trajectories", trajectories)
         replaced = tx.base is not None
@@ -88,9 +89,14 @@ def import_trace(
     )
 
 
+def import_origin(name: str) -> str:
+    """How an import of the trace file `name` begins its run's origin (its settings follow)."""
+    return f"import of {name}, "
+
+
 def imported_from(manifest: RunManifest, name: str) -> bool:
     """Whether the run is an import of a trace file named `name` (`import_trace`'s origin)."""
-    return manifest.origin.startswith(f"import of {name}, ")
+    return manifest.origin.startswith(import_origin(name))
 
 
 def refuse_other(root: str | Path, run: str, name: str) -> None:
