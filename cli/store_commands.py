@@ -127,10 +127,12 @@ def cmd_query(args: argparse.Namespace, config: LibraConfig) -> int:
 def cmd_runs(args: argparse.Namespace, config: LibraConfig) -> int:
     from flows.store import runs as store_runs
 
-    runs, hidden = store_runs(config.store)
+    runs, hidden, unreadable = store_runs(config.store)
     if hidden:
         print(f"libra: note: not listed, no committed import: {', '.join(hidden)} (an import still running or killed, "
               "or written before run manifests; import again to use)", file=sys.stderr)
+    for why in unreadable.values():
+        print(f"libra: note: listed but cannot be read: {why}", file=sys.stderr)
     if args.json:
         print(json.dumps(runs))
     elif runs:

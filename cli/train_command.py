@@ -48,7 +48,7 @@ def with_overrides(config: LibraConfig, args: argparse.Namespace) -> LibraConfig
 
     try:
         return training_config(config, args.steps, args.run, None, getattr(args, "placement", None),
-                               backend=getattr(args, "trainer", None))
+                               backend=getattr(args, "trainer", None), restart=getattr(args, "restart", False))
     except LibraError as exc:
         raise LibraError(str(exc).replace("trainer.steps", "--steps").replace("trainer.run", "--run")
                          .replace("trainer.backend", "--trainer")) from None

@@ -136,6 +136,7 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
 
     from flows.runtime import flow_config
     from libra.renames import renamed_parameter
+    from storage.manifest import simulation_origin
     from storage.writer import refuse_existing
     from tasks.sim_tasks import (
         bound_task,
@@ -153,7 +154,8 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     check_feasible(request, settings.planner)
     if not replace:
         refuse_existing(settings.store.root, request.run)
-    origin = f"simulation of {request.workload}, {request.cluster}, {request.model}, {request.steps} steps, {uuid.uuid4().hex[:12]}"
+    origin = simulation_origin(f"{request.workload}, {request.cluster}, {request.model}, {request.steps} steps, "
+                               f"{uuid.uuid4().hex[:12]}")
     began = time.perf_counter()
     drawn = workload_task(request, settings.planner)
     # the steps' trajectories and the runs go to the tasks as they are (`quote`): Prefect would

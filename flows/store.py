@@ -53,11 +53,20 @@ def named_queries() -> tuple[NamedQuery, ...]:
     return tuple(NAMED_QUERIES.values())
 
 
-def runs(store: StoreConfig) -> tuple[list[str], list[str]]:
-    """The runs whose data is committed (what queries see), and those with none committed yet."""
+def runs(store: StoreConfig) -> tuple[list[str], list[str], dict[str, str]]:
+    """The runs whose data is committed (what queries see), those with none committed yet, and why
+    each committed run whose manifest cannot be read is unreadable (queries over it fail)."""
     from storage.catalog import list_runs, uncommitted_runs
+    from storage.manifest import ManifestUnreadable, read_manifest
 
-    return list_runs(store.root), uncommitted_runs(store.root)
+    committed = list_runs(store.root)
+    unreadable = {}
+    for run in committed:
+        try:
+            read_manifest(store.root, run)
+        except ManifestUnreadable as exc:
+            unreadable[run] = str(exc)
+    return committed, uncommitted_runs(store.root), unreadable
 
 
 def require_run(store: StoreConfig, run: str) -> None:

@@ -50,13 +50,14 @@ MAX_RECOVERIES = 3  # host losses in a row, with no step completed between them,
 
 def training_config(config: LibraConfig | str | None = None, steps: int | None = None, run: str | None = None,
                     env: str | None = None, placement: str | None = None, store: str | None = None,
-                    backend: str | None = None) -> LibraConfig:
+                    backend: str | None = None, restart: bool = False) -> LibraConfig:
     """The run's config: `config` with the given values in place of trainer.steps, trainer.run,
     trainer.env, placement.strategy, store.root and trainer.backend; then every check that can refuse
-    the run before anything is written or started (`tasks.train_tasks.check_training`)."""
+    the run before anything is written or started (`tasks.train_tasks.check_training`; `restart`: the
+    run is to be trained again whole)."""
     resolved = resolve_config(config, {"trainer.steps": steps, "trainer.run": run, "trainer.env": env,
                                        "placement.strategy": placement, "store.root": store, "trainer.backend": backend})
-    check_training(resolved)
+    check_training(resolved, restart)
     return resolved
 
 
@@ -74,7 +75,7 @@ def train_flow(config: LibraConfig | str | None = None, steps: int | None = None
     from libra.renames import renamed_parameter
 
     placement = renamed_parameter("policy", "placement", policy, placement, None)
-    config = training_config(config, steps, run, env, placement, store)
+    config = training_config(config, steps, run, env, placement, store, restart=restart)
     prepare_runtime(config)
     quiet_engines()
     context = RunContext(listeners, policy_progress)

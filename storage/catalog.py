@@ -42,6 +42,7 @@ from storage.manifest import (
     committed_runs,
     manifests_signature,
     read_manifest,
+    rewrite_hint,
     step_dir,
     table_dir,
 )
@@ -159,11 +160,11 @@ class Catalog:
             for name, schema in TABLES.items():
                 for step, listed in sorted(m.steps(schema).items()):
                     paths = [step_dir(root, schema, m.run, step) / shard for shard in listed.names()]
-                    rows = sum(self._rows(m.run, name, path) for path in paths)
+                    rows = sum(self._rows(m, name, path) for path in paths)
                     if rows != listed.rows:
                         raise LibraError(f"run {m.run!r}: {name} step {step} has {rows:,} rows in its shards, its "
                                          f"manifest says {listed.rows:,} (files copied or changed inside the store); "
-                                         "re-import the run with --replace")
+                                         + rewrite_hint(m.run, m.origin))
                     files[name].extend(paths)
         con = duckdb.connect(
             database=":memory:",
@@ -190,21 +191,21 @@ class Catalog:
         self.con = con
         self._signature = signature
 
-    def _rows(self, run: str, table: str, path: Path) -> int:
+    def _rows(self, manifest: RunManifest, table: str, path: Path) -> int:
         """The rows of a listed shard, from its Parquet footer (each file read once per catalog: a
         committed shard is never rewritten in place, a replaced one is another file)."""
         try:
             stat = path.stat()
         except FileNotFoundError:
-            raise LibraError(f"run {run!r}: {table} shard {path} listed by its manifest is missing; "
-                             "re-import the run with --replace") from None
+            raise LibraError(f"run {manifest.run!r}: {table} shard {path} listed by its manifest is missing; "
+                             + rewrite_hint(manifest.run, manifest.origin)) from None
         key = (path, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         if key not in self._shard_rows:
             try:
                 self._shard_rows[key] = pq.read_metadata(path).num_rows
             except (OSError, pa.ArrowException) as exc:
-                raise LibraError(f"run {run!r}: {table} shard {path} is not a readable Parquet file "
-                                 f"({_first_line(exc)}); re-import the run with --replace") from None
+                raise LibraError(f"run {manifest.run!r}: {table} shard {path} is not a readable Parquet file "
+                                 f"({_first_line(exc)}); " + rewrite_hint(manifest.run, manifest.origin)) from None
         return self._shard_rows[key]
 
     def query(self, sql: str, params: list | dict | None = None) -> pa.Table:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from libra.config import StoreConfig
 from libra.traces import ReadProgress, read_trace, steps_by_prompt
-from storage.manifest import RunExistsError, RunManifest, check_store_root, read_manifest
+from storage.manifest import RunExistsError, RunManifest, check_store_root, import_origin, read_manifest
 from storage.records import trajectories_table, turns_table
 from storage.writer import StoreWriter, check_run_name, refuse_existing
 
@@ -87,11 +87,6 @@ def import_trace(
         shards=len(shards),
         replaced=replaced,
     )
-
-
-def import_origin(name: str) -> str:
-    """How an import of the trace file `name` begins its run's origin (its settings follow)."""
-    return f"import of {name}, "
 
 
 def imported_from(manifest: RunManifest, name: str) -> bool:

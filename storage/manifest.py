@@ -203,6 +203,36 @@ def _newest_slot(data: bytes) -> tuple[int, int, bytes] | None:
     return max(slots, key=lambda s: s[1]) if slots else None
 
 
+# what wrote a run: its manifest's origin, which says how to write it again
+TRAIN_ORIGIN = "train"  # a training run's rows (a run of another origin is never replaced by one)
+_IMPORT = "import of "
+_SIMULATION = "simulation of "
+
+
+def import_origin(name: str) -> str:
+    """How an import of the trace file `name` begins its run's origin (its settings follow)."""
+    return f"{_IMPORT}{name}, "
+
+
+def simulation_origin(description: str) -> str:
+    """A simulation's origin: what it simulated (unique to the simulation, so a retry knows its own commit)."""
+    return f"{_SIMULATION}{description}"
+
+
+def rewrite_hint(run: str, origin: str | None = None) -> str:
+    """What to do about a run whose files cannot be read: write it again whole with the command that
+    wrote it (`origin`: its manifest's, where that could be read)."""
+    if origin is not None and origin.startswith(_IMPORT):
+        name = origin.removeprefix(_IMPORT).split(", ")[0]
+        return f"import it again whole: libra traces import {name} --run {run} --replace"
+    if origin == TRAIN_ORIGIN:
+        return f"train it again whole: libra train --run {run} --restart"
+    if origin is not None and origin.startswith(_SIMULATION):
+        return f"simulate it again whole: libra simulate ... --run {run} --replace"
+    return (f"write it again whole with the command that wrote it (libra traces import FILE --run {run} --replace; "
+            f"libra train --run {run} --restart; libra simulate ... --run {run} --replace)")
+
+
 def read_manifest(root: str | Path, run: str) -> RunManifest | None:
     """The run's committed manifest, or None when the run has never been committed."""
     path = manifest_path(root, run)
@@ -213,20 +243,20 @@ def read_manifest(root: str | Path, run: str) -> RunManifest | None:
             return None
         except OSError as exc:
             raise ManifestUnreadable(f"run {run!r}: manifest {path} cannot be read ({exc.strerror or exc}); "
-                                     "re-import the run with --replace") from None
+                                     + rewrite_hint(run)) from None
         newest = _newest_slot(data)
         if newest is not None:
             break
         time.sleep(0.01 * (attempt + 1))  # two commits overlapped this read: read again
     else:
-        raise ManifestUnreadable(f"run {run!r}: manifest {path} has no valid slot; re-import the run with --replace")
+        raise ManifestUnreadable(f"run {run!r}: manifest {path} has no valid slot; " + rewrite_hint(run))
     try:
         manifest = RunManifest.from_json(newest[2].decode())
     except (ValueError, KeyError, TypeError) as exc:
-        raise ManifestUnreadable(f"run {run!r}: manifest {path} is unreadable ({exc}); re-import the run with --replace") from None
+        raise ManifestUnreadable(f"run {run!r}: manifest {path} is unreadable ({exc}); " + rewrite_hint(run)) from None
     if manifest.run != run or manifest.generation != newest[1]:
         raise ManifestUnreadable(f"run {run!r}: manifest {path} is for run {manifest.run!r}, generation "
-                                 f"{manifest.generation}; re-import the run with --replace")
+                                 f"{manifest.generation}; " + rewrite_hint(run))
     return manifest
 
 

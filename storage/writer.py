@@ -76,7 +76,7 @@ WriteMode = Literal["update", "create", "replace"]
 
 __all__ = [
     "RUN_NAME", "RunTransaction", "StoreWriter", "WriteMode", "check_run_name", "conform",
-    "refuse_existing", "run_exists_error", "step_dir", "table_dir",
+    "refuse_existing", "refuse_other_origin", "run_exists_error", "step_dir", "table_dir",
 ]
 
 
@@ -103,6 +103,23 @@ def refuse_existing(root: str | Path, run: str) -> None:
     existing = read_manifest(root, run)
     if existing is not None:
         raise run_exists_error(root, existing)
+
+
+def refuse_other_origin(root: str | Path, run: str, origin: str, what: str, *, replacing: bool = False) -> None:
+    """`RunExistsError` if `run` is committed in the store at `root` by another writer than `origin`
+    (`what` names the run about to be written): a training run of an imported trace's name would
+    replace the import at its first step. An unreadable manifest is refused too (its origin is
+    unknown), unless the run is `replacing` it whole."""
+    check_store_root(root)
+    try:
+        existing = read_manifest(root, run)
+    except ManifestUnreadable:
+        if replacing:
+            return
+        raise
+    if existing is not None and existing.origin != origin:
+        raise RunExistsError(f"run {run!r} already exists in store {root} ({existing.origin}) and is not {what}, "
+                             f"which would replace it; name the new run another way (--run NAME)")
 
 
 def conform(schema: TableSchema, data: pa.Table | pa.RecordBatch, run: str, step: int | None) -> pa.Table:

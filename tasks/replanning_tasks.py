@@ -15,6 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from libra.rl.cluster import Placement
+from storage.manifest import TRAIN_ORIGIN
 from tasks.run_context import RunContext
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def follow_hosts_task(context: RunContext, step: int, mlflow_run_id: str) -> str
     if not reason:
         return ""
     assert s.placement is not None
-    with writer_for(s.config.store).transaction(run, mode="update", origin="train") as tx:
+    with writer_for(s.config.store).transaction(run, mode="update", origin=TRAIN_ORIGIN) as tx:
         tx.write_step("plans", step, pa.Table.from_pylist([placement_row(step, f"hosts-{step}", s.placement, reason)]))
     log_step_once(mlflow_run_id, {"plan_applied": 1.0, "plan_train_workers": float(len(s.placement.train)),
                                   "plan_rollout_workers": float(len(s.placement.rollout_workers)),
@@ -236,7 +237,7 @@ def record_plan_task(context: RunContext, outcome: PlanOutcome, moves: list[dict
         events.append({"step": outcome.step, "time_s": time_s, "worker_id": "router", "gpus": 0, "from_state": "serving",
                        "to_state": "serving", "event": "tree_rebuilt",
                        "detail": f"{tree.paths} trajectories, {tree.nodes} nodes, {tree.seconds * 1000:.0f} ms"})
-    with writer_for(s.config.store).transaction(run, mode="update", origin="train") as tx:
+    with writer_for(s.config.store).transaction(run, mode="update", origin=TRAIN_ORIGIN) as tx:
         tx.write_step("plans", outcome.step, pa.Table.from_pylist([outcome.row]))
         if events:
             tx.write_step("pool_events", outcome.step, pa.Table.from_pylist(events))

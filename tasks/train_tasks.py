@@ -20,6 +20,7 @@ from libra.errors import LibraError
 from libra.rl.records import RolloutStats, Update
 from libra.rl.runs import open_session
 from libra.rl.session import TrainingSession
+from storage.manifest import TRAIN_ORIGIN
 from tasks.run_context import RunContext
 
 DEFAULT_POLICY = TrainerConfig.model_fields["policy"].default  # built (or copied) when it is missing
@@ -49,13 +50,16 @@ def policy_missing(config: LibraConfig) -> str | None:
             "trainer.policy at an HF-format checkpoint")
 
 
-def check_training(config: LibraConfig) -> None:
-    """A LibraError for a run that cannot start as configured (run name, backend and layout, router,
-    devices, policy), before anything is written or started; `flows.train.training_config` calls it."""
+def check_training(config: LibraConfig, restart: bool = False) -> None:
+    """A LibraError for a run that cannot start as configured (run name, a run of another kind by that
+    name, backend and layout, router, devices, policy), before anything is written or started;
+    `flows.train.training_config` calls it. `restart`: the run is to be trained again whole (its
+    store run is replaced, even one whose manifest cannot be read)."""
     from libra.scheduler.replay import ROUTERS
-    from storage.writer import check_run_name
+    from storage.writer import check_run_name, refuse_other_origin
 
-    check_run_name(config.trainer.run_name())
+    run = check_run_name(config.trainer.run_name())
+    refuse_other_origin(config.store.root, run, TRAIN_ORIGIN, "a training run", replacing=restart)
     from libra.rl.ray_cluster import address_of
 
     t = config.trainer
@@ -288,7 +292,7 @@ def record_task(context: RunContext, mlflow_run_id: str, announce: bool = True) 
     run = s.run
     record = s.last_record
     writer = writer_for(s.config.store)
-    with writer.transaction(run, mode="replace" if record.step == 0 else "update", origin="train") as tx:
+    with writer.transaction(run, mode="replace" if record.step == 0 else "update", origin=TRAIN_ORIGIN) as tx:
         step_of = {t.prompt_id: record.step for t in record.batch.trajectories}
         tx.write_step("trajectories", record.step, trajectories_table(run, record.batch.trajectories, step_of))
         tx.write_step("turns", record.step, turns_table(run, record.batch.trajectories, step_of))

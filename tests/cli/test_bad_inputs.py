@@ -177,6 +177,38 @@ def test_a_store_under_a_file_is_one_line_before_anything_runs(files: Path, caps
                    "(--store DIR or store.root)\n")
 
 
+
+def test_training_under_the_name_of_an_imported_trace_is_refused_and_the_import_kept(
+        files: Path, capsys: pytest.CaptureFixture) -> None:
+    """A training run's first step replaces its run in the store whole: named as another kind of run
+    (here an imported trace), it would have deleted the import."""
+    assert main(["traces", "import", "small.csv", "--run", "agents", "--store", "store", "--json"]) == 0
+    capsys.readouterr()
+    before = sorted((p.relative_to(files), p.read_bytes()) for p in (files / "store").rglob("*") if p.is_file())
+    assert main(["train", "--run", "agents", "--store", "store", "--steps", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "libra: error: run 'agents' already exists in store store (import of small.csv, "
+                          "prompts_per_step=8) and is not a training run, which would replace it; name the new run "
+                          "another way (--run NAME)\n")
+    assert sorted((p.relative_to(files), p.read_bytes()) for p in (files / "store").rglob("*") if p.is_file()) == before
+    assert not (files / ".libra").exists()
+
+def test_runs_lists_a_run_whose_manifest_is_torn_and_says_why_it_cannot_be_read(
+        files: Path, capsys: pytest.CaptureFixture) -> None:
+    for run in ("a", "b"):
+        assert main(["traces", "import", "small.csv", "--run", run, "--store", "store", "--json"]) == 0
+    (files / "store" / "_runs" / "a.manifest").write_bytes(b"\0" * 8192)
+    capsys.readouterr()
+    assert main(["runs", "--store", "store"]) == 0
+    assert capsys.readouterr() == ("a\nb\n", "libra: note: listed but cannot be read: run 'a': manifest "
+                                   "store/_runs/a.manifest has no valid slot; write it again whole with the command "
+                                   "that wrote it (libra traces import FILE --run a --replace; libra train --run a "
+                                   "--restart; libra simulate ... --run a --replace)\n")
+    # training under its name is refused too (its origin cannot be read), unless it is to be replaced whole
+    assert main(["train", "--run", "a", "--store", "store", "--steps", "1"]) == 2
+    assert capsys.readouterr().err.startswith("libra: error: run 'a': manifest store/_runs/a.manifest has no valid slot")
+
+
 def libra(*argv: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     """The real command in a fresh process."""
     return subprocess.run([sys.executable, "-m", "cli.main", *argv], cwd=cwd, capture_output=True, text=True,

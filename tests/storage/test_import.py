@@ -146,7 +146,9 @@ def test_a_run_whose_manifest_is_torn_in_both_slots_is_refused_and_replace_write
     import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
     path = manifest_path(root, "s")
     path.write_bytes(path.read_bytes()[:30])  # neither slot whole
-    with pytest.raises(ManifestUnreadable, match=r"^run 's': manifest .* has no valid slot; re-import the run with --replace$"):
+    with pytest.raises(ManifestUnreadable, match=r"^run 's': manifest .* has no valid slot; write it again whole with the command that wrote it "
+                                                   r"\(libra traces import FILE --run s --replace; libra train --run s "
+                                                   r"--restart; libra simulate \.\.\. --run s --replace\)$"):
         import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1)
     summary = import_trace(small_trace(tmp_path / "t.csv"), "s", store, prompts_per_step=1, replace=True)
     assert summary.replaced is False  # nothing of the unreadable run was kept
@@ -167,15 +169,16 @@ def test_a_shard_that_does_not_hold_the_rows_its_manifest_counts_is_refused_not_
     kept = first.read_bytes()
     first.write_bytes(second.read_bytes())  # step 1's 2 turns where step 0's 4 were
     with pytest.raises(LibraError, match=r"^run 's': turns step 0 has 2 rows in its shards, its manifest says 4 \(files "
-                                         r"copied or changed inside the store\); re-import the run with --replace$"):
+                                         r"copied or changed inside the store\); import it again whole: libra traces "
+                                         r"import t\.csv --run s --replace$"):
         Catalog(root, "s")
     first.write_bytes(b"not parquet")
     with pytest.raises(LibraError, match=rf"^run 's': turns shard {first} is not a readable Parquet file \(.+\); "
-                                         "re-import the run with --replace$"):
+                                         r"import it again whole: libra traces import t\.csv --run s --replace$"):
         Catalog(root, "s")
     first.unlink()
     with pytest.raises(LibraError, match=rf"^run 's': turns shard {first} listed by its manifest is missing; "
-                                         "re-import the run with --replace$"):
+                                         r"import it again whole: libra traces import t\.csv --run s --replace$"):
         Catalog(root, "s")
     first.write_bytes(kept)  # put back as it was: read again
     assert shape(root, "s")["turns"] == 6

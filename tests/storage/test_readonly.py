@@ -179,7 +179,7 @@ def test_max_rows_must_not_be_negative(store: Path, capsys: pytest.CaptureFixtur
 def test_a_shard_its_manifest_lists_that_is_gone_is_one_line_naming_it(store: Path) -> None:
     (store / SHARD).unlink()
     with pytest.raises(LibraError, match=rf"^run 's': turns shard {store.absolute() / SHARD} listed by its manifest is "
-                                         r"missing; re-import the run with --replace$"):
+                                         r"missing; import it again whole: libra traces import t\.csv --run s --replace$"):
         Catalog(store, "s")
     with Catalog(store, "other") as catalog:  # another run of the store still reads
         assert catalog.query("select count(*) as n from turns").to_pylist() == [{"n": 6}]

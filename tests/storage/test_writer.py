@@ -76,7 +76,7 @@ def test_manifest_slots(tmp_path: Path) -> None:
     room = -(-2 * (64 + payload) // 4096) * 4096  # outgrew 4 KiB: twice the room it needs, in whole pages
     assert path.stat().st_ino != inode and path.stat().st_size == 2 * room == 2 * 12288
     assert (read_manifest(tmp_path, "r").generation, len(read_manifest(tmp_path, "r").steps(TURNS))) == (3, 400)
-    with pytest.raises(LibraError, match="has no valid slot; re-import the run with --replace"):
+    with pytest.raises(LibraError, match=r"has no valid slot; write it again whole with the command that wrote it \(libra traces import FILE --run r --replace; libra train --run r --restart; "):
         path.write_bytes(b"\0" * 8192)
         read_manifest(tmp_path, "r")
 
@@ -285,3 +285,24 @@ def test_a_column_added_to_a_schema_reads_as_null_in_files_written_before_it(tmp
         rows = catalog.query("select step, trajectories, failed_trajectories, dropped_groups from steps order by step")
     assert rows.to_pylist() == [{"step": 0, "trajectories": 64, "failed_trajectories": None, "dropped_groups": None},
                                 {"step": 1, "trajectories": 62, "failed_trajectories": 2, "dropped_groups": 1}]
+
+
+def test_a_run_of_another_origin_is_refused_and_the_hint_names_the_command_that_wrote_it(tmp_path: Path) -> None:
+    from storage.manifest import TRAIN_ORIGIN, ManifestUnreadable, RunExistsError, manifest_path, rewrite_hint
+    from storage.writer import refuse_other_origin
+
+    writer = StoreWriter(tmp_path, fsync=False)
+    with writer.transaction("r", origin="simulation of x") as tx:
+        tx.write_step("turns", 0, synthetic_turns("r", 0, 1))
+    with pytest.raises(RunExistsError, match=r"^run 'r' already exists in store .* \(simulation of x\) and is not a "
+                                             r"training run, which would replace it; name the new run another way"):
+        refuse_other_origin(tmp_path, "r", TRAIN_ORIGIN, "a training run")
+    refuse_other_origin(tmp_path, "r", "simulation of x", "a simulation")  # its own kind: no refusal
+    refuse_other_origin(tmp_path, "new", TRAIN_ORIGIN, "a training run")  # no such run yet
+    manifest_path(tmp_path, "r").write_bytes(b"\0" * 8192)
+    with pytest.raises(ManifestUnreadable, match="has no valid slot"):
+        refuse_other_origin(tmp_path, "r", TRAIN_ORIGIN, "a training run")
+    refuse_other_origin(tmp_path, "r", TRAIN_ORIGIN, "a training run", replacing=True)  # replaced whole
+    assert rewrite_hint("r", "import of t.csv, prompts_per_step=4") == "import it again whole: libra traces import t.csv --run r --replace"
+    assert rewrite_hint("r", TRAIN_ORIGIN) == "train it again whole: libra train --run r --restart"
+    assert rewrite_hint("r", "simulation of x") == "simulate it again whole: libra simulate ... --run r --replace"
