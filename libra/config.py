@@ -245,8 +245,8 @@ class TrainerConfig(_Section):
                               "prompts_per_step; with dynamic_sampling the update takes the first prompts_per_step "
                               "groups whose rewards differ")
     partial_credit: float = Field(0.0, ge=0.0, lt=1.0, description="what a wrong answer is trained on: this times "
-                                  "the share of its task that it got right (the math tasks: the question's numbers "
-                                  "in their places in its last python call), so a group of near misses still "
+                                  "the share of its task that it got right (the math tasks: the expression's numbers "
+                                  "and operators in their places in its last python call that ran), so a group of near misses still "
                                   "carries a gradient; the stored reward and the held-out reward stay the "
                                   "environment's exact one (0: off; below 1, so only the right answer earns 1)")
     overlong_filter: bool = Field(False, description="leave out of the update's loss every trajectory that "

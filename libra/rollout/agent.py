@@ -38,9 +38,9 @@ from libra.clock import Clock, Stopwatch, WallClock
 from libra.files import discard_tree
 from libra.rollout.engines import Engine, Generation
 from libra.rollout.envs import Env, Task, prompt
-from libra.rollout.protocol import STOPS, observation, parse
+from libra.rollout.protocol import STOPS, Action, observation, parse
 from libra.rollout.sandbox import SandboxUnavailable
-from libra.rollout.suspend import Suspended, WorkdirTooLarge, restore_files, snapshot_files
+from libra.rollout.suspend import Suspended, WorkdirTooLarge, WorkFile, restore_files, snapshot_files
 from libra.rollout.trajectory import PartialTurn, TrajectoryRun, TurnRecord
 from libra.rollout.workroots import make_workroot
 from libra.scheduler.causal_tree import path_of
@@ -339,8 +339,9 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 run.new_tokens += len(payload.token_ids)
                 gen, versions = _continued(run, payload, version, tokenizer)
                 run.partial = None
-                calling[tid] = (clock.now(), parse(gen.text, env.tools).name or "tool")
-                future = tools.submit(_act, env, run.episode, gen, clock)
+                action = parse(gen.text, env.tools)
+                calling[tid] = (clock.now(), action.name or "tool")
+                future = tools.submit(_act, run.episode, action, clock)
                 future.add_done_callback(lambda f, tid=tid, gen=gen, v=versions: events.put(("tool", tid, (gen, v, f))))
             elif kind == "tool" and not (run.done or run.suspended):
                 calling.pop(tid, None)
@@ -429,6 +430,9 @@ def _record_turn(run: TrajectoryRun, gen, versions: list[int], acted: tuple[str,
     if final:
         run.answer = text
     obs_ids = [] if final else tokenizer(text, add_special_tokens=False)["input_ids"]
+    # the observation's characters are capped, its tokens are not (4 a character, for some text): what
+    # would pass the context limit is cut, and the trajectory ends with its context full
+    obs_ids = obs_ids[:max(0, limits.max_context - len(run.ids))]
     run.ids += obs_ids
     run.mask += [0] * len(obs_ids)
     run.logprobs += [0.0] * len(obs_ids)
@@ -471,7 +475,8 @@ def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock,
     incomplete (their ended samples too: GRPO's baseline is the whole group's) and, beyond the first
     `keep` groups to complete, those that completed later. A group one of whose samples failed is
     lost already: its interrupted samples fail too, with the reason, rather than being carried. A
-    sample whose files cannot be kept (more than `limit` bytes, or not plain files) fails its group."""
+    sample whose files cannot be kept (more than `limit` bytes, or not plain files) ends where it
+    stands, without an answer (`_kept_files`), and its group is carried."""
     groups: dict[str, list[TrajectoryRun]] = {}
     for run in runs.values():
         groups.setdefault(run.prompt_id, []).append(run)
@@ -484,12 +489,7 @@ def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock,
             continue
         snapshots: list[Suspended] = []
         if not any(m.failed for m in members):
-            try:
-                snapshots = [Suspended.of(m, snapshot_files(m.workdir, limit), clock.now() - m.started) for m in members]
-            except WorkdirTooLarge as exc:
-                lost = next(m for m in members if m.workdir == exc.workdir)
-                lost.suspended, lost.done, lost.finished = False, True, clock.now()
-                lost.failure = f"it could not be suspended: {exc}"
+            snapshots = [Suspended.of(m, _kept_files(m, limit, clock), clock.now() - m.started) for m in members]
         if not snapshots:
             for m in members:
                 if m.suspended:
@@ -502,6 +502,19 @@ def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock,
     return tuple(out)
 
 
+def _kept_files(run: TrajectoryRun, limit: int, clock: Clock) -> tuple[WorkFile, ...]:
+    """The files a suspended sample carries. A working directory that its tools' code made impossible
+    to keep (more than `limit` bytes, a link, folders too deep) ends the sample where it stands,
+    without an answer: a reward of 0, like a trajectory that ran out of turns. What the model does to
+    its own directory never fails its group, which would leave its 0 out of the update."""
+    try:
+        return snapshot_files(run.workdir, limit)
+    except WorkdirTooLarge:
+        run.suspended, run.done, run.finished = False, True, clock.now()
+        run.answer, run.partial = None, None
+        return ()
+
+
 def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: float, steps: int,
            prefill: int, dead: tuple[int, ...] = (), suspended: tuple[Suspended, ...] = (),
            resumed: int = 0) -> RolloutResult:
@@ -512,14 +525,14 @@ def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: 
     return RolloutResult(trajectories, wall_s, busy, steps, prefill, dead, suspended, resumed, generated)
 
 
-def _act(env: Env, episode, gen, clock: Clock | None = None) -> tuple[str, str, str, str, float]:
-    """Parse a generated turn and run its tool (on a pool thread; it changes no trajectory state):
-    (kind, tool, observation text or the answer, status, tool seconds)."""
-    action = parse(gen.text, env.tools)
+def _act(episode, action: Action, clock: Clock | None = None) -> tuple[str, str, str, str, float]:
+    """Run a parsed turn's tool (on a pool thread; it changes no trajectory state): (kind, tool,
+    observation text or the answer, status, tool seconds). A malformed turn is recorded as the tool
+    "malformed", never by a name the model wrote ("none" is a final turn's)."""
     if action.kind == "answer":
         return "answer", "none", action.argument, "none", 0.0
     if action.kind == "malformed":
-        return "malformed", action.name or "malformed", observation(action.error, "error"), "error", 0.0
+        return "malformed", "malformed", observation(action.error, "error"), "error", 0.0
     call = Stopwatch(clock)
     try:
         output, status = episode.call(action.name, action.argument)

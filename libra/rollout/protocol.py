@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 STOPS = ("</tool>", "</answer>")
 SPECIAL = ("<tool>", "</tool>", "<answer>", "</answer>", "<obs>", "<obs status=error>", "</obs>")
-_TOOL = re.compile(r"<tool>\s*([A-Za-z_][\w-]*)\s*:(.*?)</tool>", re.S)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+_HEADER = re.compile(r"\s*([A-Za-z_][\w-]*)\s*:")  # after <tool>: NAME and its colon
 
 
 @dataclass(frozen=True)
@@ -34,21 +33,47 @@ class Action:
 
 
 def parse(text: str, tools: tuple[str, ...]) -> Action:
-    """What a model turn asks for; the last complete tag wins (text before it is thinking)."""
-    answer = _ANSWER.search(text)
-    tool = _TOOL.search(text)
-    if answer and (not tool or answer.start() > tool.start()):
-        return Action("answer", argument=answer.group(1).strip())
+    """What a model turn asks for: its first complete <answer>...</answer> or <tool>NAME: ...</tool>,
+    whichever opens later (text before it is thinking; the engine stops at the first closing tag).
+    Linear in the turn's length, whatever the model wrote (a regex search from every opening tag
+    was quadratic: thousands of unclosed tags held the rollout for seconds)."""
+    answer = _first_answer(text)
+    tool = _first_tool(text)
+    if answer and (not tool or answer[0] > tool[0]):
+        return Action("answer", argument=answer[1].strip())
     if tool:
-        name = tool.group(1)
+        _, name, argument = tool
         if name not in tools:
             return Action("malformed", name=name, error=f"unknown tool {name!r}; tools: {', '.join(tools)}")
-        return Action("tool", name, tool.group(2).strip())
+        return Action("tool", name, argument.strip())
     if "<tool>" in text:
         return Action("malformed", error="malformed tool call: expected <tool>NAME: ARGUMENT</tool> with NAME one of "
                       + ", ".join(tools))
     return Action("malformed", error="no tool call and no answer: end the turn with <tool>NAME: ARGUMENT</tool> "
                   "or <answer>TEXT</answer>")
+
+
+def _first_answer(text: str) -> tuple[int, str] | None:
+    """(where it opens, its text) of the first <answer> that a later </answer> closes."""
+    last_close = text.rfind("</answer>")
+    start = text.find("<answer>")
+    if last_close < 0 or start < 0 or start + len("<answer>") > last_close:
+        return None
+    body = start + len("<answer>")
+    return start, text[body:text.find("</answer>", body)]
+
+
+def _first_tool(text: str) -> tuple[int, str, str] | None:
+    """(where it opens, NAME, its argument) of the first <tool> with a NAME and a colon that a later
+    </tool> closes. A header cannot hold '<', so one that starts before the last </tool> ends before it."""
+    last_close = text.rfind("</tool>")
+    start = text.find("<tool>")
+    while 0 <= start < last_close:
+        header = _HEADER.match(text, start + len("<tool>"))
+        if header is not None:
+            return start, header.group(1), text[header.end():text.find("</tool>", header.end())]
+        start = text.find("<tool>", start + 1)
+    return None
 
 
 def observation(output: str, status: str, max_chars: int = 2_000) -> str:

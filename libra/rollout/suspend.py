@@ -17,6 +17,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from libra.files import remove_tree
 from libra.rollout.trajectory import TrajectoryRun
 
 
@@ -155,10 +156,14 @@ def restore_files(workdir: Path, files: tuple[WorkFile, ...]) -> None:
             raise ValueError(f"a suspended trajectory's file {entry.path!r} is not a path inside its working directory")
         path = workdir.joinpath(*rel.parts)
         if entry.data is None:
+            if path.is_symlink() or (path.exists() and not path.is_dir()):
+                path.unlink()  # a folder where the environment wrote a file: the folder is what was kept
             path.mkdir(exist_ok=True)
             os.chmod(path, entry.mode, follow_symlinks=False)
         else:
-            if path.is_symlink() or path.exists():
+            if path.is_dir() and not path.is_symlink():
+                remove_tree(path)
+            elif path.is_symlink() or path.exists():
                 path.unlink()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as handle:

@@ -75,19 +75,24 @@ class MathEnv:
 class _Episode:
     def __init__(self, task: Task, workdir: Path, sandbox: Sandbox, limits: SandboxLimits) -> None:
         self.task, self.workdir, self.sandbox, self.limits = task, workdir, sandbox, limits
-        self.last_code = ""  # the last python call's code (kept here: the sandboxed code cannot change it)
+        self.last_code = ""  # the code of the last python call that ran and printed (kept here, out of its reach)
 
     def call(self, name: str, argument: str) -> tuple[str, str]:
-        self.last_code = argument
         result = self.sandbox.run(argument, self.workdir, self.limits)
+        if result.status == "ok" and result.output:  # only computed work earns partial credit
+            self.last_code = argument
         return result.output or "(no output: print the result)", result.status
 
     def reward(self, answer: str) -> float:
         return 1.0 if answer.strip() == self.task.answer else 0.0
 
     def partial_credit(self) -> float:
-        """The task's numbers (its expression's, in order) that the last python call has in the same
-        places, over the longer of the two lists: every number copied right and no other scores 1;
-        a call with extra numbers scores less."""
-        want, got = re.findall(r"\d+", self.task.data["expression"]), re.findall(r"\d+", self.last_code)
+        """The task's expression, its numbers and operators in order, that the last python call that
+        ran and printed has in the same places, over the longer of the two: the expression copied
+        right and nothing else scores 1; a call with extra terms, or the numbers without the
+        operators (printed, or a syntax error, which never counts), scores less."""
+        want, got = _TERMS.findall(self.task.data["expression"]), _TERMS.findall(self.last_code)
         return sum(a == b for a, b in zip(want, got, strict=False)) / max(len(want), len(got), 1)
+
+
+_TERMS = re.compile(r"\d+|//|\*\*|[-+*/%]")  # an expression's numbers and operators (brackets aside)

@@ -11,19 +11,28 @@ from libra.config import SandboxConfig
 from libra.rollout.envs.base import Task, WorkFileError, read_work_file, rng_for, write_work_file
 from libra.rollout.sandbox import Sandbox, SandboxLimits, sandbox_for
 
-# name -> (correct body line, buggy body lines, (args, expected) cases)
+# name -> (correct body line, buggy body lines, the (args, expected) cases test_code.py shows, cases
+# held on the host: the reward's run adds them, so code that returns the shown values and nothing
+# else fails; the sandboxed code may see their inputs when they run, never their expected values)
 FUNCTIONS = {
-    "add": ("return a + b", ["return a - b", "return a + b + 1"], [((2, 3), 5), ((10, 4), 14)]),
-    "sub": ("return a - b", ["return a + b", "return b - a"], [((7, 3), 4), ((10, 4), 6)]),
-    "mul": ("return a * b", ["return a + b", "return a * a"], [((3, 4), 12), ((5, 6), 30)]),
-    "biggest": ("return max(a, b)", ["return min(a, b)"], [((3, 9), 9), ((8, 2), 8)]),
-    "half": ("return a // 2", ["return a // 3", "return a * 2"], [((10,), 5), ((7,), 3)]),
-    "square": ("return a * a", ["return a + a", "return a * 2"], [((3,), 9), ((5,), 25)]),
+    "add": ("return a + b", ["return a - b", "return a + b + 1"], [((2, 3), 5), ((10, 4), 14)], [((0, 7), 7), ((-3, 12), 9)]),
+    "sub": ("return a - b", ["return a + b", "return b - a"], [((7, 3), 4), ((10, 4), 6)], [((5, 9), -4), ((0, 0), 0)]),
+    "mul": ("return a * b", ["return a + b", "return a * a"], [((3, 4), 12), ((5, 6), 30)], [((7, 0), 0), ((-2, 8), -16)]),
+    "biggest": ("return max(a, b)", ["return min(a, b)"], [((3, 9), 9), ((8, 2), 8)], [((-5, -9), -5), ((4, 4), 4)]),
+    "half": ("return a // 2", ["return a // 3", "return a * 2"], [((10,), 5), ((7,), 3)], [((1,), 0), ((-7,), -4)]),
+    "square": ("return a * a", ["return a + a", "return a * 2"], [((3,), 9), ((5,), 25)], [((-4,), 16), ((0,), 0)]),
 }
+
+
+def cases(name: str, held: bool = False) -> list[tuple[tuple[int, ...], int]]:
+    """The test cases of function `name`: those test_code.py shows, and with `held` the host's too."""
+    return list(FUNCTIONS[name][2]) + (list(FUNCTIONS[name][3]) if held else [])
+
+
 # Runs in the sandbox: import code.py and call each tested function on the tests' inputs; one last
 # line carries the values it returned. The verdict is the host's (`verdict`), from the expected
 # values the task keeps: printing "all tests passed" earns nothing, and printing forged values
-# needs the expected ones, which is what hard-coding them into code.py would need anyway.
+# needs the expected ones, which the host's held cases never show.
 MARKER = "LIBRA-TEST-RESULTS "
 RUNNER = """
 import importlib.util, json
@@ -45,14 +54,16 @@ print(%(marker)r + json.dumps(results))
 """
 
 
-def runner(names: list[str]) -> str:
-    """The sandboxed half of a test run over the functions `names` (in the tests' order)."""
-    return RUNNER % {"cases": [(n, [list(args) for args, _ in FUNCTIONS[n][2]]) for n in names], "marker": MARKER}
+def runner(names: list[str], held: bool = False) -> str:
+    """The sandboxed half of a test run over the functions `names` (in the tests' order); `held`:
+    the host's cases too (the reward's run)."""
+    return RUNNER % {"cases": [(n, [list(args) for args, _ in cases(n, held)]) for n in names], "marker": MARKER}
 
 
-def verdict(names: list[str], output: str) -> tuple[str, bool] | None:
+def verdict(names: list[str], output: str, held: bool = False) -> tuple[str, bool] | None:
     """(the test report, whether every test passed) from the runner's last line; None when the run
-    did not get that far (its own output, a traceback, is then the report)."""
+    did not get that far (its own output, a traceback, is then the report). `held`: the run had the
+    host's cases too."""
     lines = output.splitlines()
     if not lines or not lines[-1].startswith(MARKER):
         return None
@@ -64,7 +75,7 @@ def verdict(names: list[str], output: str) -> tuple[str, bool] | None:
         return None
     failed = []
     for name, got in sorted(zip(names, results, strict=True)):
-        for (args, want), outcome in zip(FUNCTIONS[name][2], got if isinstance(got, list) else [], strict=False):
+        for (args, want), outcome in zip(cases(name, held), got if isinstance(got, list) else [], strict=False):
             kind, value = outcome if isinstance(outcome, list) and len(outcome) == 2 else ("error", "no result")
             call = f"m.{name}({', '.join(map(str, args))})"
             if kind == "error":
@@ -74,7 +85,7 @@ def verdict(names: list[str], output: str) -> tuple[str, bool] | None:
                 failed.append(f"FAIL test_{name}: {call} returned {value}, expected {want}")
                 break
         else:
-            if not isinstance(got, list) or len(got) < len(FUNCTIONS[name][2]):
+            if not isinstance(got, list) or len(got) < len(cases(name, held)):
                 failed.append(f"FAIL test_{name}: no result")
     return ("\n".join(failed) if failed else f"all {len(names)} tests passed"), not failed
 
@@ -93,7 +104,7 @@ def _tests(names: list[str]) -> str:
              "m = importlib.util.module_from_spec(spec)", "spec.loader.exec_module(m)", ""]
     for name in names:
         lines.append(f"def test_{name}():")
-        for args, want in FUNCTIONS[name][2]:
+        for args, want in cases(name):
             call = f"m.{name}({', '.join(map(str, args))})"
             lines.append(f"    got = {call}")
             lines.append(f"    assert got == {want}, f'{call} returned {{got}}, expected {want}'")
@@ -172,9 +183,9 @@ class _Episode:
         write_work_file(self.workdir, "test_code.py", self.tests)
         return self._run()
 
-    def _run(self) -> tuple[str, str]:
-        result = self.sandbox.run(runner(self.names), self.workdir, self.limits)
-        judged = verdict(self.names, result.stdout) if result.status == "ok" else None
+    def _run(self, held: bool = False) -> tuple[str, str]:
+        result = self.sandbox.run(runner(self.names, held), self.workdir, self.limits)
+        judged = verdict(self.names, result.stdout, held) if result.status == "ok" else None
         self.passed = judged is not None and judged[1]
         if judged is None:
             return result.output, "ok" if result.status in ("ok", "error") and result.exit_code in (0, 1) else result.status
@@ -202,17 +213,19 @@ class _Episode:
         if len(parts) != 2 or parts[0] != "code.py" or not (parts[1].isascii() and parts[1].isdigit()) or not _:
             return "edit expects: code.py N: NEW LINE (only code.py may change)", "error"
         lines = read_work_file(self.workdir, "code.py").splitlines()
-        n = int(parts[1])
-        if not 1 <= n <= len(lines):
-            return f"line {n} is out of range 1..{len(lines)}", "error"
+        digits = parts[1].lstrip("0") or "0"  # (int() refuses more than 4,300 digits: never parse a long one)
+        if len(digits) > len(str(len(lines))) or not 1 <= int(digits) <= len(lines):
+            shown = digits if len(digits) <= 12 else digits[:12] + "..."
+            return f"line {shown} is out of range 1..{len(lines)}", "error"
+        n = int(digits)
         lines[n - 1] = new[1:] if new.startswith(" ") else new
         write_work_file(self.workdir, "code.py", "\n".join(lines) + "\n")
         return f"line {n} is now: {lines[n - 1]}", "ok"
 
     def reward(self, answer: str) -> float:
-        # the tests run as at a call, without rewriting test_code.py: nothing the model did to its
-        # working directory can fail the reward, only fail the tests (a reward of 0)
-        self._run()
+        # the tests run as at a call, with the host's cases added, without rewriting test_code.py:
+        # nothing the model did to its working directory can fail the reward, only fail the tests
+        self._run(held=True)
         return 1.0 if self.passed else 0.0
 
     def partial_credit(self) -> float:

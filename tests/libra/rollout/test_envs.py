@@ -6,6 +6,7 @@ import re
 import pytest
 
 from libra.rollout.envs import ENVS, demonstration, make_env
+from libra.rollout.envs.repo_env import FUNCTIONS, cases
 from libra.rollout.envs.search_env import BM25
 
 
@@ -49,7 +50,7 @@ def test_math_answers_are_checked_exactly(tmp_path):
     assert status == "error" and "ZeroDivisionError" in output
 
 
-def test_a_math_episode_credits_the_numbers_its_last_call_copied_in_place(tmp_path):
+def test_a_math_episode_credits_the_expression_its_last_call_computed_in_place(tmp_path):
     env = make_env("math")
     task = next(t for t in env.tasks(20, seed=0) if t.data["category"] == "marbles")  # "{a} + {b} * {c}"
     a, b, c = task.data["expression"].replace("+", " ").replace("*", " ").split()
@@ -57,12 +58,18 @@ def test_a_math_episode_credits_the_numbers_its_last_call_copied_in_place(tmp_pa
     assert episode.partial_credit() == 0.0  # no call made
     episode.call("python", f"print({a} + {b} * {c})")
     assert episode.partial_credit() == 1.0
-    episode.call("python", f"print({a} + {c} * {c})")  # the last call counts: one number wrong
-    assert episode.partial_credit() == pytest.approx(2 / 3)
-    episode.call("python", f"print({a} + {b} * {c} + 1000 + 2000 + 3000)")  # numbers of its own dilute the credit
-    assert episode.partial_credit() == pytest.approx(3 / 6)
-    episode.call("python", f"print({b} * {c} + {a})")  # the right result, the numbers out of place
+    episode.call("python", f"x = {a} + {c} * {c}\nprint(x)")  # the last call counts: one number wrong
+    assert episode.partial_credit() == pytest.approx(4 / 5)
+    episode.call("python", f"print({a} + {b} * {c} + 1000 + 2000 + 3000)")  # terms of its own dilute the credit
+    assert episode.partial_credit() == pytest.approx(5 / 11)
+    episode.call("python", f"print({b} * {c} + {a})")  # the right result, the terms out of place
     assert episode.partial_credit() == 0.0
+    # the question's numbers copied without computing anything: a syntax error never counts (the
+    # call before stands), printed they are a fifth of the expression (it once scored 1 either way)
+    assert episode.call("python", f"{a} {b} {c}")[1] == "error"
+    assert episode.partial_credit() == 0.0
+    episode.call("python", f"print({a}, {b}, {c})")
+    assert episode.partial_credit() == pytest.approx(1 / 5)
     assert env.grades_partial_work and not make_env("search").grades_partial_work
     assert not make_env("repo").grades_partial_work
 
@@ -82,6 +89,27 @@ def test_repo_tools_refuse_bad_calls(tmp_path):
     episode.call("edit", f"code.py {task.data['line']}: {task.data['fix']}")
     assert episode.reward("done") == 1.0
 
+
+def test_code_that_returns_the_shown_cases_values_passes_the_tests_tool_and_earns_nothing(tmp_path):
+    """The reward's run adds cases held on the host to those test_code.py shows: a lookup of the
+    shown values passes the model's own test runs, not the reward (it earned 1 before)."""
+    env = make_env("repo")
+    task = env.tasks(1, seed=0)[0]
+    buggy = task.data["names"][(task.data["line"] - 2) // 3]
+    table = {args: want for args, want in cases(buggy)}
+    args = "a" if len(next(iter(table))) == 1 else "a, b"
+    episode = env.open(task, tmp_path)
+    lookup = f"    return {table!r}[({args},)]" if args == "a" else f"    return {table!r}[({args})]"
+    assert episode.call("edit", f"code.py {task.data['line']}: {lookup}")[1] == "ok"
+    assert episode.call("test", "all") == ("all 3 tests passed", "ok")
+    assert episode.reward("done") == 0.0
+    episode.call("edit", f"code.py {task.data['line']}: {task.data['fix']}")
+    assert episode.call("test", "all") == ("all 3 tests passed", "ok") and episode.reward("done") == 1.0
+    for name in FUNCTIONS:  # every buggy body fails a held case, and the right one passes them all
+        correct, bugs, _, held = FUNCTIONS[name]
+        for body in [correct, *bugs]:
+            function = eval(f"lambda {'a' if len(held[0][0]) == 1 else 'a, b'}: {body.removeprefix('return ')}")  # noqa: S307
+            assert all(function(*a) == w for a, w in held) == (body == correct), (name, body)
 
 def test_bm25_ranks_the_matching_document_first():
     index = BM25(["the cat sat", "a dog ran far", "cats and dogs"])

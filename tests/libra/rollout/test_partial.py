@@ -194,6 +194,16 @@ def test_a_working_directory_is_kept_as_its_plain_files_and_folders(tmp_path):
     restore_files(target, files)
     assert (target / "code.py").read_text() == "x = 1\n" and (target / "data" / "rows.csv").read_bytes() == b"1,2\n"
     assert os.stat(target / "code.py").st_mode & 0o777 == 0o600
+    # what the model's code made of the environment's files is what comes back: a folder where the
+    # environment writes a file, a file where it makes a folder (a resume once failed on those)
+    swapped, fresh = tmp_path / "swapped", tmp_path / "fresh"
+    (swapped / "code.py").mkdir(parents=True)
+    (swapped / "data").write_text("a file\n")
+    fresh.mkdir()
+    (fresh / "code.py").write_text("the environment's own\n")
+    (fresh / "data" / "inner").mkdir(parents=True)
+    restore_files(fresh, snapshot_files(swapped, 1 << 20))
+    assert (fresh / "code.py").is_dir() and (fresh / "data").read_text() == "a file\n"
 
 
 def test_a_working_directory_that_cannot_be_kept_is_refused_with_the_reason(tmp_path):
@@ -244,29 +254,34 @@ def test_a_held_batch_generates_until_released_and_takes_only_the_first_groups_t
     assert all(max(r.finished for r in runs) >= first for runs in carried.values())
 
 
-def test_a_working_directory_shaped_to_break_the_suspension_fails_its_own_group_only(tmp_path):
-    """A tool's code shapes its working directory (here 1,100 folders deep, which a recursive walk
-    cannot read): suspending the batch fails that trajectory's group, with the reason, and keeps
-    the others, rather than raising out of the rollout."""
+def test_a_working_directory_shaped_to_break_the_suspension_ends_its_sample_with_no_answer(tmp_path):
+    """A tool's code shapes its working directory so that it cannot be kept (1,100 folders deep,
+    which a recursive walk cannot read; a link; more than the limit): suspending the batch ends that
+    sample where it stands, without an answer (a reward of 0), and carries its group whole. It once
+    failed the group, whose 0s were then left out of the update: a way for a policy to hide its worst
+    samples."""
     from libra.clock import WallClock
     from libra.rollout.agent import start, suspend_groups
 
     env = make_env("math")
-    tasks = env.tasks(2, seed=0)
+    tasks = env.tasks(3, seed=0)
     runs = start(env, tasks, 2, LeastLoad(Buckets((10**6,))), lambda text, add_special_tokens: {"input_ids": [1, 2, 3]},
                  tmp_path, 1, 0, WallClock())
-    victim = runs[f"{tasks[0].task_id}/0"]
+    victim, linked = runs[f"{tasks[0].task_id}/0"], runs[f"{tasks[2].task_id}/1"]
     deep = victim.workdir
     for _ in range(1_100):
         deep = deep / "d"
         deep.mkdir()
+    (linked.workdir / "x").symlink_to("code")
+    linked.done, linked.answer = True, "42"  # ended with an answer before the batch closed
     for run in runs.values():  # the batch closed with every group incomplete
-        run.suspended = True
+        run.suspended = not run.done
     kept = suspend_groups(runs, 1 << 20, WallClock())
-    assert sorted(s.trajectory_id for s in kept) == [f"{tasks[1].task_id}/0", f"{tasks[1].task_id}/1"]
-    assert {tid: r.failure for tid, r in runs.items()} == {
-        f"{tasks[0].task_id}/0": "it could not be suspended: its working directory holds folders more than 64 deep",
-        f"{tasks[0].task_id}/1": "interrupted when its batch closed, its group having lost a sample already"}
+    assert runs == {} and len(kept) == 6
+    ended = {s.trajectory_id: (s.run.done, s.run.suspended, s.run.answer, s.run.failure, s.files) for s in kept
+             if s.run.done}
+    assert ended == {victim.trajectory_id: (True, False, None, "", ()), linked.trajectory_id: (True, False, None, "", ())}
+    assert all(s.run.suspended and not s.run.failed for s in kept if not s.run.done)
     from libra.files import remove_tree
 
     remove_tree(victim.workdir)  # (pytest's own clean-up recurses)

@@ -1,3 +1,6 @@
+import random
+import re
+
 from libra.rollout.protocol import Action, observation, parse
 
 TOOLS = ("python", "search")
@@ -22,3 +25,38 @@ def test_observations():
     assert observation("7", "ok") == "<obs>7</obs>\n"
     assert observation("boom", "timeout") == "<obs status=error>boom</obs>\n"
     assert observation("x" * 10, "ok", max_chars=4) == "<obs>xxxx [...]</obs>\n"
+
+
+# the rule the parser implements, as the regex searches it replaced wrote it (quadratic on unclosed tags)
+_TOOL_RULE = re.compile(r"<tool>\s*([A-Za-z_][\w-]*)\s*:(.*?)</tool>", re.S)
+_ANSWER_RULE = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def _by_the_rule(text: str) -> Action:
+    answer, tool = _ANSWER_RULE.search(text), _TOOL_RULE.search(text)
+    if answer and (not tool or answer.start() > tool.start()):
+        return Action("answer", argument=answer.group(1).strip())
+    if tool:
+        if tool.group(1) not in TOOLS:
+            return Action("malformed", name=tool.group(1), error=f"unknown tool {tool.group(1)!r}; tools: python, search")
+        return Action("tool", tool.group(1), tool.group(2).strip())
+    return parse("<tool>" if "<tool>" in text else "", TOOLS)
+
+
+def test_the_parser_follows_the_rule_on_every_mix_of_tags():
+    pieces = ["<tool>", "</tool>", "<answer>", "</answer>", "python", "search", "sh", ":", " ", "\n", "x", "1", "<", "é",
+              "<tool>python:", "<tool> search :", "<tool>sh:", "<tool>1:"]
+    rng = random.Random(7)
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 14))) for _ in range(20_000)]
+    for text in texts:
+        assert parse(text, TOOLS) == _by_the_rule(text), text
+
+
+def test_a_turn_of_thousands_of_unclosed_tags_parses_in_one_pass():
+    """A hostile turn of 200,000 opening tags (each one token) and no closing one: the regex search
+    rescanned the rest of the turn from every tag (minutes); the parser reads it once."""
+    for text in ("<answer>" * 200_000, "<tool>a:" * 200_000, "<tool>a:" * 200_000 + "</tool>",
+                 "<answer>" * 200_000 + "</answer>"):
+        parse(text, TOOLS)
+    assert parse("<tool>a:" * 3 + "</tool>", TOOLS) == Action("malformed", name="a", error="unknown tool 'a'; tools: python, search")
+    assert parse("<answer>" * 3 + "4</answer>", TOOLS) == Action("answer", argument="<answer><answer>4")

@@ -441,16 +441,15 @@ def test_no_isolation_is_refused_loudly_and_none_only_when_asked(tmp_path, monke
 
 def test_an_agent_loop_tool_never_hides_a_missing_sandbox(tmp_path, monkeypatch):
     from libra.rollout.agent import _act
-    from libra.rollout.engines import Generation
+    from libra.rollout.protocol import parse
 
     monkeypatch.setattr(sandbox, "bwrap_binary", lambda: None)
     env = make_env("math", SandboxConfig(uid=65533))  # a configuration of its own: probed anew
     task = env.tasks(1, seed=0)[0]
     work = tmp_path / "w"
     work.mkdir()
-    gen = Generation(token_ids=[1], text="<tool>python: print(1)</tool>", finish="stop", seconds=0.0, prefill_tokens=0)
     with pytest.raises(SandboxUnavailable):
-        _act(env, env.open(task, work), gen)
+        _act(env.open(task, work), parse("<tool>python: print(1)</tool>", env.tools))
     shutil.rmtree(work)
 
 
