@@ -150,31 +150,42 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
         """What changes when a commit changes one of `runs`, or MLflow's database changes."""
         return json.dumps([repr(store.version(r)) for r in runs] + [tracking.version()])
 
+    streams = [0]  # change streams open now, and requests for one being checked
+
     @app.get("/events", response_model=None)
     async def events(request: Request) -> StreamingResponse | JSONResponse:
         """The runs' version now, then again each time it changes; the page compares it with the
         version its data was read at, so a commit between the two (or during a reconnect) is not lost."""
-        runs = request.query_params.getlist("run")
+        runs = list(dict.fromkeys(request.query_params.getlist("run")))  # a run named twice is polled once
         if len(runs) > MAX_EVENT_RUNS:
             return JSONResponse({"error": f"give at most {MAX_EVENT_RUNS} run parameters"}, status_code=400)
-        for run in runs:
-            try:
-                store.info(run)
-            except LibraError as exc:
-                return refusal(exc)
+        if streams[0] >= settings.max_streams:  # each open stream polls its runs; the loop serves every page
+            return JSONResponse({"error": f"{streams[0]} change streams are open, the most this dashboard serves "
+                                 "(dashboard.max_streams); close a page or try again later"}, status_code=503)
+        streams[0] += 1  # counted while its runs are checked too: a burst of requests cannot pass the cap at once
+        try:
+            await asyncio.to_thread(lambda: [store.info(run) for run in runs])  # off the loop: reads manifests
+        except LibraError as exc:
+            return refusal(exc)
+        finally:
+            streams[0] -= 1
 
         async def stream() -> AsyncIterator[str]:
-            last, beat = None, time.monotonic()
-            yield f"retry: {int(1000 * settings.refresh_s)}\n\n"
-            while not await request.is_disconnected():
-                now = await asyncio.to_thread(version, runs)
-                if now != last:
-                    yield f"event: version\ndata: {json.dumps(now)}\n\n"
-                    last, beat = now, time.monotonic()
-                elif time.monotonic() - beat > 15:
-                    yield ": still here\n\n"
-                    beat = time.monotonic()
-                await asyncio.sleep(settings.refresh_s)
+            streams[0] += 1
+            try:
+                last, beat = None, time.monotonic()
+                yield f"retry: {int(1000 * settings.refresh_s)}\n\n"
+                while not await request.is_disconnected():
+                    now = await asyncio.to_thread(version, runs)
+                    if now != last:
+                        yield f"event: version\ndata: {json.dumps(now)}\n\n"
+                        last, beat = now, time.monotonic()
+                    elif time.monotonic() - beat > 15:
+                        yield ": still here\n\n"
+                        beat = time.monotonic()
+                    await asyncio.sleep(settings.refresh_s)
+            finally:
+                streams[0] -= 1
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -81,6 +81,8 @@ class DashboardConfig(_Section):
     refresh_s: float = Field(2.0, ge=0.2, le=3_600.0, description="how often an open page checks the run for new data")
     max_points: int = Field(2_000, ge=4, le=100_000, description="points per series at most; longer runs are binned")
     max_series: int = Field(6, ge=1, le=50, description="series per comparison chart at most")
+    max_streams: int = Field(32, ge=1, le=10_000, description="open pages (change streams) at once at most; the "
+                             "next is answered 503 until one closes (each polls its runs every refresh_s)")
 
 
 class OrchestrationConfig(_Section):
@@ -412,6 +414,16 @@ class LibraConfig(_Section):
         if self.rollout.partial and self.trainer.dynamic_sampling:
             raise ValueError("rollout.partial closes the batch at prompts_per_step complete groups and "
                              "trainer.dynamic_sampling picks among over-sampled ones: use one of them")
+        if self.rollout.partial and self.rollout.suspend_bytes >= self.sandbox.workdir_bytes:
+            raise ValueError(f"rollout.suspend_bytes {self.rollout.suspend_bytes:,} keeps more of a suspended "
+                             f"trajectory's files than its working directory holds again (sandbox.workdir_bytes "
+                             f"{self.sandbox.workdir_bytes:,}); set it below, well below with room for the task's files")
+        if self.rollout.partial and self.trainer.pipeline != "sync" and self.trainer.max_staleness == 1:
+            # rollout k+1 runs beside update k, on weights k; what it suspends is continued by rollout k+2
+            # and trained by update k+2: 2 updates old, so a bound of 1 would drop every suspended group
+            raise ValueError(f"rollout.partial with trainer.pipeline {self.trainer.pipeline}: a suspended group is "
+                             "trained 2 updates after the weights that started it, so trainer.max_staleness 1 would "
+                             "drop every one; set trainer.max_staleness 2 or more (or pipeline: sync)")
         if self.placement.hybrids and self.rollout.device == "cuda":
             raise ValueError(f"placement.hybrids {self.placement.hybrids} with rollout.device cuda: a live run's hybrids "
                              "are placed on CPU workers only so far (the pool puts its processes on GPUs by rank, not "

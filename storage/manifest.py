@@ -56,7 +56,7 @@ from storage.schemas import TableSchema
 
 RUNS_DIR = "_runs"
 MANIFEST_FORMAT = 1
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")  # (\Z: `$` lets a trailing newline through)
 
 
 class RunExistsError(LibraError):

@@ -122,8 +122,8 @@ def _chosen(view: View, longest: list[dict]) -> tuple[int, str] | None:
     if not text:
         return (longest[0]["step"], longest[0]["trajectory_id"]) if longest else None
     step, sep, tid = text.partition(":")
-    if not sep or not (step.isascii() and step.isdigit()) or not tid:
-        raise BadParameter(f"trajectory must be <step>:<trajectory id>, got {text!r}")
+    if not sep or not (step.isascii() and step.isdigit()) or len(step) > 18 or not tid:  # (int() refuses 4,301 digits)
+        raise BadParameter(f"trajectory must be <step>:<trajectory id>, got {text[:80]!r}")
     return int(step), tid
 
 

@@ -26,6 +26,7 @@ continued from its last token.
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import zlib
@@ -167,22 +168,31 @@ def resumed(env: Env, suspended: Sequence[Suspended], router: Router, root: Path
     """Suspended trajectories opened again: each in a new working directory that holds its files, on
     the bucket the router picks from where it stopped (its last tool's return). Its clock goes on
     from the time it has run. One whose environment cannot be opened again fails with the reason
-    (its group is then left out, never scored 0)."""
+    (its group is then left out, never scored 0); one whose files do not fit again ends with no
+    answer (a reward of 0, what its tools did being its own)."""
     runs: dict[str, TrajectoryRun] = {}
     for s in suspended:
         run = s.reopened()
         run.workdir = root / run.trajectory_id.replace("/", "_")
         run.workdir.mkdir(parents=True, exist_ok=True)
+        took = run.finished - run.started  # one that had ended keeps its duration (its times were another clock's)
         run.started = clock.now() - s.active_s
+        if run.done:
+            run.finished = run.started + took
         runs[run.trajectory_id] = run
         try:
             run.episode = env.open(run.task, run.workdir)
-            restore_files(run.workdir, s.files)
         except SandboxUnavailable:
             raise
         except Exception as exc:  # its environment failed while it was suspended: it fails, counted
             run.done, run.finished = True, clock.now()
             run.failure = f"its environment could not be opened again after a suspension: {type(exc).__name__}: {exc}"
+            continue
+        try:
+            restore_files(run.workdir, s.files)
+        except OSError:  # what its tools left does not fit a working directory again (a sparse file
+            # written back whole): like a directory that could not be kept, it ends with no answer
+            run.done, run.finished, run.answer, run.partial = True, clock.now(), None, None
             continue
         if run.done:  # ended before its group was complete: it waits for the group, generating nothing
             continue
@@ -348,8 +358,11 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 gen, versions, future = payload
                 prefill += gen.prefill_tokens
                 acted = future.result()
+                unusable = _unusable_logprob(gen.logprobs)
                 if acted[0] == "failed":
                     end(run, acted[2])
+                elif unusable is not None:  # the trainer's importance ratio divides by it
+                    end(run, f"the engine returned a log-prob of {unusable} for a generated token")
                 elif _record_turn(run, gen, versions, acted, tokenizer, limits):
                     end(run)
                 else:
@@ -408,6 +421,11 @@ def _continued(run: TrajectoryRun, gen: Generation, version: int, tokenizer) -> 
 
 
 _WATCH_S = 0.5  # how often the loop looks for hung tool calls and trajectories when nothing arrives
+
+
+def _unusable_logprob(logprobs: Sequence[float]) -> float | None:
+    """The first log-prob that is not a finite number (an engine's -inf or NaN), or None."""
+    return next((x for x in logprobs if not math.isfinite(x)), None)
 
 
 def _record_turn(run: TrajectoryRun, gen, versions: list[int], acted: tuple[str, str, str, str, float], tokenizer,

@@ -74,23 +74,38 @@ def clipped_surrogate(logprobs: torch.Tensor, behaviour: torch.Tensor, advantage
     and the loss is multiplied by min(exp(proximal - behaviour), cap)."""
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     decoupled = proximal is not None and cap > 0
-    ratio = torch.exp(logprobs - (proximal if decoupled else behaviour))
+    ratio = torch.exp(_bounded(logprobs - (proximal if decoupled else behaviour)))
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     loss = -torch.minimum(unclipped, clipped)
     if decoupled:
-        loss = loss * torch.clamp(torch.exp(proximal - behaviour), max=cap)
+        loss = loss * torch.clamp(torch.exp(_bounded(proximal - behaviour)), max=cap)
     return Surrogate(loss, clipped < unclipped, ratio)
 
 
 def kl_k3(logprobs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """[B, T] each -> [B, T]: exp(ref - lp) - (ref - lp) - 1, an unbiased, non-negative estimate
     of KL(policy || reference) from samples of the policy."""
-    delta = reference - logprobs
+    delta = _bounded(reference - logprobs)
     return torch.exp(delta) - delta - 1.0
 
 
+# A log-ratio beyond this many nats is bounded before exp: exp(89) is inf in float32, and inf times an
+# advantage of 0, or a mask of 0, is NaN, which one update writes into every weight. Inside the bound
+# nothing changes (a ratio of e^20 is clipped by any PPO range); outside it, the gradient is 0.
+LOG_RATIO_BOUND = 20.0
+
+
+def _bounded(log_ratio: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(log_ratio, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`values` where the mask is set, 0 elsewhere (multiplying by the mask makes NaN of an inf there)."""
+    return torch.where(mask > 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
 def token_mean(values: torch.Tensor, mask: torch.Tensor, tokens: float | None = None) -> torch.Tensor:
-    """sum(values * mask) / tokens (default: mask.sum()); 0 when there are no tokens."""
+    """sum(values over the mask) / tokens (default: mask.sum()); 0 when there are no tokens."""
     total = float(mask.sum()) if tokens is None else float(tokens)
-    return (values * mask).sum() / total if total > 0 else values.sum() * 0.0
+    return masked(values, mask).sum() / total if total > 0 else values.sum() * 0.0

@@ -68,11 +68,15 @@ class TrainingSample:
 def to_sample(trajectory: Finished, advantage: float, reward: float | None = None) -> TrainingSample:
     """`trajectory` as trained on with `advantage`; `reward`: what it is trained on (default its reward)."""
     versions = tuple(trajectory.versions)
-    uniform = all(v == trajectory.model_version for v, m in zip(versions, trajectory.mask, strict=False) if m)
+    policy = [v for v, m in zip(versions, trajectory.mask, strict=False) if m and v >= 0]
+    # its oldest policy token's version, as a carried group's staleness is judged (`Suspended.oldest_version`):
+    # a group suspended before it generated anything was opened under weights older than any of its tokens
+    oldest = min(policy, default=int(trajectory.model_version))
+    uniform = all(v == oldest for v in policy) and len(policy) == sum(1 for m in trajectory.mask if m)
     return TrainingSample(trajectory.trajectory_id, trajectory.prompt_id, tuple(trajectory.ids), tuple(trajectory.mask),
                           tuple(trajectory.logprobs), float(advantage),
                           float(trajectory.reward if reward is None else reward),
-                          int(trajectory.model_version), () if uniform else versions)
+                          oldest, () if uniform else versions)
 
 
 def to_samples(trajectories: Sequence[Finished], normalize_std: bool = True,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from libra.config import TrainerConfig
-from libra.trainer.grpo import clipped_surrogate, kl_k3, token_entropy, token_logprobs, token_mean
+from libra.trainer.grpo import clipped_surrogate, kl_k3, masked, token_entropy, token_logprobs, token_mean
 from libra.trainer.samples import MicroBatch, TrainingSample, collate
 
 Forward = Callable[[MicroBatch], torch.Tensor]  # a micro-batch -> temperature-scaled logits [B, T-1, V]
@@ -82,10 +82,9 @@ def losses_from_logits(logits: torch.Tensor, reference: torch.Tensor | None, bat
 def tallies(terms: TokenLosses, batch: MicroBatch, mask: torch.Tensor) -> torch.Tensor:
     """A micro-batch's sums over its policy tokens (`TALLIES`, float64 on the CPU): the loss, the KL,
     the entropy, the tokens whose clipped term was taken, |trainer log p - engine log p|."""
-    m = mask.double()
-    return torch.stack([(terms.per_token.double() * m).sum(), (terms.kl.double() * m).sum(),
-                        (token_entropy(terms.logits.detach()).double() * m).sum(), (terms.clipped.double() * m).sum(),
-                        ((terms.logprobs.detach() - batch.behaviour.to(mask.device)).abs().double() * m).sum()]).cpu()
+    gap = (terms.logprobs.detach() - batch.behaviour.to(mask.device)).abs()
+    return torch.stack([masked(v.double(), mask).sum() for v in (
+        terms.per_token, terms.kl, token_entropy(terms.logits.detach()), terms.clipped, gap)]).cpu()
 
 
 class GRPOStep:
@@ -126,7 +125,7 @@ class GRPOStep:
         if self.tallied:
             self.sums += tallies(terms, batch, mask)
         if self.tokens is None:
-            return (terms.per_token * mask).sum(), mask
+            return masked(terms.per_token, mask).sum(), mask
         return token_mean(terms.per_token, mask, self.tokens) * self.replicas, mask
 
     def run(self, groups: Sequence[Sequence[TrainingSample]], pad: int, forward: Forward,

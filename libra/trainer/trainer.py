@@ -9,6 +9,7 @@ Within a rank, micro-batches of at most `micro_batch_tokens` padded tokens accum
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import RolloutConfig, TrainerConfig
+from libra.errors import LibraError
 from libra.optim import learning_rate, make_optimizer, set_learning_rate
 from libra.trainer.grpo import token_logprobs
 from libra.trainer.samples import MicroBatch, TrainingSample, micro_batches
@@ -85,6 +87,10 @@ def take_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
     else:
         grad_norm = float(clip(config.grad_clip))
+    if not math.isfinite(grad_norm):  # AdamW would write NaN into every weight, and the engines would take them
+        optimizer.zero_grad(set_to_none=True)
+        raise LibraError(f"update {index + 1}: the gradient's norm is {grad_norm}; the weights were left as they were "
+                         "(the run's last checkpoint is intact: run the same command to continue from it)")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return AppliedUpdate(lr, grad_norm)

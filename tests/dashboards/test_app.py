@@ -53,6 +53,8 @@ def test_missing_runs_pages_and_parameters_get_a_clear_answer(client) -> None:
                            ("/api/runs/fixture-train/scheduling?step=x", "step must be a whole number"),
                            ("/api/runs/fixture-train/scheduling?recent=0", "recent must be between 1 and"),
                            ("/api/runs/fixture-train/trajectories?trajectory=7", "trajectory must be <step>:<trajectory id>"),
+                           ("/api/runs/fixture-train/trajectories?trajectory=" + "9" * 5000 + ":x",  # int() raised: a 500
+                            "trajectory must be <step>:<trajectory id>"),
                            ("/api/compare?series=nope:libra", "no series 'nope:libra'")):
         response = client.get(query)
         assert response.status_code == 400 and message in response.json()["error"], query
@@ -137,7 +139,7 @@ def test_events_give_the_version_now_and_again_after_a_commit(tmp_path) -> None:
 def test_events_refuse_runs_not_in_the_store_and_too_many_runs(client) -> None:
     missing = client.get("/events?run=fixture-train&run=nope")
     assert missing.status_code == 404 and missing.json()["error"].startswith("no run named 'nope'")
-    many = client.get("/events?" + "&".join(["run=fixture-train"] * 101))
+    many = client.get("/events?" + "&".join(f"run=r{i}" for i in range(101)))  # (a run named twice counts once)
     assert many.status_code == 400 and many.json()["error"] == "give at most 100 run parameters"
 
 
@@ -278,3 +280,40 @@ def test_mlflow_histories_read_as_its_client_gives_them_and_nothing_created(dash
     assert got["reward"][1:] == [(1, 0.125), (1, 0.25), (2, 0.5)] == expected["reward"][1:]
     assert Tracking(f"sqlite:///{path}").history("other", Reads()) == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_change_streams_past_the_cap_are_answered_503_and_a_closed_one_frees_its_place(dash_root) -> None:
+    """Each open page polls its runs every refresh_s on the server's loop: hundreds of streams (or
+    a burst of requests, each checking its runs on the loop) stalled every page for seconds. Served
+    for real (the test client does not keep a stream open as a browser does)."""
+    from contextlib import ExitStack
+
+    import httpx
+
+    from dashboards.server import Background
+    from dashboards.sources import Store, Tracking
+    from libra.config import DashboardConfig
+
+    running = Background(Store(dash_root / "store"), Tracking(None), DashboardConfig(port=0, refresh_s=0.2, max_streams=2))
+    try:
+        with httpx.Client(base_url=running.url, timeout=10) as client:
+            with ExitStack() as open_pages:
+                reading = []  # (a line iterator dropped closes its stream)
+                for _ in range(2):
+                    stream = open_pages.enter_context(client.stream("GET", "/events?run=fixture-train&run=fixture-train"))
+                    reading.append(stream.iter_lines())
+                    assert stream.status_code == 200 and next(reading[-1]).startswith("retry:")
+                refused = client.get("/events?run=fixture-train")
+                assert refused.status_code == 503 and refused.json()["error"] == (
+                    "2 change streams are open, the most this dashboard serves (dashboard.max_streams); close a page "
+                    "or try again later")
+                assert client.get("/api/runs").status_code == 200  # the other pages are served
+            deadline = time.monotonic() + 10
+            while True:  # the server sees a page gone at its next poll
+                with client.stream("GET", "/events?run=fixture-train") as stream:
+                    if stream.status_code == 200:
+                        break
+                assert time.monotonic() < deadline, "a closed stream never freed its place"
+                time.sleep(0.1)
+    finally:
+        running.stop()

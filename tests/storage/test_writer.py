@@ -306,3 +306,9 @@ def test_a_run_of_another_origin_is_refused_and_the_hint_names_the_command_that_
     assert rewrite_hint("r", "import of t.csv, prompts_per_step=4") == "import it again whole: libra traces import t.csv --run r --replace"
     assert rewrite_hint("r", TRAIN_ORIGIN) == "train it again whole: libra train --run r --restart"
     assert rewrite_hint("r", "simulation of x") == "simulate it again whole: libra simulate ... --run r --replace"
+
+
+def test_a_run_name_with_a_trailing_newline_is_refused():
+    with pytest.raises(LibraError, match="is not allowed"):
+        check_run_name("fixture-train\n")
+    assert check_run_name("fixture-train") == "fixture-train"

@@ -166,6 +166,15 @@ def test_partial_rollout_settings_that_cannot_work_are_refused_in_one_line():
                                     "trainer": {"partial_credit": 0.5}})
     with pytest.raises(ValueError, match="trainer.pipeline async generates past the batch .* set rollout.partial: true"):
         LibraConfig.model_validate({"trainer": {"pipeline": "async"}})
+    for pipeline in ("one_step_off", "async"):  # every suspended group would be dropped as stale
+        with pytest.raises(ValueError, match=f"rollout.partial with trainer.pipeline {pipeline}: a suspended group is "
+                                             "trained 2 updates after the weights that started it, so "
+                                             "trainer.max_staleness 1 would drop every one; set trainer.max_staleness 2"):
+            LibraConfig.model_validate({"rollout": {"partial": True, "overprovision": 1.5}, "trainer": {"pipeline": pipeline}})
+        LibraConfig.model_validate({"rollout": {"partial": True, "overprovision": 1.5},
+                                    "trainer": {"pipeline": pipeline, "max_staleness": 2}})
+    LibraConfig.model_validate({"rollout": {"partial": True, "overprovision": 1.5},
+                                "trainer": {"pipeline": "sync", "max_staleness": 1}})
     with pytest.raises(ValueError, match="pipeline async trains on batches 1 update old: max_staleness must be >= 1"):
         TrainerConfig(pipeline="async", max_staleness=0)
     assert rolled_ahead("async", 3, 10) == 4

@@ -1,6 +1,7 @@
 """A hostile policy's turns through the real agent loop: a scripted engine stands for the model
 (what it writes is the attack); the environments, the sandbox and the tokenizer are the real ones."""
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -15,8 +16,8 @@ from libra.scheduler.routers import Buckets, LeastLoad
 class Scripted:
     """An engine whose every turn is `script(trajectory id, turn index)`, tokenized for real."""
 
-    def __init__(self, tokenizer, script: Callable[[str, int], str]) -> None:
-        self.tokenizer, self.script = tokenizer, script
+    def __init__(self, tokenizer, script: Callable[[str, int], str], logprob: float = -1.0) -> None:
+        self.tokenizer, self.script, self.logprob = tokenizer, script, logprob
         self.queue: list[tuple[str, int]] = []
         self.turns: dict[str, int] = {}
 
@@ -31,7 +32,7 @@ class Scripted:
         for tid, max_tokens in self.queue:
             turn = self.turns[tid] = self.turns.get(tid, -1) + 1
             ids = self.tokenizer(self.script(tid, turn), add_special_tokens=False)["input_ids"][:max_tokens]
-            out.append((tid, Generation(ids, self.tokenizer.decode(ids), "stop", 0.0, 0, tuple([-1.0] * len(ids)))))
+            out.append((tid, Generation(ids, self.tokenizer.decode(ids), "stop", 0.0, 0, tuple([self.logprob] * len(ids)))))
         self.queue = []
         return out
 
@@ -45,9 +46,9 @@ def tokenizer(policy_dir):
     return AutoTokenizer.from_pretrained(policy_dir)
 
 
-def run(env_name: str, tokenizer, script, tmp_path, **limits):
+def run(env_name: str, tokenizer, script, tmp_path, logprob: float = -1.0, **limits):
     env = make_env(env_name)
-    return rollout(env, env.tasks(1, seed=1), 2, [Scripted(tokenizer, script)], LeastLoad(Buckets((10**6,))),
+    return rollout(env, env.tasks(1, seed=1), 2, [Scripted(tokenizer, script, logprob)], LeastLoad(Buckets((10**6,))),
                    tokenizer, workroot=tmp_path, **limits)
 
 
@@ -81,3 +82,12 @@ def test_an_edit_of_a_line_numbered_past_python_s_integer_limit_is_the_tools_err
     for t in result.trajectories:
         assert not t.failure and [(u.tool_name, u.tool_status) for u in t.turns] == [
             ("edit", "error"), ("edit", "ok"), ("none", "none")]
+
+
+@pytest.mark.parametrize("logprob", [-math.inf, math.nan])
+def test_a_turn_whose_log_probs_are_not_numbers_fails_its_trajectory(tokenizer, tmp_path, logprob):
+    """The trainer's importance ratio divides by the engine's log-probs: an -inf (reported from a
+    vLLM backend) made one update write NaN into every weight."""
+    result = run("math", tokenizer, lambda tid, turn: "<answer>1</answer>", tmp_path, logprob=logprob)
+    assert [t.failure for t in result.trajectories] == [
+        f"the engine returned a log-prob of {logprob} for a generated token"] * 2

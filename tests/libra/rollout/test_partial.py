@@ -285,3 +285,48 @@ def test_a_working_directory_shaped_to_break_the_suspension_ends_its_sample_with
     from libra.files import remove_tree
 
     remove_tree(victim.workdir)  # (pytest's own clean-up recurses)
+
+
+def test_files_that_do_not_fit_a_working_directory_again_end_their_sample_with_no_answer(tmp_path):
+    """A tool's files kept at suspension (a sparse file comes back whole) that the new working
+    directory cannot hold: the resume failed the sample as an environment failure, and its group
+    with it, hiding its 0. Now the sample ends unanswered and its group goes on."""
+    from libra.clock import WallClock
+    from libra.config import SandboxConfig
+    from libra.rollout.agent import resumed, start, suspend_groups
+
+    env = make_env("math")
+    tasks = env.tasks(1, seed=0)
+    router = LeastLoad(Buckets((10**6,)))
+    runs = start(env, tasks, 2, router, lambda text, add_special_tokens: {"input_ids": [1, 2, 3]}, tmp_path / "a", 1, 0,
+                 WallClock())
+    victim = runs[f"{tasks[0].task_id}/0"]
+    with open(victim.workdir / "sparse", "wb") as handle:
+        handle.truncate(3 << 20)  # no block on the disk; 3 MiB of zeros when read
+    for run in runs.values():
+        run.suspended = True
+    kept = suspend_groups(runs, 4 << 20, WallClock())
+    small = make_env("math", SandboxConfig(workdir_bytes=2 << 20))
+    again = resumed(small, kept, router, tmp_path / "b", 1, WallClock())
+    assert {tid: (r.done, r.answer, r.failure) for tid, r in again.items()} == {
+        victim.trajectory_id: (True, None, ""), f"{tasks[0].task_id}/1": (False, None, "")}
+
+
+def test_a_sample_that_had_ended_keeps_its_duration_when_its_group_resumes(tmp_path):
+    """Its times are the suspending process's clock: the resume moved its start to the new clock and
+    kept its old end, and its stored rollout time came out negative (-3.0 s after a 3 s wait)."""
+    from libra.clock import SimClock
+    from libra.rollout.agent import resumed, start, suspend_groups
+
+    env = make_env("math")
+    tasks = env.tasks(1, seed=0)
+    router = LeastLoad(Buckets((10**6,)))
+    runs = start(env, tasks, 2, router, lambda text, add_special_tokens: {"input_ids": [1, 2, 3]}, tmp_path / "a", 1, 0,
+                 SimClock(100.0))
+    ended = runs[f"{tasks[0].task_id}/0"]
+    ended.done, ended.finished = True, 103.0
+    runs[f"{tasks[0].task_id}/1"].suspended = True
+    kept = suspend_groups(runs, 1 << 20, SimClock(110.0))
+    again = resumed(env, kept, router, tmp_path / "b", 1, SimClock(5.0))  # a process resumed from a checkpoint
+    back = again[ended.trajectory_id]
+    assert (back.started, back.finished) == (-5.0, -2.0) and back.record().rollout_s == 3.0

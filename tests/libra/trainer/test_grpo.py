@@ -96,3 +96,23 @@ def test_token_mean_divides_by_the_given_token_count():
     assert float(token_mean(values, mask)) == pytest.approx(8 / 3)
     assert float(token_mean(values, mask, tokens=4)) == pytest.approx(2.0)
     assert float(token_mean(values, torch.zeros(2, 2))) == 0.0
+
+
+def test_a_log_prob_far_off_or_infinite_cannot_make_the_loss_or_its_gradient_nan():
+    """An engine's -inf (or a log-prob 100 nats below the trainer's) made exp(log-ratio) inf, and inf
+    times an advantage of 0 NaN: one update then wrote NaN into every weight. Log-ratios are bounded
+    at 20 nats before exp; the KL's too; a masked position's inf is never multiplied by its 0."""
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    behaviour = torch.tensor([[-math.inf, -100.0, -0.5]])
+    for advantage in (0.0, -1.0, 1.0):
+        out = clipped_surrogate(logprobs, behaviour, torch.tensor([advantage]), 0.2, 0.28)
+        loss = token_mean(out.loss, torch.ones(1, 3))
+        loss.backward()
+        assert math.isfinite(loss.item()) and torch.isfinite(logprobs.grad).all()
+        logprobs.grad = None
+    assert out.ratio[0, 0].item() == pytest.approx(math.exp(20.0)) and out.ratio[0, 2].item() == 1.0
+    assert clipped_surrogate(logprobs, behaviour, torch.tensor([0.0]), 0.2, 0.28).loss.sum().item() == 0.0
+    reference = torch.tensor([[100.0, -1.0, -0.5]])
+    kl = kl_k3(logprobs.detach(), reference)
+    assert math.isfinite(float(kl[0, 0])) and float(kl[0, 0]) == pytest.approx(math.exp(20.0) - 21.0)
+    assert float(token_mean(torch.tensor([[math.inf, 2.0, math.nan]]), torch.tensor([[0.0, 1.0, 0.0]]))) == 2.0

@@ -49,6 +49,12 @@ def test_a_trajectory_continued_under_newer_weights_keeps_each_tokens_version():
     assert samples[1].token_versions == () and samples[1].policy_token_versions() == [3]
     with pytest.raises(ValueError, match="3 token versions for 2 tokens"):
         TrainingSample("t", "p", (1, 2), (0, 1), (0.0, 0.0), 0.0, 0.0, 0, (-1, 0, 0))
+    # opened under weights 3 and suspended before it generated a token, then continued under 4 and 5:
+    # its staleness is its oldest token's, as carrying it judged it (the trainer had taken 3 and
+    # dropped it, one update staler than the bound that carried it)
+    late = Finished("p/2", "p", [5, 6, 7, 8], [0, 1, 0, 1], [0.0] * 4, 1.0, 3, [-1, 4, -1, 5])
+    same = Finished("p/3", "p", [5, 6], [0, 1], [0.0] * 2, 1.0, 3, [-1, 4])
+    assert [(s.model_version, s.token_versions) for s in to_samples([late, same])] == [(4, (-1, 4, -1, 5)), (4, ())]
 
 
 def test_a_sample_whose_parts_disagree_is_refused():

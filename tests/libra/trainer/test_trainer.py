@@ -1,6 +1,7 @@
 """The torch trainer on a tiny random policy: GRPO learns, DDP over gloo equals one process, and a
 resumed trainer continues exactly."""
 
+import math
 import os
 from dataclasses import replace
 
@@ -202,3 +203,21 @@ def test_a_trainer_resumed_from_a_checkpoint_continues_exactly(tiny_policy, tmp_
         resumed.train_step(random_samples(seed))
     for name, value in straight.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[name], value), name
+
+
+def test_an_update_whose_gradient_is_not_finite_leaves_the_weights_and_says_so():
+    """The last line of defence: AdamW would write NaN into every weight (and the engines would take
+    them). The update is refused, the weights and the optimizer's state unchanged."""
+    from libra.errors import LibraError
+    from libra.trainer.trainer import take_update
+
+    model = torch.nn.Linear(3, 2)
+    config = TrainerConfig()
+    optimizer = torch.optim.AdamW(model.parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.ones(1, 3)).sum().backward()
+    model.weight.grad[0, 0] = math.nan
+    with pytest.raises(LibraError, match=r"^update 1: the gradient's norm is nan; the weights were left as they were"):
+        take_update(model, optimizer, config, 0)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    assert optimizer.state == {} and all(p.grad is None for p in model.parameters())
