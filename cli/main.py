@@ -187,8 +187,11 @@ def _main(argv: Sequence[str] | None) -> int:
     from libra.errors import LibraError
 
     args = build_parser().parse_args(argv)
-    debug = bool(os.environ.get("LIBRA_DEBUG"))
+    debug = os.environ.get("LIBRA_DEBUG", "") not in ("", "0")  # (LIBRA_DEBUG=0 had turned tracebacks on)
     try:
+        named = getattr(args, "run", None)
+        if any(not name.strip() for name in (named if isinstance(named, list) else [named]) if name is not None):
+            raise LibraError("--run '' names no run: give a run name, or leave --run out for the default")
         config = config_from_args(args)
         from flows.runtime import quiet_environment
 

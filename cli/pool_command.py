@@ -44,9 +44,11 @@ def cmd_pool(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
     from flows.pool import pool_flow, pool_request
     from libra.checks import as_flag
+    from storage.writer import ANOTHER, refuse_existing
 
     request = pool_request(args.steps, args.schedule, args.kill, args.core, args.hybrids, args.provider, args.hidden,
                            args.batch, args.pace, args.run, config.pool, names=as_flag)
+    refuse_existing(config.store.root, request.run, ANOTHER)  # before the pool starts
     with json_stdout(args.json) as out:
         summary = run_flow(pool_flow, config, tracking=not args.no_track, steps=request.steps, schedule=args.schedule,
                            kill=args.kill, core=request.core, hybrids=request.hybrids, provider=request.provider,

@@ -107,6 +107,7 @@ def pool_flow(steps: int = 60, schedule: str = "10:all,40:0", kill: list[str] | 
     """The run's summary (steps, replicas, retried steps, events by kind; with `verify`, the largest
     parameter difference from a core-only run) and its transitions (PoolEvent records, in order)."""
     from flows.runtime import flow_config
+    from storage.writer import ANOTHER, refuse_existing
     from tasks.pool_tasks import (
         record_events_task,
         summarize,
@@ -117,6 +118,7 @@ def pool_flow(steps: int = 60, schedule: str = "10:all,40:0", kill: list[str] | 
 
     settings = flow_config(config, {"store.root": store}, tracking=track)
     request = pool_request(steps, schedule, kill, core, hybrids, provider, hidden, batch, pace, run, settings.pool)
+    refuse_existing(settings.store.root, request.run, ANOTHER)  # its events would join that run's
     outcome = train_pool_task(request, settings.pool)
     record_events_task(request.run, outcome.events, settings.store)
     summary = summarize(request, outcome)

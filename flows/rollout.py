@@ -97,6 +97,7 @@ def rollout_flow(env: str, prompts: int = 32, samples: int = 8, batches: int = 1
                  config: LibraConfig | str | None = None, store: str | None = None) -> dict[str, Any]:
     """The batches' throughput and trajectory statistics (`tasks.rollout_tasks.summarize`)."""
     from flows.runtime import flow_config, quiet_engines
+    from storage.writer import ANOTHER, refuse_existing
     from tasks.rollout_tasks import (
         close_engines_task,
         rollout_batch_task,
@@ -108,6 +109,7 @@ def rollout_flow(env: str, prompts: int = 32, samples: int = 8, batches: int = 1
     settings = flow_config(config, {"store.root": store}, tracking=track)
     request = rollout_request(env, prompts, samples, batches, engine, instances, device, router, buckets, policy,
                               temperature, max_turns, seed, run, settings.rollout)
+    refuse_existing(settings.store.root, request.run, ANOTHER)  # its batches would replace that run's steps
     quiet_engines()
     live = start_engines_task(request, settings)
     try:

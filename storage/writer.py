@@ -76,7 +76,7 @@ WriteMode = Literal["update", "create", "replace"]
 
 __all__ = [
     "RUN_NAME", "RunTransaction", "StoreWriter", "WriteMode", "check_run_name", "conform",
-    "refuse_existing", "refuse_other_origin", "run_exists_error", "step_dir", "table_dir",
+    "ANOTHER", "REPLACE", "refuse_existing", "refuse_other_origin", "run_exists_error", "step_dir", "table_dir",
 ]
 
 
@@ -88,21 +88,24 @@ def check_run_name(run: str) -> str:
     return run
 
 
-def run_exists_error(root: str | Path, manifest: RunManifest) -> RunExistsError:
+REPLACE = "pass --replace to replace it whole"
+ANOTHER = "name another run with --run NAME (this command adds to no run it did not start)"
+
+
+def run_exists_error(root: str | Path, manifest: RunManifest, remedy: str = REPLACE) -> RunExistsError:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(manifest.committed_at))
     return RunExistsError(
-        f"run {manifest.run!r} already exists in store {root} ({manifest.origin}, committed {when}); "
-        "pass --replace to replace it whole"
+        f"run {manifest.run!r} already exists in store {root} ({manifest.origin}, committed {when}); {remedy}"
     )
 
 
-def refuse_existing(root: str | Path, run: str) -> None:
+def refuse_existing(root: str | Path, run: str, remedy: str = REPLACE) -> None:
     """`RunExistsError` if `run` is committed in the store at `root` (a writer that would create it
-    checks early, before its work, and again under the run's lock)."""
+    checks early, before its work, and again under the run's lock); `remedy`: what to do instead."""
     check_store_root(root)
     existing = read_manifest(root, run)
     if existing is not None:
-        raise run_exists_error(root, existing)
+        raise run_exists_error(root, existing, remedy)
 
 
 def refuse_other_origin(root: str | Path, run: str, origin: str, what: str, *, replacing: bool = False) -> None:

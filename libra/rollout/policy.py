@@ -196,9 +196,11 @@ def init_policy(out: str | Path, settings: PolicySettings = PolicySettings(), lo
     return record
 
 
-def _policy_out(out: str | Path) -> Path:
-    """`init_policy`'s directory, refused (nothing written) where writing the policy would replace
-    what it did not write: a file, or a directory that holds anything but a policy it built."""
+def _policy_out(out: str | Path, tuned: bool = False) -> Path:
+    """The directory `libra policy init` (`tune`: `libra policy tune`) writes its policy to, refused
+    (nothing written) where writing it would replace what that command did not write: a file, or a
+    directory that holds anything but a policy the same command built."""
+    command = "libra policy tune" if tuned else "libra policy init"
     if not str(out).strip():
         raise LibraError("the policy's directory (--out) is empty: give a directory, e.g. --out .libra/policy")
     out = Path(out)
@@ -209,9 +211,9 @@ def _policy_out(out: str | Path) -> Path:
             record = _record_or_none(out)
         except (OSError, ValueError):  # unreadable, or not JSON: not a record a build wrote
             record = None
-        if not isinstance(record, dict) or "tuned" in record:
+        if not isinstance(record, dict) or ("tuned" in record) != tuned:
             held = sorted(p.name for p in out.iterdir())
-            raise LibraError(f"{out} holds files that `libra policy init` did not write ({', '.join(held[:5])}"
+            raise LibraError(f"{out} holds files that `{command}` did not write ({', '.join(held[:5])}"
                              f"{', ...' if len(held) > 5 else ''}); give --out a new or empty directory (nothing "
                              "there is replaced)")
     return out
@@ -264,9 +266,7 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
     if out.resolve() == base.resolve():
         raise LibraError(f"tuning writes a new policy: give --out a directory other than its base {base}")
     tuned = {"base_sha256": _sha256(base / "model.safetensors"), "settings": json.loads(json.dumps(asdict(settings)))}
-    if (out / "config.json").exists() and (_record_or_none(out) or {}).get("tuned") is None:
-        raise LibraError(f"{out} holds a policy that tuning did not write; give --out another directory (nothing "
-                         "there is replaced)")
+    out = _policy_out(out, tuned=True)  # before any work: tuning replaces `out` whole
     if not rebuild:
         if (record := _record_if_tuned_as(out, tuned)) is not None:
             log(f"policy in {out} is up to date (tuned in {record['train_s']:.0f} s, final loss {record['final_loss']:.3f})")

@@ -125,6 +125,11 @@ BAD = [
     (["compare"], "no MLflow database at sqlite:///.libra/mlflow.db; train runs with `libra train` first"),
     (["compare", "--target", "nan"], "--target must be a finite number, got nan"),
     (["compare", "--config", "notdb.yaml"], "MLflow's tracking store sqlite:///"),  # a traceback of 81 lines before
+    # an empty --run once meant the default run (resuming or extending someone's)
+    (["train", "--run", "", "--steps", "1"], "--run '' names no run: give a run name, or leave --run out for the default"),
+    (["simulate", "--workload", "search-r1", "--run", " ", "--no-track", "--store", "store"], "--run '' names no run"),
+    (["rollout", "--env", "math", "--run", "", "--no-track"], "--run '' names no run"),
+    (["pool", "--run", "", "--no-track"], "--run '' names no run"),
     # a run or deployment that does not exist is refused before a Prefect home or a store is made
     (["tree", "--run", "nope", "--out", "t.json"], "no run named 'nope' in store .libra/store; the store is empty"),
     (["deploy", "--only", "nope"], "--only: unknown deployments nope; known: libra-train/demo"),
@@ -192,6 +197,24 @@ def test_training_under_the_name_of_an_imported_trace_is_refused_and_the_import_
                           "another way (--run NAME)\n")
     assert sorted((p.relative_to(files), p.read_bytes()) for p in (files / "store").rglob("*") if p.is_file()) == before
     assert not (files / ".libra").exists()
+
+@pytest.mark.parametrize("argv", [["rollout", "--env", "math", "--prompts", "1", "--samples", "1", "--no-track",
+                                   "--policy", str(ROOT / "data" / "policy")],
+                                  ["pool", "--steps", "20", "--no-track"]], ids=["rollout", "pool"])
+def test_a_rollout_or_pool_named_as_an_existing_run_is_refused_before_it_starts(
+        files: Path, capsys: pytest.CaptureFixture, argv: list[str]) -> None:
+    """A rollout's batches replaced that run's steps (an imported trace's step 0 became one math
+    trajectory), and a pool's events joined its tables, the run still saying it was the import."""
+    assert main(["traces", "import", "small.csv", "--run", "agents", "--store", "store", "--json"]) == 0
+    capsys.readouterr()
+    before = sorted((p.relative_to(files), p.read_bytes()) for p in (files / "store").rglob("*") if p.is_file())
+    assert main([*argv, "--run", "agents", "--store", "store"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("libra: error: run 'agents' already exists in store store (import of small.csv")
+    assert err.endswith("; name another run with --run NAME (this command adds to no run it did not start)\n")
+    assert sorted((p.relative_to(files), p.read_bytes()) for p in (files / "store").rglob("*") if p.is_file()) == before
+    assert not (files / ".libra").exists()
+
 
 def test_runs_lists_a_run_whose_manifest_is_torn_and_says_why_it_cannot_be_read(
         files: Path, capsys: pytest.CaptureFixture) -> None:

@@ -125,9 +125,20 @@ def test_tuning_refuses_what_it_cannot_do_and_replaces_nothing(tmp_path, policy_
     other.mkdir()
     (other / "config.json").write_text("{}")
     for settings in (small, TuneSettings()):  # the defaults' shipped tuning is not copied over it either
-        with pytest.raises(LibraError, match="holds a policy that tuning did not write; give --out another directory"):
+        with pytest.raises(LibraError, match=r"holds files that `libra policy tune` did not write \(config.json\); "
+                                             "give --out a new or empty directory"):
             tune_policy(other, policy_dir, settings, log=lambda _: None)
     assert [p.name for p in other.iterdir()] == ["config.json"] and (other / "config.json").read_text() == "{}"
+    # any directory of the user's, not only one with a policy (tuning removed it whole), and a file
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "notes.md").write_text("important")
+    with pytest.raises(LibraError, match=r"holds files that `libra policy tune` did not write \(notes.md, sub\)"):
+        tune_policy(notes, policy_dir, small, log=lambda _: None)
+    assert (notes / "notes.md").read_text() == "important" and (notes / "sub").is_dir()
+    with pytest.raises(LibraError, match="is a file, not a directory: give --out a new or empty directory"):
+        tune_policy(notes / "notes.md", policy_dir, small, log=lambda _: None)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left behind
 
 
 def test_init_refuses_a_directory_it_did_not_write_and_replaces_nothing(tmp_path, monkeypatch) -> None:
