@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from libra.config import LibraConfig
+from libra.config import LibraConfig, check_tracking_uri
 from libra.errors import LibraError
 from libra.files import absolute_tracking_uri
 
@@ -56,13 +56,21 @@ def prepare_runtime(config: LibraConfig, tracking: bool = True) -> None:
     with `tracking`, MLflow's store is opened (its database created). Prefect's home is created
     only when it is the one in use (not when PREFECT_HOME is set, or a server is named)."""
     quiet_environment()
+    if "MLFLOW_TRACKING_URI" in os.environ:  # it overrides tracking.tracking_uri: checked as that is
+        try:
+            check_tracking_uri(os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI")
+        except ValueError as exc:
+            raise LibraError(f"{exc} (or unset it)") from None
     home = str(Path(config.orchestration.prefect_home).resolve())
-    if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
-        Path(home).mkdir(parents=True, exist_ok=True)
+    ours = "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ
+    # (working the default out makes its database's folder)
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or absolute_tracking_uri(config.tracking.tracking_uri, create=tracking)
+    if tracking:  # first: a store refused leaves no Prefect home behind, and the environment as it was
+        open_mlflow_store(uri)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", uri)
     os.environ.setdefault("PREFECT_HOME", home)
-    os.environ.setdefault("MLFLOW_TRACKING_URI", absolute_tracking_uri(config.tracking.tracking_uri, create=tracking))
-    if tracking:
-        open_mlflow_store(os.environ["MLFLOW_TRACKING_URI"])
+    if ours:
+        Path(home).mkdir(parents=True, exist_ok=True)
 
 
 def flow_config(config: LibraConfig | str | None, overrides: dict | None = None, tracking: bool = True) -> LibraConfig:
@@ -159,13 +167,15 @@ def reach_server(uri: str, timeout_s: float = 10.0) -> None:
     import socket
     from urllib.parse import urlsplit
 
-    parts = urlsplit(uri)
     try:
+        parts = urlsplit(uri)
         port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise LibraError(f"MLflow's tracking server {uri} has no valid port; fix tracking.tracking_uri") from None
+        host = parts.hostname or "localhost"
+    except ValueError as exc:  # no valid port, an unclosed IPv6 bracket
+        raise LibraError(f"MLflow's tracking server {uri} is not a valid address ({exc}); fix tracking.tracking_uri "
+                         "(or MLFLOW_TRACKING_URI)") from None
     try:
-        socket.create_connection((parts.hostname or "localhost", port), timeout=timeout_s).close()
+        socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
         raise LibraError(f"MLflow's tracking server {uri} cannot be reached ({exc.strerror or exc}); start it, fix "
                          "tracking.tracking_uri, or run with --no-track") from None

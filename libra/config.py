@@ -63,13 +63,19 @@ class TrackingConfig(_Section):
     @field_validator("tracking_uri")
     @classmethod
     def _known_scheme(cls, uri: str) -> str:
-        scheme, found, _ = uri.partition("://")
-        if not uri.strip():
-            raise ValueError("tracking_uri is empty: give sqlite:///FILE.db, file:DIR, http(s)://SERVER, or a directory")
-        if found and scheme.split("+")[0] not in TRACKING_SCHEMES:
-            raise ValueError(f"tracking_uri {uri!r}: MLflow has no tracking store for {scheme!r}; give sqlite:///FILE.db, "
-                             "file:DIR, http(s)://SERVER, a database URI (postgresql, mysql, mssql), databricks, or a directory")
-        return uri
+        return check_tracking_uri(uri)
+
+
+def check_tracking_uri(uri: str, name: str = "tracking_uri") -> str:
+    """`uri` if MLflow has a tracking store for its scheme; else a ValueError naming `name` (the
+    config's field, or the MLFLOW_TRACKING_URI variable that overrides it)."""
+    scheme, found, _ = uri.partition("://")
+    if not uri.strip():
+        raise ValueError(f"{name} is empty: give sqlite:///FILE.db, file:DIR, http(s)://SERVER, or a directory")
+    if found and scheme.split("+")[0] not in TRACKING_SCHEMES:
+        raise ValueError(f"{name} {uri!r}: MLflow has no tracking store for {scheme!r}; give sqlite:///FILE.db, "
+                         "file:DIR, http(s)://SERVER, a database URI (postgresql, mysql, mssql), databricks, or a directory")
+    return uri
 
 
 class DashboardConfig(_Section):

@@ -216,6 +216,22 @@ def test_a_rollout_or_pool_named_as_an_existing_run_is_refused_before_it_starts(
     assert not (files / ".libra").exists()
 
 
+@pytest.mark.parametrize("uri, message", [
+    ("garbage://x", "MLFLOW_TRACKING_URI 'garbage://x': MLflow has no tracking store for 'garbage'; give "
+                    "sqlite:///FILE.db, file:DIR, http(s)://SERVER"),  # a 225-line traceback, the run committed
+    ("http://[::1", "MLflow's tracking server http://[::1 is not a valid address (Invalid IPv6 URL); fix "
+                    "tracking.tracking_uri (or MLFLOW_TRACKING_URI)"),  # 29 lines
+])
+def test_an_unusable_mlflow_tracking_uri_in_the_environment_is_one_line_before_anything_is_written(
+        files: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, uri: str, message: str) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["simulate", "--workload", "search-r1", "--steps", "1", "--cluster", "2x8:a800", "--model", "qwen3-8b",
+                 "--systems", "libra", "--group-size", "2", "--prompts-per-step", "2", "--store", "store"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("libra: error: " + message) and err.count("\n") == 1, err
+    nothing_written(files)
+
+
 def test_runs_lists_a_run_whose_manifest_is_torn_and_says_why_it_cannot_be_read(
         files: Path, capsys: pytest.CaptureFixture) -> None:
     for run in ("a", "b"):
