@@ -62,20 +62,23 @@ def pool_request(steps: int = 60, schedule: str = "10:all,40:0", kill: list[str]
                          f"{names('hidden')} >= 1, {names('pace')} >= 0 and {names('batch')} >= core + hybrids "
                          f"({core + hybrids}); got {steps}, {core}, {hybrids}, {hidden}, {pace}, {batch}")
     return PoolRequest(steps, core, hybrids, tuple(sorted(parse_schedule(schedule, hybrids, names).items())),
-                       tuple(parse_kills(kill or [], hybrids, names)), provider, hidden, batch, pace,
+                       tuple(parse_kills(kill or [], hybrids, steps, names)), provider, hidden, batch, pace,
                        check_run_name(run or time.strftime("pool-%Y%m%d-%H%M%S")))
 
 
 def parse_schedule(text: str, hybrids: int, names: Names = as_parameter) -> dict[int, int]:
-    """`10:all,40:0` -> {10: hybrids, 40: 0}."""
+    """`10:all,40:0` -> {10: hybrids, 40: 0} (a step past the run's end never comes: the default
+    schedule's, in a short run)."""
     schedule = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         step, _, count = part.partition(":")
         try:
+            if len(step) > 18 or len(count) > 18:  # (int() refuses 4,301 digits with a ValueError of its own)
+                raise ValueError
             value = hybrids if count == "all" else int(count)
             at = int(step)
         except ValueError:
-            raise LibraError(f"{names('schedule')} entry {part!r} is not STEP:COUNT (e.g. 10:2,40:0)") from None
+            raise LibraError(f"{names('schedule')} entry {part[:40]!r} is not STEP:COUNT (e.g. 10:2,40:0)") from None
         if at < 0 or not 0 <= value <= hybrids:
             raise LibraError(f"{names('schedule')} entry {part!r}: need STEP >= 0 and 0 <= COUNT <= {hybrids} hybrids")
         if at in schedule:
@@ -86,15 +89,18 @@ def parse_schedule(text: str, hybrids: int, names: Names = as_parameter) -> dict
     return schedule
 
 
-def parse_kills(items: list[str], hybrids: int, names: Names = as_parameter) -> list[tuple[str, int]]:
-    """`hybrid-1@20` -> ("hybrid-1", 20)."""
+def parse_kills(items: list[str], hybrids: int, steps: int, names: Names = as_parameter) -> list[tuple[str, int]]:
+    """`hybrid-1@20` -> ("hybrid-1", 20); a step at or past `steps` would never come, and is refused."""
     kills = []
     known = {f"hybrid-{i}" for i in range(hybrids)}
     for item in items:
         worker, _, step = item.partition("@")
         if worker not in known or not (step.isascii() and step.isdigit()):
-            raise LibraError(f"{names('kill')} {item!r}: expected HYBRID@STEP with HYBRID one of "
+            raise LibraError(f"{names('kill')} {item[:60]!r}: expected HYBRID@STEP with HYBRID one of "
                              f"{', '.join(sorted(known)) or '(no hybrids)'}")
+        if len(step) > 18 or int(step) >= steps:
+            raise LibraError(f"{names('kill')} {item[:60]!r}: step {step[:20]} is past the run's {steps} steps "
+                             f"({names('steps')}); give a STEP below {steps}")
         kills.append((worker, int(step)))
     return kills
 
