@@ -96,13 +96,16 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
             raise LibraError(f"{names('group_size')} {group_size}: a trace workload replays the samples its file "
                              "holds for each prompt; leave it out, or simulate a preset workload")
 
-        read_trace(spec.template)  # a bad trace file is the caller's error, found before anything starts
+        trace = read_trace(spec.template)  # a bad trace file is the caller's error, found before anything starts
+        prompts = {t.prompt_id for t in trace.trajectories}
+        samples = -(-len(trace.trajectories) // max(1, len(prompts)))  # its samples a prompt, on average
     else:
-        total = steps * spec.group_size * spec.prompts_per_step
-        if total > MAX_TRAJECTORIES:
-            raise LibraError(f"{steps:,} steps of {spec.prompts_per_step:,} prompts x {spec.group_size:,} samples are "
-                             f"{total:,} trajectories, more than the {MAX_TRAJECTORIES:,} a simulation may hold; "
-                             "use fewer steps, prompts or samples")
+        samples = spec.group_size
+    total = steps * samples * spec.prompts_per_step
+    if total > MAX_TRAJECTORIES:  # (a trace's once passed unchecked: 10^10 trajectories, drawn until memory ran out)
+        raise LibraError(f"{steps:,} steps of {spec.prompts_per_step:,} prompts x {samples:,} samples are "
+                         f"{total:,} trajectories, more than the {MAX_TRAJECTORIES:,} a simulation may hold; "
+                         "use fewer steps, prompts or samples")
     return request
 
 

@@ -125,6 +125,9 @@ BAD = [
     (["compare"], "no MLflow database at sqlite:///.libra/mlflow.db; train runs with `libra train` first"),
     (["compare", "--target", "nan"], "--target must be a finite number, got nan"),
     (["compare", "--config", "notdb.yaml"], "MLflow's tracking store sqlite:///"),  # a traceback of 81 lines before
+    (["simulate", "--workload", "trace:small.csv", "--steps", "100000", "--prompts-per-step", "100000", "--no-track",
+      "--store", "store"], "100,000 steps of 100,000 prompts x 2 samples are 20,000,000,000 trajectories, more than the "
+                          "5,000,000 a simulation may hold"),  # a trace's ran until memory ran out
     # an empty --run once meant the default run (resuming or extending someone's)
     (["train", "--run", "", "--steps", "1"], "--run '' names no run: give a run name, or leave --run out for the default"),
     (["simulate", "--workload", "search-r1", "--run", " ", "--no-track", "--store", "store"], "--run '' names no run"),
