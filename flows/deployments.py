@@ -71,6 +71,9 @@ def server_url() -> str:
     if not url:
         raise LibraError("deployments live on a Prefect server: start one (`prefect server start --host 127.0.0.1`) "
                          "and set PREFECT_API_URL=http://127.0.0.1:4200/api")
+    from flows.runtime import PREFECT_SERVER, reach_server
+
+    reach_server(url, server=PREFECT_SERVER)
     return url
 
 

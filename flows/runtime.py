@@ -161,24 +161,33 @@ def store_error(uri: str, exc: BaseException) -> LibraError:
                       "tracking.tracking_uri at a new file or an MLflow database, or run with --no-track")
 
 
-def reach_server(uri: str, timeout_s: float = 10.0) -> None:
-    """`LibraError` unless the tracking server at `uri` accepts a connection within `timeout_s`
-    (MLflow's own client retries for minutes before it says anything)."""
+_MLFLOW_SERVER = ("MLflow's tracking server", "fix tracking.tracking_uri (or MLFLOW_TRACKING_URI)",
+                  "start it, fix tracking.tracking_uri, or run with --no-track")
+PREFECT_SERVER = ("Prefect's server (PREFECT_API_URL)", "fix PREFECT_API_URL, e.g. http://127.0.0.1:4200/api",
+                   "start it (prefect server start --host 127.0.0.1), fix PREFECT_API_URL, or unset it to run "
+                   "without a server")
+
+
+def reach_server(uri: str, timeout_s: float = 10.0, server: tuple[str, str, str] = _MLFLOW_SERVER) -> None:
+    """`LibraError` unless the server at `uri` accepts a connection within `timeout_s` (MLflow's and
+    Prefect's clients retry for minutes, then raise a traceback). `server`: what it is, what to do
+    about an address that is not one, and about a server that does not answer."""
     import socket
     from urllib.parse import urlsplit
 
+    what, bad_address, unreachable = server
     try:
         parts = urlsplit(uri)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError("not an http(s) URL")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname or "localhost"
-    except ValueError as exc:  # no valid port, an unclosed IPv6 bracket
-        raise LibraError(f"MLflow's tracking server {uri} is not a valid address ({exc}); fix tracking.tracking_uri "
-                         "(or MLFLOW_TRACKING_URI)") from None
+    except ValueError as exc:  # no valid port, an unclosed IPv6 bracket, another scheme
+        raise LibraError(f"{what} {uri} is not a valid address ({exc}); {bad_address}") from None
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
-        raise LibraError(f"MLflow's tracking server {uri} cannot be reached ({exc.strerror or exc}); start it, fix "
-                         "tracking.tracking_uri, or run with --no-track") from None
+        raise LibraError(f"{what} {uri} cannot be reached ({exc.strerror or exc}); {unreachable}") from None
 
 
 def start_prefect() -> None:
@@ -186,7 +195,10 @@ def start_prefect() -> None:
     the flows of this process then use it. Call after `prepare_runtime`."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
 
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+    if PREFECT_API_URL.value():
+        reach_server(PREFECT_API_URL.value(), server=PREFECT_SERVER)  # before any flow: one line, not 120
+        return
+    if not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
         return
     from prefect.server.api.server import SubprocessASGIServer
 

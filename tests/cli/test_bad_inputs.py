@@ -235,6 +235,22 @@ def test_an_unusable_mlflow_tracking_uri_in_the_environment_is_one_line_before_a
     nothing_written(files)
 
 
+@pytest.mark.parametrize("url, message", [
+    ("http://127.0.0.1:1/api", "Prefect's server (PREFECT_API_URL) http://127.0.0.1:1/api cannot be reached (Connection "
+                               "refused); start it (prefect server start --host 127.0.0.1), fix PREFECT_API_URL, or "
+                               "unset it to run without a server"),  # 120 lines of traceback
+    ("garbage", "Prefect's server (PREFECT_API_URL) garbage is not a valid address (not an http(s) URL); fix "
+                "PREFECT_API_URL, e.g. http://127.0.0.1:4200/api"),
+])
+def test_a_prefect_server_that_cannot_be_reached_is_one_line(files: Path, url: str, message: str) -> None:
+    """(In a process of its own: Prefect reads its settings once a process.)"""
+    done = libra("simulate", "--workload", "search-r1", "--steps", "1", "--cluster", "2x8:a800", "--model", "qwen3-8b",
+                 "--systems", "libra", "--group-size", "2", "--prompts-per-step", "2", "--no-track", "--store", "store",
+                 cwd=files, PREFECT_API_URL=url)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"libra: error: {message}\n")
+    assert not (files / "store").exists()
+
+
 def test_runs_lists_a_run_whose_manifest_is_torn_and_says_why_it_cannot_be_read(
         files: Path, capsys: pytest.CaptureFixture) -> None:
     for run in ("a", "b"):
