@@ -192,7 +192,7 @@ def resumed(env: Env, suspended: Sequence[Suspended], router: Router, root: Path
             restore_files(run.workdir, s.files)
         except OSError:  # what its tools left does not fit a working directory again (a sparse file
             # written back whole): like a directory that could not be kept, it ends with no answer
-            run.done, run.finished, run.answer, run.partial = True, clock.now(), None, None
+            _end_unanswered(run, clock)
             continue
         if run.done:  # ended before its group was complete: it waits for the group, generating nothing
             continue
@@ -349,20 +349,22 @@ def drive(env: Env, runs: dict[str, TrajectoryRun], engines: Sequence[Engine], r
                 run.new_tokens += len(payload.token_ids)
                 gen, versions = _continued(run, payload, version, tokenizer)
                 run.partial = None
-                action = parse(gen.text, env.tools)
-                calling[tid] = (clock.now(), action.name or "tool")
-                future = tools.submit(_act, run.episode, action, clock)
-                future.add_done_callback(lambda f, tid=tid, gen=gen, v=versions: events.put(("tool", tid, (gen, v, f))))
+                unusable = _unusable_logprob(gen.logprobs)
+                if unusable is not None:  # the trainer's importance ratio divides by it: no tool runs for it
+                    end(run, f"the engine returned a log-prob of {unusable} for a generated token")
+                else:
+                    action = parse(gen.text, env.tools)
+                    calling[tid] = (clock.now(), action.name or "tool")
+                    future = tools.submit(_act, run.episode, action, clock)
+                    future.add_done_callback(lambda f, tid=tid, gen=gen, v=versions:
+                                             events.put(("tool", tid, (gen, v, f))))
             elif kind == "tool" and not (run.done or run.suspended):
                 calling.pop(tid, None)
                 gen, versions, future = payload
                 prefill += gen.prefill_tokens
                 acted = future.result()
-                unusable = _unusable_logprob(gen.logprobs)
                 if acted[0] == "failed":
                     end(run, acted[2])
-                elif unusable is not None:  # the trainer's importance ratio divides by it
-                    end(run, f"the engine returned a log-prob of {unusable} for a generated token")
                 elif _record_turn(run, gen, versions, acted, tokenizer, limits):
                     end(run)
                 else:
@@ -528,9 +530,14 @@ def _kept_files(run: TrajectoryRun, limit: int, clock: Clock) -> tuple[WorkFile,
     try:
         return snapshot_files(run.workdir, limit)
     except WorkdirTooLarge:
-        run.suspended, run.done, run.finished = False, True, clock.now()
-        run.answer, run.partial = None, None
+        _end_unanswered(run, clock)
         return ()
+
+
+def _end_unanswered(run: TrajectoryRun, clock: Clock) -> None:
+    """End `run` where it stands without an answer (a reward of 0), an interrupted turn's tokens dropped."""
+    run.suspended, run.done, run.finished = False, True, clock.now()
+    run.answer, run.partial = None, None
 
 
 def finish(runs: dict[str, TrajectoryRun], router: Router, wall_s: float, busy: float, steps: int,

@@ -33,11 +33,7 @@ class WorkFile:
 
 
 class WorkdirTooLarge(Exception):
-    """A working directory that cannot be kept for a suspended trajectory."""
-
-    def __init__(self, workdir: Path, reason: str) -> None:
-        super().__init__(reason)
-        self.workdir = workdir
+    """A working directory that cannot be kept for a suspended trajectory (why, as its message)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,7 @@ def snapshot_files(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
     try:
         return _snapshot(workdir, limit)
     except OSError as exc:
-        raise WorkdirTooLarge(workdir, f"its working directory could not be read: {exc.strerror or exc}") from None
+        raise WorkdirTooLarge(f"its working directory could not be read: {exc.strerror or exc}") from None
 
 
 def _snapshot(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
@@ -116,7 +112,7 @@ def _snapshot(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
         for name in os.listdir(workdir / folder):
             rel = f"{folder}/{name}" if folder else name
             if len(rel) > MAX_PATH:
-                raise WorkdirTooLarge(workdir, f"its working directory holds a path of more than {MAX_PATH:,} characters")
+                raise WorkdirTooLarge(f"its working directory holds a path of more than {MAX_PATH:,} characters")
             listed.append((rel, os.lstat(workdir / rel)))
         listed.sort(key=lambda entry: (not stat.S_ISDIR(entry[1].st_mode), entry[0]))  # its folders, then the rest
         subfolders = []
@@ -124,7 +120,7 @@ def _snapshot(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
             path = workdir / rel
             if stat.S_ISDIR(info.st_mode):
                 if depth + 1 > MAX_DEPTH:
-                    raise WorkdirTooLarge(workdir, f"its working directory holds folders more than {MAX_DEPTH} deep")
+                    raise WorkdirTooLarge(f"its working directory holds folders more than {MAX_DEPTH} deep")
                 out.append(WorkFile(rel, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, None))
                 subfolders.append(rel)
             elif stat.S_ISREG(info.st_mode):
@@ -133,14 +129,14 @@ def _snapshot(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
                     data = handle.read(limit - total + 1)
                 total += len(data)
                 if total > limit:
-                    raise WorkdirTooLarge(workdir, f"its working directory holds more than {limit:,} bytes of files "
+                    raise WorkdirTooLarge(f"its working directory holds more than {limit:,} bytes of files "
                                                    "(rollout.suspend_bytes)")
                 out.append(WorkFile(rel, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, data))
             else:
-                raise WorkdirTooLarge(workdir, f"its working directory holds {rel!r}, which is neither a folder nor a "
+                raise WorkdirTooLarge(f"its working directory holds {rel!r}, which is neither a folder nor a "
                                                "plain file (a link, a FIFO or a device) and is not kept")
             if len(out) > MAX_ENTRIES:
-                raise WorkdirTooLarge(workdir, f"its working directory holds more than {MAX_ENTRIES:,} entries")
+                raise WorkdirTooLarge(f"its working directory holds more than {MAX_ENTRIES:,} entries")
         pending += [(sub, depth + 1) for sub in reversed(subfolders)]
     return tuple(out)
 
