@@ -30,19 +30,21 @@ def cmd_compare(args: argparse.Namespace, config: LibraConfig) -> int:
     from dashboards.compare import compare, read_runs
     from flows.runtime import allow_file_store, store_error
     from libra.checks import in_range
+    from libra.config_loading import tracking_uri_in_use
 
     in_range("--target", args.target, -1e9, 1e9)
     experiment = args.experiment or f"{config.tracking.experiment_prefix}-train-{config.trainer.env}"
+    uri = tracking_uri_in_use(config)  # where train and simulate log (MLFLOW_TRACKING_URI, if set)
     with json_stdout(args.json) as out:
-        allow_file_store(config.tracking.tracking_uri)
+        allow_file_store(uri)
         try:
-            histories = read_runs(config.tracking.tracking_uri, experiment, args.run)
+            histories = read_runs(uri, experiment, args.run)
         except LookupError as exc:
             raise LibraError(f"{exc}; train runs with `libra train` first, or name another --experiment") from None
         except LibraError:
             raise
         except Exception as exc:  # not MLflow's store (a file that is not its database, a file as a directory)
-            raise store_error(config.tracking.tracking_uri, exc) from None
+            raise store_error(uri, exc) from None
         result = compare(histories, args.target)
         if args.json:
             print(json.dumps({"experiment": experiment, "target": result.target,

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from dashboards.sources import Store, Tracking
 from libra.config import DashboardConfig, LibraConfig
+from libra.config_loading import tracking_uri_in_use
 from libra.errors import LibraError
 from storage.manifest import committed_runs
 from storage.writer import check_run_name
@@ -68,7 +69,7 @@ def serve(config: LibraConfig, runs: Sequence[str] = (), host: str | None = None
     settings = settings_of(config, host, port)
     check_runs(config.store.root, runs)
     store = Store(config.store.root, runs, threads=config.store.duckdb_threads)
-    app = create_app(store, Tracking(config.tracking.tracking_uri), settings)
+    app = create_app(store, Tracking(tracking_uri_in_use(config)), settings)  # (MLFLOW_TRACKING_URI, if set)
     sock = bind(settings.host, settings.port)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, lifespan="off"))
     announce(address(sock))

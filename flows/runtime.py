@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from libra.config import LibraConfig, check_tracking_uri
+from libra.config import LibraConfig
+from libra.config_loading import tracking_uri_in_use
 from libra.errors import LibraError
 from libra.files import absolute_tracking_uri
 
@@ -56,15 +57,11 @@ def prepare_runtime(config: LibraConfig, tracking: bool = True) -> None:
     with `tracking`, MLflow's store is opened (its database created). Prefect's home is created
     only when it is the one in use (not when PREFECT_HOME is set, or a server is named)."""
     quiet_environment()
-    if "MLFLOW_TRACKING_URI" in os.environ:  # it overrides tracking.tracking_uri: checked as that is
-        try:
-            check_tracking_uri(os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI")
-        except ValueError as exc:
-            raise LibraError(f"{exc} (or unset it)") from None
+    uri = tracking_uri_in_use(config)
+    if "MLFLOW_TRACKING_URI" not in os.environ:  # (working a relative path out makes its database's folder)
+        uri = absolute_tracking_uri(uri, create=tracking)
     home = str(Path(config.orchestration.prefect_home).resolve())
     ours = "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ
-    # (working the default out makes its database's folder)
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or absolute_tracking_uri(config.tracking.tracking_uri, create=tracking)
     if tracking:  # first: a store refused leaves no Prefect home behind, and the environment as it was
         open_mlflow_store(uri)
     os.environ.setdefault("MLFLOW_TRACKING_URI", uri)

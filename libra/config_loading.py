@@ -78,6 +78,20 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: 
         return super().construct_mapping(node, deep=deep)
 
 
+def tracking_uri_in_use(config: LibraConfig) -> str:
+    """The MLflow tracking URI every command uses: MLFLOW_TRACKING_URI where the environment sets it
+    (it overrides tracking.tracking_uri, as it does for MLflow's own clients), checked as that is;
+    else tracking.tracking_uri."""
+    from libra.config import check_tracking_uri
+
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        return config.tracking.tracking_uri
+    try:
+        return check_tracking_uri(os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI")
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (or unset it)") from None
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer would block the open

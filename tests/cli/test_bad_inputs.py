@@ -251,6 +251,18 @@ def test_a_prefect_server_that_cannot_be_reached_is_one_line(files: Path, url: s
     assert not (files / "store").exists()
 
 
+def test_compare_reads_the_tracking_store_mlflow_tracking_uri_names(files: Path, capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """train and simulate log where MLFLOW_TRACKING_URI says; compare looked in tracking.tracking_uri."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{files}/elsewhere.db")
+    assert main(["compare"]) == 2
+    assert capsys.readouterr().err.startswith(f"libra: error: no MLflow database at sqlite:///{files}/elsewhere.db; ")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "garbage://x")
+    assert main(["compare"]) == 2
+    assert capsys.readouterr().err.startswith("libra: error: MLFLOW_TRACKING_URI 'garbage://x': MLflow has no tracking "
+                                              "store for 'garbage'")
+
+
 def test_runs_lists_a_run_whose_manifest_is_torn_and_says_why_it_cannot_be_read(
         files: Path, capsys: pytest.CaptureFixture) -> None:
     for run in ("a", "b"):
