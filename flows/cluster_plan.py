@@ -39,6 +39,8 @@ def plan_request(cluster: str, model: str, run: str | None = None, trace: str | 
 
     if (run is None) == (trace is None):
         raise LibraError(f"give one of {names('run')} and {names('trace')}: where the lengths come from")
+    if trace is not None and not trace.strip():
+        raise LibraError(f"{names('trace')} '' names no file: give a per-turn trace, FILE.csv")
     if calibrate and not run:
         raise LibraError(f"{names('calibrate')} needs {names('run')} (timings are read from the run's store)")
     if mode not in (None, "one_step_off", "sync", "colocated"):

@@ -33,6 +33,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     data: dict[str, Any] = {}
     source = "embedded defaults"
     if path is not None:
+        if not str(path).strip():  # Path("") is the working directory: "not a regular file" said nothing useful
+            raise ConfigError("the config file's name is empty: give a YAML file (--config FILE.yaml), or none "
+                              "for the embedded defaults")
         source = str(path)
         data = _read_yaml(Path(path))
     for dotted, value in (overrides or {}).items():

@@ -128,6 +128,10 @@ BAD = [
     (["simulate", "--workload", "trace:small.csv", "--steps", "100000", "--prompts-per-step", "100000", "--no-track",
       "--store", "store"], "100,000 steps of 100,000 prompts x 2 samples are 20,000,000,000 trajectories, more than the "
                           "5,000,000 a simulation may hold"),  # a trace's ran until memory ran out
+    (["config", "--config", ""], "the config file's name is empty: give a YAML file (--config FILE.yaml), or none for "
+                                 "the embedded defaults"),  # it said ".: not a regular file"
+    (["plan", "--cluster", "1x8:a800", "--model", "qwen3-8b", "--trace", ""],
+     "--trace '' names no file: give a per-turn trace, FILE.csv"),  # "no trajectories to plan for", a Prefect home made
     # an empty --run once meant the default run (resuming or extending someone's)
     (["train", "--run", "", "--steps", "1"], "--run '' names no run: give a run name, or leave --run out for the default"),
     (["simulate", "--workload", "search-r1", "--run", " ", "--no-track", "--store", "store"], "--run '' names no run"),
