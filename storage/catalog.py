@@ -89,7 +89,8 @@ def check_read_only(sql: str) -> None:
     except duckdb.Error as exc:
         raise LibraError(f"query failed: {_first_line(exc)}") from None
     if not statements:
-        raise QueryRefused("query refused: no SQL statement given")
+        raise QueryRefused("query refused: no SQL statement given; give one SELECT (e.g. select count(*) as n from turns) "
+                           "or a named query (libra query --list)")
     if len(statements) != 1:
         raise QueryRefused(f"query refused: give exactly one SQL statement, got {len(statements)}")
     statement = statements[0]

@@ -67,7 +67,8 @@ def attacks(store: Path, out: Path) -> list[tuple[str, str]]:
         (f"explain copy turns to '{shard}'", "query refused: EXPLAIN is allowed of a SELECT only; the store is read-only here"),
         (f"explain analyze copy turns to '{shard}'",
          "query refused: EXPLAIN is allowed of a SELECT only; the store is read-only here"),
-        ("", "query refused: no SQL statement given"),
+        ("", "query refused: no SQL statement given; give one SELECT (e.g. select count(*) as n from turns) or a "
+             "named query (libra query --list)"),
         # SELECTs that reach outside the run's committed shards
         ("select * from read_csv('/etc/passwd')", denied("/etc/passwd")),
         ("select * from read_text('/etc/hostname')", denied("/etc/hostname")),
