@@ -123,4 +123,7 @@ def tree_flow(run: str, out: str, last_steps: int = 0, granularity: str = "coars
     settings = flow_config(config, {"store.root": store}, tracking=False)
     request = tree_request(run, out, last_steps, granularity)
     paths = read_paths_task(request.run, request.last_steps, settings)
+    if not paths.lengths:  # a pool's or a simulation's run: no trajectories to build a tree from (it saved 1 node)
+        raise LibraError(f"run {request.run!r} holds no trajectories to build a tree from (a pool's or a simulation's "
+                         "run); name an imported trace's or a training run (libra runs)")
     return {"run": request.run, **save_tree_task(paths, request.granularity, request.out, settings)}

@@ -267,6 +267,18 @@ def test_compare_reads_the_tracking_store_mlflow_tracking_uri_names(files: Path,
                                               "store for 'garbage'")
 
 
+def test_a_tree_of_a_run_without_trajectories_is_refused_and_nothing_saved(files: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """A simulation's run holds steps and plans, no trajectories: the tree saved was one empty root."""
+    from tests.builders import write_simulated_run
+
+    write_simulated_run(files / "store", "sim", steps=2)
+    assert main(["tree", "--run", "sim", "--out", "t.json", "--store", "store"]) == 2
+    assert capsys.readouterr().err == ("libra: error: run 'sim' holds no trajectories to build a tree from (a pool's or "
+                                       "a simulation's run); name an imported trace's or a training run (libra runs)\n")
+    assert not (files / "t.json").exists()
+
+
 def test_runs_lists_a_run_whose_manifest_is_torn_and_says_why_it_cannot_be_read(
         files: Path, capsys: pytest.CaptureFixture) -> None:
     for run in ("a", "b"):
