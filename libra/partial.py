@@ -10,7 +10,7 @@ that starts from version `t` is `t - g` updates stale.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -26,6 +26,14 @@ class Carried(Protocol):
 
 
 C = TypeVar("C", bound=Carried)
+
+
+def oldest_version(versions: Iterable[int], opened: int) -> int:
+    """The weights version of a trajectory's oldest policy token: the least of `versions` (a negative
+    one marks a token the policy did not generate), or `opened`, the version that opened it, while
+    it has none. A group suspended before it generated a token was opened under weights older than
+    any token it will have, so its staleness is its tokens', both when it is carried and when trained."""
+    return min((v for v in versions if v >= 0), default=opened)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from libra.files import remove_tree
+from libra.partial import oldest_version
 from libra.rollout.trajectory import TrajectoryRun
 
 
@@ -63,10 +64,8 @@ class Suspended:
     @property
     def oldest_version(self) -> int:
         """The weights version of its oldest policy token (its own version if it has none yet)."""
-        versions = [v for v in self.run.versions if v >= 0]
-        if self.run.partial is not None:
-            versions += list(self.run.partial.versions)
-        return min(versions, default=self.run.model_version)
+        partial = self.run.partial.versions if self.run.partial is not None else ()
+        return oldest_version((*self.run.versions, *partial), self.run.model_version)
 
     def reopened(self) -> TrajectoryRun:
         """A live copy to continue (the caller opens its episode and working directory)."""

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from libra.partial import oldest_version
 from libra.trainer.grpo import group_advantages
 
 
@@ -69,9 +70,7 @@ def to_sample(trajectory: Finished, advantage: float, reward: float | None = Non
     """`trajectory` as trained on with `advantage`; `reward`: what it is trained on (default its reward)."""
     versions = tuple(trajectory.versions)
     policy = [v for v, m in zip(versions, trajectory.mask, strict=False) if m and v >= 0]
-    # its oldest policy token's version, as a carried group's staleness is judged (`Suspended.oldest_version`):
-    # a group suspended before it generated anything was opened under weights older than any of its tokens
-    oldest = min(policy, default=int(trajectory.model_version))
+    oldest = oldest_version(policy, int(trajectory.model_version))
     uniform = all(v == oldest for v in policy) and len(policy) == sum(1 for m in trajectory.mask if m)
     return TrainingSample(trajectory.trajectory_id, trajectory.prompt_id, tuple(trajectory.ids), tuple(trajectory.mask),
                           tuple(trajectory.logprobs), float(advantage),

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from libra.config import TrainerConfig
-from libra.partial import carry_over, groups_to_start
+from libra.partial import carry_over, groups_to_start, oldest_version
 from libra.rl.schedule import (
     admit,
     evaluate_after,
@@ -58,6 +58,12 @@ def test_suspended_groups_are_continued_or_dropped_whole_by_their_oldest_token()
     assert [s.trajectory_id for s in carried.dropped] == ["a/0", "a/1"] and carried.dropped_groups == 1
     assert carry_over(held, trained_at=4, bound=0).resumed == tuple(held[4:])  # on-policy: only what version 4 made
     assert carry_over([], 4, 1).resumed == ()
+
+
+def test_a_trajectorys_staleness_is_its_oldest_policy_tokens_or_the_version_that_opened_it():
+    assert oldest_version([4, -1, 3, 5], opened=2) == 3  # -1: a token the policy did not generate
+    assert oldest_version([-1, -1], opened=2) == 2 and oldest_version((), opened=7) == 7
+    assert oldest_version(iter([6, 7]), opened=6) == 6  # any iterable (a generator: each version read once)
 
 
 def test_a_partial_rollout_starts_groups_up_to_the_overprovision():
