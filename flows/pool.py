@@ -19,9 +19,11 @@ from typing import Any
 
 from prefect import flow
 
-from libra.checks import Names, as_parameter, in_range
+from libra.checks import Names, as_parameter, count_of, in_range
 from libra.config import LibraConfig, PoolConfig
 from libra.errors import LibraError
+
+MAX_STEPS = 1_000_000  # a pool run's steps at most
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ def pool_request(steps: int = 60, schedule: str = "10:all,40:0", kill: list[str]
     from storage.writer import check_run_name
 
     settings = pool or PoolConfig()
-    for name, value, high in (("steps", steps, 1_000_000), ("core", core, 4_096), ("hybrids", hybrids, 4_096),
+    for name, value, high in (("steps", steps, MAX_STEPS), ("core", core, 4_096), ("hybrids", hybrids, 4_096),
                               ("hidden", hidden, 65_536), ("batch", batch, 1_000_000), ("pace", pace, 60.0)):
         in_range(names(name), value, -math.inf, high)  # the least values are checked below, together
     core = settings.core_ranks if core is None else core
@@ -72,15 +74,13 @@ def parse_schedule(text: str, hybrids: int, names: Names = as_parameter) -> dict
     schedule = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         step, _, count = part.partition(":")
-        try:
-            if len(step) > 18 or len(count) > 18:  # (int() refuses 4,301 digits with a ValueError of its own)
-                raise ValueError
-            value = hybrids if count == "all" else int(count)
-            at = int(step)
-        except ValueError:
-            raise LibraError(f"{names('schedule')} entry {part[:40]!r} is not STEP:COUNT (e.g. 10:2,40:0)") from None
-        if at < 0 or not 0 <= value <= hybrids:
-            raise LibraError(f"{names('schedule')} entry {part!r}: need STEP >= 0 and 0 <= COUNT <= {hybrids} hybrids")
+        step, count = step.strip(), count.strip()
+        if not (step.isascii() and step.isdigit() and (count == "all" or (count.isascii() and count.isdigit()))):
+            raise LibraError(f"{names('schedule')} entry {part[:40]!r} is not STEP:COUNT (e.g. 10:2,40:0)")
+        at, value = count_of(step, MAX_STEPS), hybrids if count == "all" else count_of(count, hybrids)
+        if at is None or value is None:
+            raise LibraError(f"{names('schedule')} entry {part[:40]!r}: need STEP <= {MAX_STEPS:,} (the most "
+                             f"{names('steps')} allows) and 0 <= COUNT <= {hybrids} hybrids")
         if at in schedule:
             raise LibraError(f"{names('schedule')} gives step {at} twice; give each step once (e.g. 10:2,40:0)")
         schedule[at] = value
@@ -98,10 +98,11 @@ def parse_kills(items: list[str], hybrids: int, steps: int, names: Names = as_pa
         if worker not in known or not (step.isascii() and step.isdigit()):
             raise LibraError(f"{names('kill')} {item[:60]!r}: expected HYBRID@STEP with HYBRID one of "
                              f"{', '.join(sorted(known)) or '(no hybrids)'}")
-        if len(step) > 18 or int(step) >= steps:
+        at = count_of(step, steps - 1)
+        if at is None:
             raise LibraError(f"{names('kill')} {item[:60]!r}: step {step[:20]} is past the run's {steps} steps "
                              f"({names('steps')}); give a STEP below {steps}")
-        kills.append((worker, int(step)))
+        kills.append((worker, at))
     return kills
 
 

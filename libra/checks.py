@@ -28,6 +28,19 @@ def as_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def count_of(text: str, most: int) -> int | None:
+    """`text` as a count from 0 to `most` when it is one in ASCII digits (leading zeros allowed), else
+    None. A long text is never handed to `int`, which refuses more than 4,300 digits with an error of
+    its own and takes quadratic time below that."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(most)):
+        return None
+    value = int(digits)
+    return value if value <= most else None
+
+
 def in_range(flag: str, value: int | float | None, low: int | float, high: int | float) -> None:
     """Nothing if `value` is None or within [low, high]; a LibraError naming the flag otherwise."""
     if value is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from libra.checks import count_of
 from libra.errors import LibraError, TraceFormatError
 from libra.types import NO_TOOL, ToolStatus, Trajectory, Turn
 
@@ -206,10 +207,10 @@ def _int_field(path: str, line: int, field: dict[str, str], column: str) -> int:
         raise TraceFormatError(path, line, f"{column} must be a non-negative integer, got {shown(text)}")
     if text.startswith("-") and text.strip("-0"):
         raise TraceFormatError(path, line, f"{column} must be a non-negative integer, got {text if len(text) <= 40 else shown(text)}")
-    digits = text.lstrip("-0")
-    if len(digits) > len(str(MAX_COUNT)) or int(digits or "0") > MAX_COUNT:
+    value = count_of(text.lstrip("-"), MAX_COUNT)  # (a minus sign before zeros only: 0)
+    if value is None:
         raise TraceFormatError(path, line, f"{column} = {shown(text)} is more than {MAX_COUNT:,}, the largest count a trace may hold")
-    return int(digits or "0")
+    return value
 
 
 def _parse_row(path: str, line: int, field: dict[str, str]) -> _Row:

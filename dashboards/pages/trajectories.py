@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 
 from dashboards.figures import Page, Series, Span, Table, bars, heatmap, lines, timeline
 from dashboards.view import BadParameter, View, plain, stride
+from libra.checks import count_of
 from storage.queries import PER_STEP_DRIFT
 
 BINS = 40
@@ -121,10 +122,11 @@ def _chosen(view: View, longest: list[dict]) -> tuple[int, str] | None:
     text = view.param("trajectory")
     if not text:
         return (longest[0]["step"], longest[0]["trajectory_id"]) if longest else None
-    step, sep, tid = text.partition(":")
-    if not sep or not (step.isascii() and step.isdigit()) or len(step) > 18 or not tid:  # (int() refuses 4,301 digits)
+    step_text, sep, tid = text.partition(":")
+    step = count_of(step_text, 2**63 - 1)  # (the store's steps are int64)
+    if not sep or step is None or not tid:
         raise BadParameter(f"trajectory must be <step>:<trajectory id>, got {text[:80]!r}")
-    return int(step), tid
+    return step, tid
 
 
 def _timeline(chosen: tuple[int, str] | None, turns: list[dict]):

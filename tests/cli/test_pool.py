@@ -41,7 +41,8 @@ def test_pool_kill_verify_store_and_mlflow(tmp_path: Path, capsys, monkeypatch) 
     (["--batch", "1"], "--batch >= core + hybrids (2)"),
     (["--schedule", ""], "--schedule '' gives no STEP:COUNT; give at least one (e.g. 10:2,40:0)"),
     (["--schedule", "0:all,0:0"], "--schedule gives step 0 twice; give each step once (e.g. 10:2,40:0)"),
-    (["--schedule", "9" * 5000 + ":0"], "is not STEP:COUNT"),  # int() raised past 4,300 digits: a traceback
+    (["--schedule", "9" * 5000 + ":0"], "need STEP <= 1,000,000 (the most --steps allows)"),  # int() raised past 4,300 digits
+    (["--schedule=-1:0"], "is not STEP:COUNT"),
     (["--kill", "hybrid-0@" + "9" * 5000], "--kill 'hybrid-0@99999"),
     (["--kill", "hybrid-0@60"], "--kill 'hybrid-0@60': step 60 is past the run's 60 steps (--steps); give a STEP "
                                 "below 60"),  # the kill never happened, silently

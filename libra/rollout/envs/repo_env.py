@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from libra.checks import count_of
 from libra.config import SandboxConfig
 from libra.rollout.envs.base import Task, WorkFileError, read_work_file, rng_for, write_work_file
 from libra.rollout.sandbox import Sandbox, SandboxLimits, sandbox_for
@@ -213,11 +214,11 @@ class _Episode:
         if len(parts) != 2 or parts[0] != "code.py" or not (parts[1].isascii() and parts[1].isdigit()) or not _:
             return "edit expects: code.py N: NEW LINE (only code.py may change)", "error"
         lines = read_work_file(self.workdir, "code.py").splitlines()
-        digits = parts[1].lstrip("0") or "0"  # (int() refuses more than 4,300 digits: never parse a long one)
-        if len(digits) > len(str(len(lines))) or not 1 <= int(digits) <= len(lines):
+        n = count_of(parts[1], len(lines))
+        if not n:
+            digits = parts[1].lstrip("0") or "0"
             shown = digits if len(digits) <= 12 else digits[:12] + "..."
             return f"line {shown} is out of range 1..{len(lines)}", "error"
-        n = int(digits)
         lines[n - 1] = new[1:] if new.startswith(" ") else new
         write_work_file(self.workdir, "code.py", "\n".join(lines) + "\n")
         return f"line {n} is now: {lines[n - 1]}", "ok"
