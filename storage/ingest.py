@@ -21,9 +21,16 @@ from pathlib import Path
 
 from libra.config import StoreConfig
 from libra.traces import ReadProgress, read_trace, steps_by_prompt
-from storage.manifest import RunExistsError, RunManifest, check_store_root, import_origin, read_manifest
+from storage.manifest import import_origin
 from storage.records import trajectories_table, turns_table
-from storage.writer import StoreWriter, check_run_name, refuse_existing
+from storage.writer import (
+    StoreWriter,
+    check_run_name,
+    other_origin_error,
+    refuse_existing,
+    refuse_other_origin,
+    written_by,
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,8 @@ def import_trace(
     origin = f"{import_origin(name)}prompts_per_step={prompts_per_step}"
     mode = "replace" if replace or refresh else "create"
     with writer.transaction(run, mode=mode, origin=origin, wait_s=0) as tx:
-        if refresh and not replace and tx.base is not None and not imported_from(tx.base, name):
-            raise other_run_error(writer.root, tx.base, name)
+        if refresh and not replace and tx.base is not None and not written_by(tx.base, import_origin(name)):
+            raise other_origin_error(writer.root, tx.base, f"an import of {name}", _rename_hint(name))
         shards = tx.write_run("turns", turns)
         shards += tx.write_run("trajectories", trajectories)
         replaced = tx.base is not None
@@ -89,22 +96,11 @@ def import_trace(
     )
 
 
-def imported_from(manifest: RunManifest, name: str) -> bool:
-    """Whether the run is an import of a trace file named `name` (`import_trace`'s origin)."""
-    return manifest.origin.startswith(import_origin(name))
-
-
 def refuse_other(root: str | Path, run: str, name: str) -> None:
     """`RunExistsError` if `run` is committed in the store at `root` and is not an import of a trace
     file named `name` (checked early, before the trace is read, and again under the run's lock)."""
-    check_store_root(root)
-    existing = read_manifest(root, run)
-    if existing is not None and not imported_from(existing, name):
-        raise other_run_error(root, existing, name)
+    refuse_other_origin(root, run, import_origin(name), f"an import of {name}", hint=_rename_hint(name))
 
 
-def other_run_error(root: str | Path, manifest: RunManifest, name: str) -> RunExistsError:
-    return RunExistsError(
-        f"run {manifest.run!r} already exists in store {root} ({manifest.origin}) and is not an import of {name}: "
-        f"rename the trace file, or import it under another run name with `libra traces import {name} --run NAME`"
-    )
+def _rename_hint(name: str) -> str:
+    return f"rename the trace file, or import it under another run name with `libra traces import {name} --run NAME`"

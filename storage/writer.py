@@ -108,11 +108,12 @@ def refuse_existing(root: str | Path, run: str, remedy: str = REPLACE) -> None:
         raise run_exists_error(root, existing, remedy)
 
 
-def refuse_other_origin(root: str | Path, run: str, origin: str, what: str, *, replacing: bool = False) -> None:
-    """`RunExistsError` if `run` is committed in the store at `root` by another writer than `origin`
-    (`what` names the run about to be written): a training run of an imported trace's name would
-    replace the import at its first step. An unreadable manifest is refused too (its origin is
-    unknown), unless the run is `replacing` it whole."""
+def refuse_other_origin(root: str | Path, run: str, origin: str, what: str, *, replacing: bool = False,
+                        hint: str = "name the new run another way (--run NAME)") -> None:
+    """`RunExistsError` if `run` is committed in the store at `root` by another writer than one whose
+    origin begins with `origin` (`what` names the run about to be written, `hint` what to do): a
+    training run of an imported trace's name would replace the import at its first step. An
+    unreadable manifest is refused too (its origin is unknown), unless the run is `replacing` it whole."""
     check_store_root(root)
     try:
         existing = read_manifest(root, run)
@@ -120,9 +121,20 @@ def refuse_other_origin(root: str | Path, run: str, origin: str, what: str, *, r
         if replacing:
             return
         raise
-    if existing is not None and existing.origin != origin:
-        raise RunExistsError(f"run {run!r} already exists in store {root} ({existing.origin}) and is not {what}, "
-                             f"which would replace it; name the new run another way (--run NAME)")
+    if existing is not None and not written_by(existing, origin):
+        raise other_origin_error(root, existing, what, hint)
+
+
+def written_by(manifest: RunManifest, origin: str) -> bool:
+    """Whether the run's origin begins with `origin` (an import's begins with the file's name, its
+    settings follow)."""
+    return manifest.origin.startswith(origin)
+
+
+def other_origin_error(root: str | Path, existing: RunManifest, what: str, hint: str) -> RunExistsError:
+    """The refusal of `refuse_other_origin`, also for a writer that finds the other run under the lock."""
+    return RunExistsError(f"run {existing.run!r} already exists in store {root} ({existing.origin}) and is not {what}, "
+                          f"which would replace it; {hint}")
 
 
 def conform(schema: TableSchema, data: pa.Table | pa.RecordBatch, run: str, step: int | None) -> pa.Table:

@@ -88,7 +88,7 @@ def test_refresh_replaces_only_an_import_of_a_file_of_the_same_name(tmp_path: Pa
     before = snapshot(tmp_path / "store")
     renamed = small_trace(tmp_path / "elsewhere" / "t.csv")
     with pytest.raises(RunExistsError, match=r"^run 'other-run' already exists in store .*/store \(import of other.csv, "
-                                             r"prompts_per_step=1\) and is not an import of t.csv: rename the trace file, "
+                                             r"prompts_per_step=1\) and is not an import of t.csv, which would replace it; rename the trace file, "
                                              r"or import it under another run name with `libra traces import t.csv --run NAME`$"):
         import_trace(renamed, "other-run", store, prompts_per_step=1, refresh=True)
     assert snapshot(tmp_path / "store") == before
