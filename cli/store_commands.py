@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from cli.format import render_table, rows_json
 from libra.config import LibraConfig
@@ -118,6 +119,9 @@ def cmd_query(args: argparse.Namespace, config: LibraConfig) -> int:
         raise LibraError("--param only applies to --named queries")
     if not 0 <= args.max_rows <= 10**9:
         raise LibraError(f"--max-rows must be 0 to 1,000,000,000 (rows shown in table output), got {args.max_rows}")
+    if not Path(config.store.root).exists():  # (a typo in --store had answered every query with no rows)
+        raise LibraError(f"no store at {config.store.root} (no such directory), so nothing to query; pass the store a "
+                         "run was written to (--store DIR, or store.root in --config)")
     with open_catalog(config.store, args.run) as catalog:
         table = query(catalog, args.sql, args.named, _parse_params(args.param) if args.named is not None else None)
     print(rows_json(table) if args.json else render_table(table, max_rows=args.max_rows))
@@ -138,7 +142,8 @@ def cmd_runs(args: argparse.Namespace, config: LibraConfig) -> int:
     elif runs:
         print("\n".join(runs))
     else:
-        print(f"(no runs in store {config.store.root})")
+        absent = "" if Path(config.store.root).exists() else ": no such directory"
+        print(f"(no runs in store {config.store.root}{absent})")
     return 0
 
 

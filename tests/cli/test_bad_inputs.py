@@ -147,6 +147,9 @@ BAD = [
     # a store that is a file, or no path at all (it once listed no runs, or wrote into the working directory)
     (["runs", "--store", "small.csv"], "store small.csv is not a directory; give a store directory (--store DIR or store.root)"),
     (["query", "--store", "small.csv", "select 1"], "store small.csv is not a directory; give a store directory"),
+    (["query", "--store", "stroe", "select count(*) from turns"],  # a typo: it answered 0, a table of nothing
+     "no store at stroe (no such directory), so nothing to query; pass the store a run was written to (--store DIR, or "
+     "store.root in --config)"),
     (["traces", "import", "small.csv", "--run", "x", "--store", "small.csv"], "store small.csv is not a directory"),
     (["traces", "import", "small.csv", "--run", "x", "--store", ""], "embedded defaults: store.root = '': String should "
                                                                      "have at least 1 character"),
