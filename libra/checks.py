@@ -53,12 +53,23 @@ def in_range(flag: str, value: int | float | None, low: int | float, high: int |
         raise LibraError(f"{flag} must be <= {high:,}, got {value:,}")
 
 
+MAX_BOUNDS = 16  # bucket bounds at most (17 buckets; a router's work per decision grows with them)
+MAX_BOUND_TOKENS = 10_000_000  # a bound past any context a model holds
+
+
 def token_bounds(name: str, text: str) -> list[int]:
     """`4000,12000` -> [4000, 12000]: bucket bounds, increasing positive token counts."""
-    try:
-        bounds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise LibraError(f"{name} {text!r}: give 'auto' or increasing token counts like 4000,12000") from None
+    shown = repr(text) if len(text) <= 60 else repr(text[:60]) + "..."
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if len(parts) > MAX_BOUNDS:
+        raise LibraError(f"{name} {shown}: {len(parts):,} bounds; give at most {MAX_BOUNDS} (e.g. 4000,12000)")
+    bounds = []
+    for part in parts:
+        bound = count_of(part, MAX_BOUND_TOKENS)
+        if bound is None:
+            raise LibraError(f"{name} {shown}: give 'auto' or increasing token counts of at most "
+                             f"{MAX_BOUND_TOKENS:,} like 4000,12000")
+        bounds.append(bound)
     if not bounds or bounds != sorted(set(bounds)) or bounds[0] < 1:
-        raise LibraError(f"{name} {text!r}: bounds must be increasing positive token counts, e.g. 4000,12000")
+        raise LibraError(f"{name} {shown}: bounds must be increasing positive token counts, e.g. 4000,12000")
     return bounds

@@ -101,6 +101,11 @@ BAD = [
      "router, more than the 20,000,000 a replay may hold; use fewer epochs"),
     (["eval-router", "--trace", str(TAU), "--prompts-per-step", "-4"], "--prompts-per-step must be >= 1, got -4"),
     (["eval-router", "--trace", str(TAU), "--routers", ","], "--routers ',': name at least one router"),
+    (["eval-router", "--trace", str(TAU), "--buckets", ",".join(map(str, range(1, 100_001)))],  # ran 100,001 buckets
+     "--buckets '1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,'...: 100,000 bounds; give at "
+     "most 16 (e.g. 4000,12000)"),
+    (["eval-router", "--trace", str(TAU), "--buckets", "4000,99999999999"],
+     "--buckets '4000,99999999999': give 'auto' or increasing token counts of at most 10,000,000 like 4000,12000"),
     (["simulate", "--workload", "search-r1", "--group-size", "99999999", "--no-track"],
      "--group-size must be <= 4,096, got 99,999,999"),
     (["simulate", "--workload", "search-r1", "--steps", "1000", "--group-size", "1000", "--no-track"],
