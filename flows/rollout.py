@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
-from libra.checks import Names, as_parameter, in_range, token_bounds
+from libra.checks import Names, as_parameter, in_range, missing_policy, token_bounds
 from libra.config import LibraConfig, RolloutConfig
 from libra.errors import LibraError
 
@@ -75,9 +74,8 @@ def rollout_request(env: str, prompts: int = 32, samples: int = 8, batches: int 
     if router not in ROUTERS or router == "oracle":
         raise LibraError(f"unknown router {router!r}; routers: {', '.join(p for p in ROUTERS if p != 'oracle')}")
     bounds = () if buckets == "auto" else tuple(token_bounds(names("buckets"), buckets))
-    if not (Path(policy) / "config.json").is_file():
-        raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` first (or pass "
-                         f"{names('policy')} DIR with an HF-format checkpoint)")
+    if (missing := missing_policy(policy, names("policy"))) is not None:
+        raise LibraError(missing)
     if device == "cuda":
         from libra.devices import gpu_count
 

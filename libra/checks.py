@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 from libra.errors import LibraError
 
@@ -39,6 +40,19 @@ def count_of(text: str, most: int) -> int | None:
         return None
     value = int(digits)
     return value if value <= most else None
+
+
+def missing_policy(path: str | Path, name: str) -> str | None:
+    """Why `path` (given as `name`: a flag or a config key) holds no policy to load, with what to do;
+    None where it holds one (an HF-format checkpoint, whose config.json is read first)."""
+    path = Path(path)
+    if (path / "config.json").is_file():
+        return None
+    if path.exists() and not path.is_dir():
+        return (f"{name} {path} is a file, not a policy directory; give a directory with an HF-format checkpoint "
+                "(config.json and its weights), such as `libra policy init --out DIR` makes")
+    return (f"{name}: no policy in {path}; build one with `libra policy init --out {path}`, or give a directory "
+            "with an HF-format checkpoint")
 
 
 def in_range(flag: str, value: int | float | None, low: int | float, high: int | float) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from libra.checks import missing_policy
 from libra.config import LibraConfig, TrainerConfig
 from libra.errors import LibraError
 from libra.rl.records import RolloutStats, Update
@@ -44,10 +45,7 @@ def policy_missing(config: LibraConfig) -> str | None:
     """Why the run cannot start for want of a policy: trainer.policy names a directory with none
     that is not one of Libra's own (Libra writes only where it was asked to); None otherwise."""
     policy = Path(config.trainer.policy)
-    if (policy / "config.json").is_file() or default_policy(policy) is not None:
-        return None
-    return (f"trainer.policy: no policy in {policy}; build one with `libra policy init --out {policy}`, or point "
-            "trainer.policy at an HF-format checkpoint")
+    return None if default_policy(policy) is not None else missing_policy(policy, "trainer.policy")
 
 
 def check_training(config: LibraConfig, restart: bool = False) -> None:

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from libra.checks import missing_policy
 from libra.clock import Clock, WallClock
 from libra.config import LibraConfig
 from libra.errors import LibraError
@@ -90,9 +91,8 @@ def check_policy(config: LibraConfig) -> Path:
     """The run's initial policy, refused with what to do when it is missing or shorter than the
     rollout's context."""
     policy = Path(config.trainer.policy)
-    if not (policy / "config.json").is_file():
-        raise LibraError(f"no policy in {policy}: run `libra policy init --out {policy}` (or set trainer.policy to an "
-                         "HF-format checkpoint)")
+    if (missing := missing_policy(policy, "trainer.policy")) is not None:
+        raise LibraError(missing)
     positions = json.loads((policy / "config.json").read_text()).get("max_position_embeddings")
     if positions and config.rollout.max_context > positions:
         raise LibraError(f"rollout.max_context {config.rollout.max_context} is more than the policy's {positions} "

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from libra.checks import missing_policy
 from libra.clock import Stopwatch
 from libra.config import SandboxConfig
 from libra.errors import LibraError
@@ -261,8 +262,11 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
     Unless `rebuild`, a policy in `out` tuned from these weights with these settings is kept, and the
     shipped tuned policy is copied when it was. `progress` hears (updates done, updates, the loss)."""
     out, base = Path(out), Path(base)
-    if not (base / "config.json").is_file() or not (base / "model.safetensors").is_file():
-        raise LibraError(f"no policy in {base} to tune: run `libra policy init --out {base}` first")
+    if (missing := missing_policy(base, "the policy to tune")) is not None:
+        raise LibraError(missing)
+    if not (base / "model.safetensors").is_file():
+        raise LibraError(f"the policy to tune, {base}: no model.safetensors beside its config.json; tuning takes a policy "
+                         "`libra policy init` or `libra policy tune` wrote")
     if out.resolve() == base.resolve():
         raise LibraError(f"tuning writes a new policy: give --out a directory other than its base {base}")
     tuned = {"base_sha256": _sha256(base / "model.safetensors"), "settings": json.loads(json.dumps(asdict(settings)))}

@@ -31,11 +31,23 @@ def test_rollout_json_and_store(tmp_path: Path, capsys, policy_dir) -> None:  # 
     (["--env", "chess"], "unknown environment 'chess'; environments: search, math, repo"),
     (["--env", "math", "--router", "oracle"], "unknown router 'oracle'"),
     (["--env", "math", "--samples", "0"], "--samples must be >= 1"),
-    (["--env", "math", "--policy", "nowhere"], "no policy in nowhere: run `libra policy init --out nowhere` first"),
+    (["--env", "math", "--policy", "nowhere"], "--policy: no policy in nowhere; build one with `libra policy init --out "
+                                               "nowhere`, or give a directory with an HF-format checkpoint"),
 ])
 def test_bad_arguments(tmp_path: Path, capsys, args, message) -> None:
     assert main(["rollout", "--no-track", "--config", str(config_file(tmp_path)), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_file_given_as_the_policy_is_named_a_file(tmp_path: Path, capsys) -> None:
+    notes = tmp_path / "notes.txt"  # the message had said to run `libra policy init --out notes.txt`
+    notes.write_text("mine")
+    assert main(["rollout", "--no-track", "--config", str(config_file(tmp_path)), "--env", "math", "--policy",
+                 str(notes)]) == 2
+    assert capsys.readouterr().err == (f"libra: error: --policy {notes} is a file, not a policy directory; give a directory "
+                                       "with an HF-format checkpoint (config.json and its weights), such as `libra policy "
+                                       "init --out DIR` makes\n")
+    assert notes.read_text() == "mine"
 
 
 def test_more_gpu_instances_than_gpus(tmp_path: Path, capsys, policy_dir) -> None:  # noqa: F811
@@ -63,7 +75,7 @@ def test_policy_init_builds_and_then_reuses(tmp_path: Path, capsys) -> None:
     (["--demos", "10", "--batch", "64"], "10 demonstrations in batches of 64; give at least 64 demonstrations"),
     (["--lr", "nan"], "--lr must be a finite number"),
     (["--held-out", "-1"], "--held-out must be >= 0"),
-    (["--base", "nowhere"], "no policy in nowhere to tune: run `libra policy init --out nowhere` first"),
+    (["--base", "nowhere"], "the policy to tune: no policy in nowhere; build one with `libra policy init --out nowhere`"),
 ])
 def test_policy_tune_bad_arguments(tmp_path: Path, capsys, args, message) -> None:
     assert main(["policy", "tune", "--out", str(tmp_path / "t"), *args]) == 2

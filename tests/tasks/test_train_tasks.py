@@ -18,8 +18,8 @@ def test_libras_own_policy_directories_are_the_default_and_its_tunings(tmp_path:
     assert default_policy(Path("data/policy-math")) is None
     assert policy_missing(LibraConfig.model_validate({"trainer": {"policy": ".libra/policy-math"}})) is None
     assert policy_missing(LibraConfig.model_validate({"trainer": {"policy": "elsewhere"}})) == (
-        "trainer.policy: no policy in elsewhere; build one with `libra policy init --out elsewhere`, or point "
-        "trainer.policy at an HF-format checkpoint")
+        "trainer.policy: no policy in elsewhere; build one with `libra policy init --out elsewhere`, or give a "
+        "directory with an HF-format checkpoint")
 
 
 def test_a_missing_tuned_policy_is_the_shipped_one_tuned_and_the_shipped_tuning_is_copied(tmp_path: Path,

@@ -117,7 +117,7 @@ def test_tuning_refuses_what_it_cannot_do_and_replaces_nothing(tmp_path, policy_
     with pytest.raises(LibraError, match="held_out -1 must be >= 0"):
         TuneSettings(held_out=-1)
     small = TuneSettings(demonstrations=4, batch=4)
-    with pytest.raises(LibraError, match=f"no policy in {tmp_path / 'none'} to tune: run `libra policy init"):
+    with pytest.raises(LibraError, match=f"the policy to tune: no policy in {tmp_path / 'none'}; build one with `libra policy init"):
         tune_policy(tmp_path / "x", tmp_path / "none", small, log=lambda _: None)
     with pytest.raises(LibraError, match="give --out a directory other than its base"):
         tune_policy(policy_dir, policy_dir, small, log=lambda _: None)
