@@ -145,7 +145,7 @@ class _Interrupts:
         _thread.start_new_thread(self._deliver, ())
 
     def _deliver(self) -> None:
-        time.sleep(0.01)
+        time.sleep(0.01)  # (the clock rule's one exception: libra is not imported yet, and must not be from here)
         self.redelivered = True
         _thread.interrupt_main(signal.SIGINT)
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 import shutil
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TextIO
+
+from libra.clock import Clock, WallClock
 
 CLEAR = "\r\x1b[K"  # to the start of the line, then erase it
 DELAY_S = 0.5  # bars of `progress()` draw nothing before this much time has passed
@@ -32,7 +32,7 @@ class Progress:
 
     label: str
     stream: TextIO | None
-    clock: Callable[[], float] = time.monotonic
+    clock: Clock = field(default_factory=WallClock)
     min_interval_s: float = 0.1
     delay_s: float = 0.5  # nothing is drawn before this much time has passed
     columns: int = 0  # width to fit the line in; 0: the terminal's
@@ -41,7 +41,7 @@ class Progress:
     _line: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        self.started = self.clock()
+        self.started = self.clock.now()
 
     @property
     def active(self) -> bool:
@@ -52,7 +52,7 @@ class Progress:
         (the last unit is always drawn)."""
         if self.stream is None:
             return
-        now = self.clock()
+        now = self.clock.now()
         if now - self.started < self.delay_s or (now - self._last_draw < self.min_interval_s and done < total):
             return
         self._last_draw = now

@@ -33,6 +33,7 @@ from dashboards.figures import Page
 from dashboards.pages import COMPARE, RUN_PAGES
 from dashboards.sources import MissingRun, Store, Tracking
 from dashboards.view import BadParameter, View
+from libra.clock import Stopwatch
 from libra.config import DashboardConfig
 from libra.errors import LibraError
 
@@ -53,7 +54,6 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=["127.0.0.1", "localhost", "::1", "[::1]"])
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
-    started = time.time()
 
     def html(request: Request, template: str, status: int = 200, **context) -> HTMLResponse:
         return templates.TemplateResponse(request, template, {"store": str(store.root), "pages": RUN_PAGES, "run": None,
@@ -111,7 +111,7 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
         return JSONResponse({"error": str(exc), **more}, status_code=status)
 
     def answer(build, view: View, runs: list[str]) -> JSONResponse:
-        began = time.perf_counter()
+        watch = Stopwatch()
         seen = ""
         try:
             seen = version(runs)  # before reading: a commit during the build shows as a change
@@ -119,7 +119,7 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
         except LibraError as exc:
             return refusal(exc, version=seen)
         body = asdict(page) | {"version": seen, "reads": [asdict(t) for t in view.reads.times],
-                               "built_ms": round(1000 * (time.perf_counter() - began), 1)}
+                               "built_ms": round(1000 * watch.seconds(), 1)}
         return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
     def params(request: Request) -> dict[str, list[str]]:
@@ -173,16 +173,16 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
         async def stream() -> AsyncIterator[str]:
             streams[0] += 1
             try:
-                last, beat = None, time.monotonic()
+                last, beat = None, Stopwatch()
                 yield f"retry: {int(1000 * settings.refresh_s)}\n\n"
                 while not await request.is_disconnected():
                     now = await asyncio.to_thread(version, runs)
                     if now != last:
                         yield f"event: version\ndata: {json.dumps(now)}\n\n"
-                        last, beat = now, time.monotonic()
-                    elif time.monotonic() - beat > 15:
+                        last, beat = now, Stopwatch()
+                    elif beat.seconds() > 15:
                         yield ": still here\n\n"
-                        beat = time.monotonic()
+                        beat = Stopwatch()
                     await asyncio.sleep(settings.refresh_s)
             finally:
                 streams[0] -= 1
@@ -190,5 +190,4 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
-    app.state.started = started
     return app

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pydantic import ValidationError
 
 from dashboards.sources import Store, Tracking
+from libra.clock import WallClock, sleep
 from libra.config import DashboardConfig, LibraConfig
 from libra.config_loading import tracking_uri_in_use
 from libra.errors import LibraError
@@ -85,7 +86,6 @@ class Background:
 
     def __init__(self, store: Store, tracking: Tracking, settings: DashboardConfig) -> None:
         import threading
-        import time
 
         import uvicorn
 
@@ -100,7 +100,7 @@ class Background:
                                         name="libra-dashboard")
         self._thread.start()
         while not self._server.started and self._thread.is_alive():
-            time.sleep(0.02)
+            sleep(WallClock(), 0.02)
 
     def stop(self) -> None:
         self._server.should_exit = True

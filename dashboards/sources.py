@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from libra.clock import Stopwatch
 from libra.errors import LibraError
 from storage.catalog import Catalog
 from storage.manifest import committed_runs, manifests_signature, read_manifest
@@ -122,9 +122,9 @@ class Store:
             with lock:  # a DuckDB connection serves one query at a time
                 if self._catalogs.get(run, (None,))[0] is not catalog:  # closed to make room since: open it again
                     continue
-                began = time.perf_counter()
+                watch = Stopwatch()
                 table = catalog.query(sql, params)
-            reads.add(name, time.perf_counter() - began, table.num_rows)
+            reads.add(name, watch.seconds(), table.num_rows)
             return table
 
     def _catalog(self, run: str) -> tuple[Catalog, threading.Lock]:
@@ -202,12 +202,12 @@ class Tracking:
                 return cached[1]
             if not self.available():
                 return {}
-            began = time.perf_counter()
+            watch = Stopwatch()
             try:
                 metrics = self._read(run)
             except Exception:  # noqa: BLE001 - a locked or migrating database, a server away: no metrics this time
                 return {}
-            reads.add("mlflow metric histories", time.perf_counter() - began, sum(len(v) for v in metrics.values()))
+            reads.add("mlflow metric histories", watch.seconds(), sum(len(v) for v in metrics.values()))
             self._cache[run] = (version, metrics)
             return metrics
 

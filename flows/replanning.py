@@ -13,11 +13,11 @@ The training flow (`flows/train.py`) runs it for runs whose placement strategy i
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from prefect import flow
 
+from libra.clock import Stopwatch
 from tasks.replanning_tasks import apply_task, plan_task, read_stats_task, rebuild_tree_task, record_plan_task
 from tasks.run_context import RunContext
 
@@ -25,13 +25,13 @@ from tasks.run_context import RunContext
 @flow(name="libra-planning", log_prints=False)
 def planning_flow(context: RunContext, step: int, mlflow_run_id: str) -> dict[str, Any]:
     """Re-plan the run of `context` before iteration `step`: what was planned, and moved."""
-    began = time.perf_counter()
+    watch = Stopwatch(context.session.clock)
     stats = read_stats_task(context)
     outcome = plan_task(context, step, stats)
     if outcome is None:
         return {"step": step, "planned": False}
     moves = apply_task(context, outcome) if outcome.applied else []
     tree = rebuild_tree_task(context, stats)
-    record_plan_task(context, outcome, moves, tree, time.perf_counter() - began, mlflow_run_id)
+    record_plan_task(context, outcome, moves, tree, watch.seconds(), mlflow_run_id)
     return {"step": step, "planned": True, "applied": outcome.applied, "reason": outcome.row["reason"],
             "moved": sum(1 for m in moves if m["event"] == "moved")}

@@ -11,11 +11,11 @@ iteration's update is done (partial rollouts carry what is unfinished to the nex
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from prefect import flow
 
+from libra.clock import Stopwatch
 from libra.rl.schedule import evaluate_after, rolled_ahead
 from tasks.run_context import RunContext
 from tasks.train_tasks import (
@@ -32,14 +32,15 @@ from tasks.train_tasks import (
 @flow(name="rl-iteration", log_prints=False)
 def rl_iteration_flow(context: RunContext, step: int, steps: int, env: str, pipeline: str, eval_every: int, rolled_out: bool,
                       mlflow_run_id: str) -> dict[str, Any]:
-    began = time.perf_counter()
+    clock = context.session.clock  # every stage's time on the session's clock, the rollout's and update's included
+    iteration = Stopwatch(clock)
     reward = reward_tasks[env]
     seconds = {"rollout": 0.0, "reward": 0.0}
     if not rolled_out:
         seconds["rollout"] = rollout_task(context, step)
-        t0 = time.perf_counter()
+        watch = Stopwatch(clock)
         reward(context, step)
-        seconds["reward"] = time.perf_counter() - t0
+        seconds["reward"] = watch.seconds()
     ahead = rolled_ahead(pipeline, step, steps)
     if ahead is not None:
         rolling = rollout_task.submit(context, ahead, step if pipeline == "async" else None)
@@ -49,14 +50,14 @@ def rl_iteration_flow(context: RunContext, step: int, steps: int, env: str, pipe
     if ahead is not None:
         seconds["ahead_rollout"] = rolling.result()
         scored.result()
-    seconds["overlap_wait"] = time.perf_counter() - began - seconds["rollout"] - seconds["reward"] - seconds["train"]
+    seconds["overlap_wait"] = iteration.seconds() - seconds["rollout"] - seconds["reward"] - seconds["train"]
     seconds["sync"] = sync_task(context)
     heldout = None
     if evaluate_after(step + 1, steps, eval_every):
-        t0 = time.perf_counter()
+        watch = Stopwatch(clock)
         heldout = evaluate_task(context)
-        seconds["evaluate"] = time.perf_counter() - t0
-    seconds["iteration"] = time.perf_counter() - began
+        seconds["evaluate"] = watch.seconds()
+    seconds["iteration"] = iteration.seconds()
     checkpoint = checkpoint_task(context, step, update, seconds, heldout, mlflow_run_id)
     record_task(context, mlflow_run_id)
     return {"step": step, "checkpoint": checkpoint, "heldout": heldout}

@@ -20,6 +20,7 @@ from typing import Any
 from prefect import flow
 
 from libra.checks import Names, as_parameter, in_range
+from libra.clock import Stopwatch
 from libra.config import LibraConfig, PlannerConfig
 from libra.errors import LibraError
 from tasks.sim_tasks import SimProgress
@@ -132,7 +133,6 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     `progress` hears of each simulated step of each system (the CLI's progress bar); `policies` is
     the old name of `systems`; `rollout_mode` sync, partial or async, with partial rollouts'
     `overprovision` and `max_staleness` (`libra.sim.modes`)."""
-    import time
     import uuid
 
     from prefect.utilities.annotations import quote
@@ -159,7 +159,7 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
         refuse_existing(settings.store.root, request.run)
     origin = simulation_origin(f"{request.workload}, {request.cluster}, {request.model}, {request.steps} steps, "
                                f"{uuid.uuid4().hex[:12]}")
-    began = time.perf_counter()
+    watch = Stopwatch()
     drawn = workload_task(request, settings.planner)
     # the steps' trajectories and the runs go to the tasks as they are (`quote`): Prefect would
     # otherwise walk every trajectory of every step looking for futures in them
@@ -169,7 +169,7 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     bounds = bound_task(quote(drawn), quote(runs))
     summary = summarize(runs, drawn.cost.cluster.gpus, request.workload, bounds)
     summary["rollout_mode"] = request.rollout_mode
-    summary["simulation_wall_s"] = time.perf_counter() - began
+    summary["simulation_wall_s"] = watch.seconds()
     record_store_task(quote(runs), request.run, settings.store, replace, origin)
     if track:
         summary["mlflow_parent_run_id"] = record_mlflow_task(quote(runs), summary, request, settings)

@@ -55,6 +55,12 @@ class SimClock:
         self.advance_to(self._now + dt_s)
 
 
+def unix_time() -> float:
+    """Seconds since the Unix epoch, for stamps that say when something happened (a commit, a metric,
+    a lock taken), never for durations (`Stopwatch`) or waits (`Deadline`)."""
+    return time.time()
+
+
 # -- waiting and measuring on a clock ---------------------------------------------------------------
 
 

@@ -50,6 +50,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libra.clock import Clock, Deadline, WallClock, sleep, unix_time
 from libra.errors import LibraError
 from libra.files import fsync_path as _fsync
 from storage.schemas import TableSchema
@@ -247,7 +248,7 @@ def read_manifest(root: str | Path, run: str) -> RunManifest | None:
         newest = _newest_slot(data)
         if newest is not None:
             break
-        time.sleep(0.01 * (attempt + 1))  # two commits overlapped this read: read again
+        sleep(WallClock(), 0.01 * (attempt + 1))  # two commits overlapped this read: read again
     else:
         raise ManifestUnreadable(f"run {run!r}: manifest {path} has no valid slot; " + rewrite_hint(run))
     try:
@@ -425,21 +426,22 @@ class RunLock:
     one process: do not nest them.
     """
 
-    def __init__(self, root: str | Path, run: str, *, purpose: str, wait_s: float) -> None:
+    def __init__(self, root: str | Path, run: str, *, purpose: str, wait_s: float, clock: Clock | None = None) -> None:
+        self.clock = clock or WallClock()
         self.path = lock_path(root, run)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             self._acquire(run, wait_s)
             self.previous = Holder.parse(os.pread(self._fd, _RECORD_BYTES, 0))
-            os.pwrite(self._fd, Holder(os.getpid(), purpose, time.time()).record(), 0)
+            os.pwrite(self._fd, Holder(os.getpid(), purpose, unix_time()).record(), 0)
         except BaseException:
             os.close(self._fd)
             self._fd = None
             raise
 
     def _acquire(self, run: str, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
+        deadline = Deadline(self.clock, wait_s)
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -447,7 +449,7 @@ class RunLock:
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
-            left = deadline - time.monotonic()
+            left = deadline.left()
             if left <= 0:
                 holder = Holder.parse(os.pread(self._fd, _RECORD_BYTES, 0))
                 who = f" ({holder.describe()})" if holder else ""
@@ -455,7 +457,7 @@ class RunLock:
                 raise RunLockedError(
                     f"run {run!r} is being written by another process{who}; try again when it has finished{waited}"
                 )
-            time.sleep(min(0.05, left))
+            sleep(self.clock, min(0.05, left))
 
     def release(self, *, clean: bool = True) -> None:
         """Release the lock; `clean=False` keeps this holder's record, so that the next holder

@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from libra.clock import unix_time
 from libra.errors import LibraError
 from storage.manifest import (
     RUN_NAME,
@@ -334,7 +335,7 @@ class RunTransaction:
         for key, steps in self._staged.items():
             tables.setdefault(key, {}).update(steps)
         origin = self.base.origin if keep_old else self.origin
-        manifest = RunManifest(self.run, self.generation, time.time(), origin, tables)
+        manifest = RunManifest(self.run, self.generation, unix_time(), origin, tables)
         if self.writer.fsync:
             fsync_paths(self._pending)  # side by side with the directories' fsyncs still running
         self._join_early_syncs()

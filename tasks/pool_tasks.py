@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from libra.clock import Stopwatch, sleep
 from libra.config import LibraConfig, PoolConfig, StoreConfig
 
 
@@ -49,14 +49,14 @@ def train_pool_task(request, settings: PoolConfig) -> PoolOutcome:
         provider = RayActors()
     try:
         pool = _pool(request, settings, request.hybrids, provider, dict(request.schedule))
-        started = time.perf_counter()
+        watch = Stopwatch(pool.clock)
         pool.start(wait_for_hybrids_s=120)
         for worker, step in sorted(request.kills, key=lambda k: k[1]):
             while pool.progress < step and pool.running:
-                time.sleep(settings.poll_s)
+                sleep(pool.clock, settings.poll_s)
             pool.kill(worker)
         result = pool.wait(max(600.0, request.steps * (request.pace + 5)))
-        wall = time.perf_counter() - started
+        wall = watch.seconds()
     finally:
         if request.provider == "ray":
             import ray

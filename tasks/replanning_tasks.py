@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from libra.clock import Stopwatch
 from libra.rl.cluster import Placement
 from storage.manifest import TRAIN_ORIGIN
 from tasks.run_context import RunContext
@@ -203,18 +204,16 @@ def apply_task(context: RunContext, outcome: PlanOutcome) -> list[dict]:
 def rebuild_tree_task(context: RunContext, stats: RunStats) -> TreeRebuild | None:
     """Rebuild the router's causal trees from the recent steps in the store and swap them in (None
     when the run's router keeps no tree)."""
-    import time
-
     from libra.scheduler.causal_tree import paths_from_rows
 
     s = context.session
     rebuild = getattr(s.router, "rebuild_trees", None)
     if rebuild is None:
         return None
-    began = time.perf_counter()
+    watch = Stopwatch(s.clock)
     paths = paths_from_rows(stats.lengths, stats.returns)
     nodes = rebuild(paths)
-    return TreeRebuild(len(paths), nodes, time.perf_counter() - began)
+    return TreeRebuild(len(paths), nodes, watch.seconds())
 
 
 @task(name="record-plan", cache_policy=NO_CACHE, retries=1)

@@ -4,7 +4,6 @@ causal prefix tree rebuilt from a store run and saved."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from libra.clock import WallClock
 from libra.config import LibraConfig
 from libra.errors import LibraError
 
@@ -38,7 +38,7 @@ def replay_task(request, config: LibraConfig, progress: ReplayProgress | None = 
 
     result = replay(trace.trajectories, prompts_per_step=request.prompts_per_step, order=request.order,
                     bounds=None if request.buckets is None else list(request.buckets), routers=list(request.routers),
-                    settings=config.scheduler, timer=time.perf_counter_ns, progress=step_done)
+                    settings=config.scheduler, clock=WallClock(), progress=step_done)
     return {
         "trace": request.trace,
         "order": request.order,

@@ -4,7 +4,6 @@ plots as artifacts."""
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import pyarrow.csv as pacsv
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from libra.clock import unix_time
 from libra.config import LibraConfig
 from storage.catalog import Catalog
 from storage.ingest import ImportSummary
@@ -40,7 +40,7 @@ def log_run(experiment: str, artifact_root: str, name: str, params: dict[str, An
     client = mlflow.MlflowClient()
     tags = {"mlflow.parentRunId": parent} if parent else {}
     run_id = client.create_run(ensure_experiment(experiment, artifact_root), run_name=name, tags=tags).info.run_id
-    now = int(time.time() * 1000)
+    now = int(unix_time() * 1000)
     client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
                      metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
     for step, values in steps:
@@ -100,6 +100,6 @@ def log_step_once(run_id: str, metrics: dict[str, float], step: int, sentinel: s
     client = mlflow.MlflowClient()
     if any(m.step == step for m in client.get_metric_history(run_id, sentinel)):
         return False
-    now = int(time.time() * 1000)
+    now = int(unix_time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
     return True

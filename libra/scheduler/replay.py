@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from libra.clock import Clock, SimClock
 from libra.config import SchedulerConfig
 from libra.errors import LibraError
 from libra.scheduler.causal_tree import CausalTree, path_of
@@ -162,11 +163,11 @@ def replay(
     bounds: Sequence[int] | None = None,
     routers: Sequence[str] = ROUTERS,
     settings: SchedulerConfig | None = None,
-    timer: Callable[[], int] | None = None,
+    clock: Clock | None = None,
     with_bound: bool = True,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> ReplayResult:
-    """Replay `trajectories` through each router; `timer` (nanoseconds) measures decision latency;
+    """Replay `trajectories` through each router; `clock` (a `WallClock`) times each decision's latency;
     `with_bound=False` skips the clairvoyant bound; `progress` hears (router, steps replayed, steps)
     after each step."""
     settings = settings or SchedulerConfig()
@@ -180,7 +181,7 @@ def replay(
     buckets = Buckets(tuple(bounds)) if bounds else auto_buckets([t for s in steps[:warmup] for t in s])
     results = {}
     for name in routers:
-        records = _run(name, steps, warmup, buckets, settings, timer, progress)
+        records = _run(name, steps, warmup, buckets, settings, clock, progress)
         total_tokens = sum(t.total_tokens for s in steps[warmup:] for t in s)
         latencies = [r.latency_ns / 1000 for r in records]
         results[name] = RouterResult(
@@ -189,8 +190,8 @@ def replay(
             rank_correlation=rank_correlation(records),
             migrated_token_ratio=sum(r.migrated_tokens for r in records) / total_tokens,
             decisions=len(records),
-            p50_us=quantile(latencies, 0.5) if timer else math.nan,
-            p99_us=quantile(latencies, 0.99) if timer else math.nan,
+            p50_us=quantile(latencies, 0.5) if clock else math.nan,
+            p99_us=quantile(latencies, 0.99) if clock else math.nan,
         )
     bound = (clairvoyant_bound([t for s in steps[warmup:] for t in s], buckets, settings.migration_budget)
              if with_bound else None)
@@ -263,9 +264,9 @@ def clairvoyant_bound(trajectories: Sequence[Trajectory], buckets: Buckets, budg
 
 
 def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets, settings: SchedulerConfig,
-         timer: Callable[[], int] | None, progress: Callable[[str, int, int], None] | None = None) -> list[DecisionRecord]:
+         clock: Clock | None, progress: Callable[[str, int, int], None] | None = None) -> list[DecisionRecord]:
     records: list[DecisionRecord] = []
-    clock = timer or (lambda: 0)
+    watch = clock or SimClock()  # (no clock: every latency 0)
     truth: dict[str, list[int]] = {}
     router: Router | None = None
     for index, step in enumerate(steps):
@@ -281,9 +282,9 @@ def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets
         buckets_now: dict[str, int] = {}
         events: list[tuple[int, int, int, str, ToolReturn | None, int, int]] = []
         for order, (tid, trajectory, path) in enumerate(zip(ids, step, paths, strict=True)):
-            before = clock()
+            before = watch.now()
             decision = router.start(tid, trajectory.prompt_id, trajectory.prompt_tokens)
-            elapsed = clock() - before
+            elapsed = round((watch.now() - before) * 1e9)
             buckets_now[tid] = decision.bucket
             if scored:
                 records.append(DecisionRecord(decision.bucket, buckets.of(path.start_remaining), decision.estimate,
@@ -296,9 +297,9 @@ def _run(name: str, steps: list[list[Trajectory]], warmup: int, buckets: Buckets
             if ret is None:
                 router.finish(tid, position)
                 continue
-            before = clock()
+            before = watch.now()
             decision = router.on_return(tid, ret, position)
-            elapsed = clock() - before
+            elapsed = round((watch.now() - before) * 1e9)
             migrated = position if decision.bucket != buckets_now[tid] else 0
             buckets_now[tid] = decision.bucket
             if scored:

@@ -8,6 +8,7 @@ import pytest
 import cli.progress
 from cli.main import main
 from cli.progress import CLEAR, Progress, progress, render
+from libra.clock import SimClock
 
 ROOT = Path(__file__).resolve().parents[2]
 TAU = ROOT / "data" / "traces" / "taubench_airline.csv"
@@ -20,13 +21,6 @@ class Terminal(io.StringIO):
         return True
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def test_render_is_one_line_cut_to_the_terminal() -> None:
     assert render("simulating", 90, 200, "libra step 3/5", 12.4, 100) == (
@@ -37,12 +31,12 @@ def test_render_is_one_line_cut_to_the_terminal() -> None:
 
 
 def test_progress_draws_in_place_throttled_and_keeps_the_last_line() -> None:
-    stream, clock = Terminal(), Clock()
+    stream, clock = Terminal(), SimClock()
     bar = Progress("run", stream, clock=clock, delay_s=0.5, columns=80)
     bar.update(1, 4)  # within the delay: nothing
-    clock.now = 0.6
+    clock.advance_to(0.6)
     bar.update(2, 4, "b")
-    clock.now = 0.65
+    clock.advance_to(0.65)
     bar.update(3, 4, "c")  # within min_interval_s of the last drawing: skipped
     bar.update(4, 4, "d")  # the last unit is always drawn
     bar.close()
@@ -51,7 +45,7 @@ def test_progress_draws_in_place_throttled_and_keeps_the_last_line() -> None:
 
 
 def test_progress_is_erased_on_failure_and_lets_lines_through() -> None:
-    stream, clock = Terminal(), Clock()
+    stream, clock = Terminal(), SimClock()
     out = io.StringIO()
     with pytest.raises(RuntimeError), Progress("run", stream, clock=clock, delay_s=0.0, columns=80) as bar:
         bar.update(1, 2)

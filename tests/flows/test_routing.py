@@ -2,12 +2,12 @@
 exactly the replay's figures, the tree flow saves exactly the tree the store's rows make, and bad
 parameters are refused before anything starts, named as a deployment spells them."""
 
-import time
 from pathlib import Path
 
 import pytest
 
 from flows.routing import eval_router_flow, router_request, tree_flow, tree_request
+from libra.clock import WallClock
 from libra.config import LibraConfig
 from libra.errors import LibraError
 
@@ -22,7 +22,7 @@ def test_the_evaluation_flow_reports_the_replays_figures():
 
     report = eval_router_flow(str(TAU), buckets="2000,4000", routers="libra,cmlfq", prompts_per_step=4)
     direct = replay(read_trace(TAU).trajectories, prompts_per_step=4, order="group", bounds=[2000, 4000],
-                    routers=["libra", "cmlfq"], settings=LibraConfig().scheduler, timer=time.perf_counter_ns)
+                    routers=["libra", "cmlfq"], settings=LibraConfig().scheduler, clock=WallClock())
     assert list(report["policies"]) == ["libra", "cmlfq"] and report["buckets"] == list(direct.buckets)
     assert (report["steps"], report["warmup_steps"]) == (direct.steps, direct.warmup_steps)
     for name, got in report["policies"].items():

@@ -1,10 +1,10 @@
 import math
-import time
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from libra.clock import WallClock
 from libra.errors import LibraError
 from libra.scheduler.replay import (
     Bound,
@@ -66,7 +66,7 @@ def test_clairvoyant_bound_prices_moves() -> None:
 
 
 def test_latency_is_measured_with_a_timer() -> None:
-    result = replay(_tiny(), prompts_per_step=1, routers=["libra"], timer=time.perf_counter_ns)
+    result = replay(_tiny(), prompts_per_step=1, routers=["libra"], clock=WallClock())
     assert result.routers["libra"].p99_us >= result.routers["libra"].p50_us > 0
     assert result.bound is not None and replay(_tiny(), prompts_per_step=1, routers=["libra"], with_bound=False).bound is None
 
