@@ -35,7 +35,7 @@ from dashboards.sources import MissingRun, Store, Tracking
 from dashboards.view import BadParameter, View
 from libra.clock import Stopwatch
 from libra.config import DashboardConfig
-from libra.errors import LibraError
+from libra.errors import LibraError, first_line
 
 HERE = Path(__file__).parent
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -73,7 +73,7 @@ def create_app(store: Store, tracking: Tracking, settings: DashboardConfig) -> F
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: one line, not a traceback page
-        return JSONResponse({"error": f"the dashboard failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"},
+        return JSONResponse({"error": f"the dashboard failed: {first_line(exc, typed=True)}"},
                             status_code=500)
 
     @app.get("/", response_class=HTMLResponse)

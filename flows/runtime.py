@@ -27,7 +27,7 @@ from pathlib import Path
 
 from libra.config import LibraConfig
 from libra.config_loading import tracking_uri_in_use
-from libra.errors import LibraError
+from libra.errors import LibraError, first_line
 from libra.files import absolute_tracking_uri
 
 # what keeps both libraries quiet and at home; they read these when they are imported
@@ -153,8 +153,7 @@ def allow_file_store(uri: str) -> None:
 
 def store_error(uri: str, exc: BaseException) -> LibraError:
     """MLflow's tracking store at `uri` failed to open with `exc`: one line that says what to do."""
-    return LibraError(f"MLflow's tracking store {uri} cannot be opened ({type(exc).__name__}: "
-                      f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'}); point "
+    return LibraError(f"MLflow's tracking store {uri} cannot be opened ({first_line(exc, typed=True)}); point "
                       "tracking.tracking_uri at a new file or an MLflow database, or run with --no-track")
 
 

@@ -10,6 +10,16 @@ and `libra.config_loading.load_config` raises `ConfigError`. A fuzz test holds t
 """
 
 
+def first_line(exc: BaseException, *, typed: bool = False) -> str:
+    """`exc` in one line: its message's first non-empty line, or its type's name when it says
+    nothing; with `typed`, the type's name before the line (`ValueError: ...`)."""
+    name = type(exc).__name__
+    line = next((text.strip() for text in str(exc).splitlines() if text.strip()), "")
+    if not line:
+        return name
+    return f"{name}: {line}" if typed else line
+
+
 class LibraError(Exception):
     """A user mistake (bad config, bad input file, unknown run) with a one-line explanation."""
 

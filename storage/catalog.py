@@ -35,7 +35,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from libra.errors import LibraError
+from libra.errors import LibraError, first_line
 from storage.manifest import (
     RunManifest,
     check_store_root,
@@ -87,7 +87,7 @@ def check_read_only(sql: str) -> None:
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
-        raise LibraError(f"query failed: {_first_line(exc)}") from None
+        raise LibraError(f"query failed: {first_line(exc)}") from None
     if not statements:
         raise QueryRefused("query refused: no SQL statement given; give one SELECT (e.g. select count(*) as n from turns) "
                            "or a named query (libra query --list)")
@@ -206,7 +206,7 @@ class Catalog:
                 self._shard_rows[key] = pq.read_metadata(path).num_rows
             except (OSError, pa.ArrowException) as exc:
                 raise LibraError(f"run {manifest.run!r}: {table} shard {path} is not a readable Parquet file "
-                                 f"({_first_line(exc)}); " + rewrite_hint(manifest.run, manifest.origin)) from None
+                                 f"({first_line(exc)}); " + rewrite_hint(manifest.run, manifest.origin)) from None
         return self._shard_rows[key]
 
     def query(self, sql: str, params: list | dict | None = None) -> pa.Table:
@@ -231,9 +231,9 @@ class Catalog:
                 # directory of that name, which the locked configuration refuses): read the new manifests
                 if attempt + 1 < _RETRIES and manifests_signature(self.root, self.run) != self._signature:
                     continue
-                raise LibraError(f"query failed: {_first_line(exc)}") from None
+                raise LibraError(f"query failed: {first_line(exc)}") from None
             except duckdb.Error as exc:
-                raise LibraError(f"query failed: {_first_line(exc)}") from None
+                raise LibraError(f"query failed: {first_line(exc)}") from None
             finally:
                 if timer is not None:
                     timer.cancel()
@@ -264,6 +264,3 @@ def _define_view(con: duckdb.DuckDBPyConnection, schema: TableSchema, files: lis
         con.unregister(f"_empty_{schema.name}")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from libra.clock import Clock, EpochClock, Stopwatch, WallClock, sleep
+from libra.errors import first_line
 from libra.pools import snapshot as snapshots
 from libra.pools.control import DONE, Control
 from libra.pools.leader import Leader
@@ -103,7 +104,7 @@ def core_main(rank: int, spec: WorkerSpec, clock: Clock | None = None) -> None:
                     payload = step_payload(spec.task, model, step, active, me)
                     group.allreduce([payload]).wait()
                 except Exception as exc:  # a member died or timed out
-                    failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                    failed = first_line(exc, typed=True)
                 flag = torch.tensor([1.0 if failed else 0.0], device=model_device(model))
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 if flag.item() > 0:  # redo the whole step core-only; nothing from the failed attempt counts

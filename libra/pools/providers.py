@@ -17,6 +17,7 @@ import signal
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from libra.errors import first_line
 from libra.pools.elastic import core_main, core_process, hybrid_main
 from libra.pools.spec import WorkerSpec
 
@@ -183,7 +184,7 @@ class RayCore:
             except Exception as exc:  # noqa: BLE001 - the rank's own error, reported by the trainer
                 self._code = 1
                 cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps what the rank raised
-                self.error = f"{type(cause).__name__}: {cause}".strip().splitlines()[0]
+                self.error = first_line(cause, typed=True)
             self.ray.kill(self.actor)
         return self._code
 

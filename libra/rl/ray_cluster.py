@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from libra.config import LibraConfig
-from libra.errors import HostLostError, LibraError
+from libra.errors import HostLostError, LibraError, first_line
 from libra.rl.cluster import Host
 
 NAMESPACE = "libra"
@@ -52,7 +52,7 @@ class RayCluster:
             try:
                 ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise LibraError(f"cannot join the Ray cluster at {address!r} ({str(exc).splitlines()[0]}); start it "
+                raise LibraError(f"cannot join the Ray cluster at {address!r} ({first_line(exc)}); start it "
                                  "(`ray start --head`) or fix cluster.ray_address / RAY_ADDRESS") from None
         return cls(timeout_s)
 
