@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from libra.planner.cost_model import CostModel, TrainConfig
 from libra.planner.planner import PlannerSettings
 from libra.planner.trigger import StepTimes, TriggerSettings
+from libra.scheduler.metrics import quantile
 from libra.sim.forked import forked_map
 from libra.sim.modes import Feed, RolloutMode, samples_per_group
 from libra.sim.rollout import Close
@@ -105,8 +106,7 @@ class SystemRun:
         return sum(share * n for share, n in gen) / total if total else 0.0
 
     def step_time_quantile(self, q: float) -> float:
-        ordered = sorted(s.step_s for s in self.steps)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else math.nan
+        return quantile([s.step_s for s in self.steps], q)
 
     @property
     def step_time_mean_s(self) -> float:
