@@ -129,7 +129,7 @@ class Planner:
         best = self.training.best(gpus)
         return math.inf if best is None else best.seconds
 
-    # the objective ---------------------------------------------------------------------------
+    # the objective (`iteration_seconds`) -----------------------------------------------------------
     def iteration_time(self, train_gpus: int, rollout_gpus: int, hybrid_gpus: int, share: float) -> tuple[float, float, float]:
         """(T_iter, T_train, T_rollout) of a split; hybrids spend `share` of their time in rollout."""
         s = self.settings
@@ -137,16 +137,13 @@ class Planner:
         if s.mode == "colocated":
             gpus = train_gpus + rollout_gpus + hybrid_gpus
             t_train, t_rollout = self.t_train(gpus), self.t_rollout(gpus)
-            return t_rollout + t_train + sync + s.offload_s, t_train, t_rollout
+            return iteration_seconds(s, t_rollout, t_train, sync), t_train, t_rollout
         core_train, core_rollout = self.t_train(train_gpus), self.t_rollout(rollout_gpus)
         if math.isinf(core_train) or math.isinf(core_rollout):
             return math.inf, core_train, core_rollout  # hybrids extend a core pool that must work on its own
         t_rollout = _fractional(self.t_rollout, rollout_gpus + share * hybrid_gpus)
         t_train = _fractional(self.t_train, train_gpus + (1 - share) * hybrid_gpus)
-        switch = s.hybrid_switch_s if hybrid_gpus and 0 < share < 1 else 0.0
-        if s.mode == "sync":
-            return t_rollout + t_train + sync + switch, t_train, t_rollout
-        return max(t_rollout, t_train) + sync + switch, t_train, t_rollout
+        return iteration_seconds(s, t_rollout, t_train, sync, hybrid_gpus, share), t_train, t_rollout
 
     def granularity(self) -> int:
         if self.settings.granularity:
@@ -237,9 +234,7 @@ class Planner:
         if idle and not hybrid:  # GPUs no rollout instance can use: training takes them where it can, at no loss
             whole = self.training.exact(train + idle)
             if whole is not None:
-                sync = self.cost.weight_sync_s()
-                t_whole = (layout.seconds + whole.seconds if self.settings.mode == "sync"
-                           else max(layout.seconds, whole.seconds)) + sync
+                t_whole = iteration_seconds(self.settings, layout.seconds, whole.seconds, self.cost.weight_sync_s())
                 if t_whole <= t_iter * (1 + 1e-12):
                     train, rollout, train_estimate, t_train, t_iter = train + idle, rollout - idle, whole, whole.seconds, t_whole
                     idle = 0
@@ -255,6 +250,19 @@ class Planner:
             t_sync_s=self.cost.weight_sync_s(), t_iter_s=t_iter, mode=self.settings.mode, search_ms=elapsed_ms,
             stats=stats, idle_gpus=idle,
         )
+
+
+def iteration_seconds(settings: PlannerSettings, t_rollout: float, t_train: float, sync: float, hybrid_gpus: int = 0,
+                      share: float = 0.0) -> float:
+    """An iteration's time from its stages': colocated and sync run rollout and training one after the
+    other (colocated also offloads between them), one-step-off side by side; then the weight sync, and
+    the hybrids' switches where `hybrid_gpus` spend a `share` of their time in rollout."""
+    if settings.mode == "colocated":
+        return t_rollout + t_train + sync + settings.offload_s
+    switch = settings.hybrid_switch_s if hybrid_gpus and 0 < share < 1 else 0.0
+    if settings.mode == "sync":
+        return t_rollout + t_train + sync + switch
+    return max(t_rollout, t_train) + sync + switch
 
 
 def plan(cost: CostModel, workload: Workload, settings: PlannerSettings | None = None, clock: Clock | None = None) -> Plan:
@@ -278,17 +286,16 @@ def recost(planner: Planner, current: Plan) -> Plan:
     base_train = cost.train_time(config, workload).seconds
     base_rollout = fixed_layout_time(cost, workload, current.rollout.instance_counts)
     sync = cost.weight_sync_s()
+    settings = settings.model_copy(update={"mode": current.mode})  # the plan's own mode
     if current.mode == "colocated":
         return replace(current, t_rollout_s=base_rollout, t_train_s=base_train,
-                       t_iter_s=base_rollout + base_train + sync + settings.offload_s)
+                       t_iter_s=iteration_seconds(settings, base_rollout, base_train, sync))
     # hybrids speed each stage up by the factor the plan's own search credited them with
     share, hybrid = current.hybrid_rollout_share, current.hybrid_gpus
     t_train = base_train * current.t_train_s / current.train.seconds
     t_rollout = base_rollout * current.t_rollout_s / current.rollout.seconds
-    switch = settings.hybrid_switch_s if hybrid and 0 < share < 1 else 0.0
-    if current.mode == "sync":
-        return replace(current, t_rollout_s=t_rollout, t_train_s=t_train, t_iter_s=t_rollout + t_train + sync + switch)
-    return replace(current, t_rollout_s=t_rollout, t_train_s=t_train, t_iter_s=max(t_rollout, t_train) + sync + switch)
+    return replace(current, t_rollout_s=t_rollout, t_train_s=t_train,
+                   t_iter_s=iteration_seconds(settings, t_rollout, t_train, sync, hybrid, share))
 
 
 def fixed_layout_time(cost: CostModel, workload: Workload, counts: dict[int, int]) -> float:
