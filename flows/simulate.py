@@ -63,7 +63,7 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
                        max_staleness: int = 4) -> SimulationRequest:
     """The request, or a LibraError saying which parameter is wrong and what to give instead."""
     from libra.planner.profiles import model_profile, parse_cluster
-    from libra.sim.modes import MODES
+    from libra.sim.modes import check_mode
     from libra.sim.systems import SYSTEMS
     from storage.writer import check_run_name
 
@@ -84,11 +84,7 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
     request = SimulationRequest(workload, cluster, model, steps, tuple(chosen), group_size, prompts_per_step, seed,
                                 check_run_name(run or f"sim-{workload.replace(':', '-').replace('/', '-')}-{seed}{suffix}"[:128]),
                                 rollout_mode, overprovision, max_staleness)
-    if rollout_mode not in MODES:
-        raise LibraError(f"{names('rollout_mode')} {rollout_mode!r}: use one of {', '.join(MODES)}")
-    if rollout_mode != "sync" and max_staleness < 1:
-        raise LibraError(f"{names('max_staleness')} {max_staleness}: {rollout_mode} rollouts train groups at least one "
-                         "update old; give 1 or more, or the sync mode for on-policy training")
+    check_mode(rollout_mode, overprovision, max_staleness, names)
     spec = request.spec()
     if spec.name.startswith("trace:"):
         from libra.traces import read_trace

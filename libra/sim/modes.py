@@ -24,12 +24,24 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from libra.checks import Names, as_parameter
 from libra.errors import LibraError
 from libra.partial import carry_over, groups_to_start
 from libra.sim.rollout import Close, Progress, RolloutResult
 from libra.sim.workloads import SimTrajectory
 
 MODES = ("sync", "partial", "async")
+
+
+def check_mode(name: str, overprovision: float, max_staleness: int, names: Names = as_parameter) -> None:
+    """A LibraError for a rollout mode no run can have, naming each setting as the caller spells it."""
+    if name not in MODES:
+        raise LibraError(f"{names('rollout_mode')} {name!r}: use one of {', '.join(MODES)}")
+    if overprovision < 1:
+        raise LibraError(f"{names('overprovision')} {overprovision}: it must be at least 1 (1: no groups beyond the batch)")
+    if name != "sync" and max_staleness < 1:
+        raise LibraError(f"{names('max_staleness')} {max_staleness}: a {name} rollout trains groups at least one "
+                         "update old; give 1 or more, or use the sync mode for on-policy training")
 
 
 @dataclass(frozen=True)
@@ -39,13 +51,7 @@ class RolloutMode:
     max_staleness: int = 4  # updates a trained token may be behind its trainer (partial and async)
 
     def __post_init__(self) -> None:
-        if self.name not in MODES:
-            raise LibraError(f"rollout mode {self.name!r}: use one of {', '.join(MODES)}")
-        if self.overprovision < 1:
-            raise LibraError(f"overprovision {self.overprovision}: it must be at least 1 (1: no groups beyond the batch)")
-        if self.name != "sync" and self.max_staleness < 1:
-            raise LibraError(f"max_staleness {self.max_staleness}: a {self.name} rollout trains groups at least one "
-                             "update old; give 1 or more, or use the sync mode for on-policy training")
+        check_mode(self.name, self.overprovision, self.max_staleness)
 
     @property
     def partial(self) -> bool:

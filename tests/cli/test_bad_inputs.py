@@ -120,6 +120,9 @@ BAD = [
     (["simulate", "--workload", "search-r1", "--overprovision", "2", "--no-track"],  # it was ignored in sync mode
      "--overprovision and --max-staleness apply to partial and async rollouts; add --rollout-mode partial (or async), "
      "or leave them out"),
+    (["simulate", "--workload", "search-r1", "--rollout-mode", "partial", "--max-staleness", "0", "--no-track"],
+     "--max-staleness 0: a partial rollout trains groups at least one update old; give 1 or more, or use the sync "
+     "mode for on-policy training"),
     (["pool", "--pace", "nan", "--no-track"], "--pace must be a finite number, got nan"),
     (["pool", "--hidden", "1000000000", "--no-track"], "--hidden must be <= 65,536, got 1,000,000,000"),
     (["rollout", "--env", "math", "--temperature", "inf", "--no-track"], "--temperature must be a finite number, got inf"),

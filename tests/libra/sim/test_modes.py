@@ -118,7 +118,7 @@ def test_partial_rollouts_cut_the_straggler_out_of_the_step() -> None:
 @pytest.mark.parametrize(("mode", "message"), [(RolloutMode("sync", 1.5, 0), None),
                                                (dict(name="partial", max_staleness=0), "max_staleness 0"),
                                                (dict(name="async", overprovision=0.5), "overprovision 0.5"),
-                                               (dict(name="later"), "rollout mode 'later'")])
+                                               (dict(name="later"), "rollout_mode 'later'")])
 def test_bad_modes_are_refused_with_what_to_do(mode, message) -> None:
     if message is None:
         assert mode.max_staleness == 0  # synchronous training needs no staleness bound
