@@ -51,7 +51,7 @@ def rollout_request(env: str, prompts: int = 32, samples: int = 8, batches: int 
     """The request (what it leaves open from `rollout`, the config's section), or a LibraError
     naming the parameter that is wrong."""
     from libra.rollout.envs import ENVS
-    from libra.scheduler.replay import ROUTERS
+    from libra.scheduler.replay import LIVE_ROUTERS, check_routers
     from storage.writer import check_run_name
 
     r = rollout or RolloutConfig()
@@ -71,8 +71,7 @@ def rollout_request(env: str, prompts: int = 32, samples: int = 8, batches: int 
         raise LibraError(f"{names('engine')} {engine!r}: engines are vllm and hf")
     if device not in ("cpu", "cuda"):
         raise LibraError(f"{names('device')} {device!r}: devices are cpu and cuda")
-    if router not in ROUTERS or router == "oracle":
-        raise LibraError(f"unknown router {router!r}; routers: {', '.join(p for p in ROUTERS if p != 'oracle')}")
+    check_routers([router], LIVE_ROUTERS, names("router"))
     bounds = () if buckets == "auto" else tuple(token_bounds(names("buckets"), buckets))
     if (missing := missing_policy(policy, names("policy"))) is not None:
         raise LibraError(missing)

@@ -44,7 +44,7 @@ def router_request(trace: str, config: LibraConfig, buckets: str = "auto", order
                    names: Names = as_parameter) -> RouterRequest:
     """The request, or a LibraError saying which parameter is wrong and what to give instead. The
     trace is read whole here: a bad one is the caller's error, found before anything starts."""
-    from libra.scheduler.replay import ROUTERS, parse_order
+    from libra.scheduler.replay import ROUTERS, check_routers, parse_order
     from libra.traces import read_trace
 
     in_range(names("prompts_per_step"), prompts_per_step, 1, 100_000)  # traces.prompts_per_step's range
@@ -58,9 +58,7 @@ def router_request(trace: str, config: LibraConfig, buckets: str = "auto", order
         chosen = list(dict.fromkeys(r.strip() for r in given if r.strip()))
         if not chosen:
             raise LibraError(f"{names('routers')} {routers!r}: name at least one router, or leave it out for all")
-    unknown = [r for r in chosen if r not in ROUTERS]
-    if unknown:
-        raise LibraError(f"unknown router(s) {', '.join(unknown)}; routers: {', '.join(ROUTERS)}")
+    check_routers(chosen, ROUTERS, names("routers"))
     rows = read_trace(trace).rows
     if epochs * rows > MAX_DECISIONS:
         raise LibraError(f"{names('order')} {order}: {epochs:,} epochs of {rows:,} turns make up to {epochs * rows:,} "

@@ -53,7 +53,7 @@ def check_training(config: LibraConfig, restart: bool = False) -> None:
     name, backend and layout, router, devices, policy), before anything is written or started;
     `flows.train.training_config` calls it. `restart`: the run is to be trained again whole (its
     store run is replaced, even one whose manifest cannot be read)."""
-    from libra.scheduler.replay import ROUTERS
+    from libra.scheduler.replay import LIVE_ROUTERS, check_routers
     from storage.writer import check_run_name, refuse_other_origin
 
     run = check_run_name(config.trainer.run_name())
@@ -73,8 +73,7 @@ def check_training(config: LibraConfig, restart: bool = False) -> None:
                          "builds megatron's model with its CPU shims); set pool.device: cpu or trainer.backend: torch")
     check_megatron_layout(config)
     router = config.rollout.router
-    if router not in ROUTERS or router == "oracle":
-        raise LibraError(f"rollout.router: unknown router {router!r}; routers: {', '.join(p for p in ROUTERS if p != 'oracle')}")
+    check_routers([router], LIVE_ROUTERS, "rollout.router")
     for device, where in ((config.rollout.device, "rollout.device"), (config.trainer.device, "trainer.device")):
         if device == "cuda":
             from libra.devices import gpu_count

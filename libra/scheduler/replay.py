@@ -53,6 +53,16 @@ from libra.types import Trajectory
 
 ROUTERS = ("libra", "libra-tree", "cmlfq", "mlfq", "predictor", "predictor-repredict", "least-load", "always-shortest", "oracle",
             "cmlfq@budget", "mlfq@budget", "predictor-repredict@budget")
+LIVE_ROUTERS = tuple(r for r in ROUTERS if r != "oracle")  # the oracle reads lengths no live run knows
+
+
+def check_routers(names: Sequence[str], known: Sequence[str] = ROUTERS, setting: str = "router") -> None:
+    """A LibraError naming the routers in `names` that are not `known` (`setting`: how the caller
+    names the choice), with the ones there are."""
+    unknown = [r for r in names if r not in known]
+    if unknown:
+        raise LibraError(f"{setting}: unknown router{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                         f"routers: {', '.join(known)}")
 
 
 def parse_order(order: str) -> int:
@@ -171,9 +181,7 @@ def replay(
     `with_bound=False` skips the clairvoyant bound; `progress` hears (router, steps replayed, steps)
     after each step."""
     settings = settings or SchedulerConfig()
-    unknown = [r for r in routers if r not in ROUTERS]
-    if unknown:
-        raise LibraError(f"unknown router(s) {', '.join(unknown)}; routers: {', '.join(ROUTERS)}")
+    check_routers(routers)
     steps = rl_steps(trajectories, prompts_per_step, parse_order(order))
     warmup = math.ceil(len(steps) * settings.warmup_fraction)
     if warmup >= len(steps):

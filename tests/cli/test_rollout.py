@@ -29,7 +29,7 @@ def test_rollout_json_and_store(tmp_path: Path, capsys, policy_dir) -> None:  # 
 
 @pytest.mark.parametrize("args, message", [
     (["--env", "chess"], "unknown environment 'chess'; environments: search, math, repo"),
-    (["--env", "math", "--router", "oracle"], "unknown router 'oracle'"),
+    (["--env", "math", "--router", "oracle"], "--router: unknown router 'oracle'; routers: libra, libra-tree"),
     (["--env", "math", "--samples", "0"], "--samples must be >= 1"),
     (["--env", "math", "--policy", "nowhere"], "--policy: no policy in nowhere; build one with `libra policy init --out "
                                                "nowhere`, or give a directory with an HF-format checkpoint"),

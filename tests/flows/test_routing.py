@@ -47,7 +47,7 @@ def test_the_tree_flow_saves_the_stores_tree(tmp_path: Path):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: router_request(str(TAU), LibraConfig(), routers=","), "routers ',': name at least one router"),
-    (lambda: router_request(str(TAU), LibraConfig(), routers="libra,nope"), "unknown router(s) nope"),
+    (lambda: router_request(str(TAU), LibraConfig(), routers="libra,nope"), "routers: unknown router 'nope'"),
     (lambda: router_request(str(TAU), LibraConfig(), prompts_per_step=0), "prompts_per_step must be >= 1"),
     (lambda: router_request(str(TAU), LibraConfig(), buckets="x"), "buckets"),
     (lambda: tree_request("swe", "/no/such/folder/t.json"), "cannot write /no/such/folder/t.json"),
