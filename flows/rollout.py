@@ -76,11 +76,10 @@ def rollout_request(env: str, prompts: int = 32, samples: int = 8, batches: int 
     if (missing := missing_policy(policy, names("policy"))) is not None:
         raise LibraError(missing)
     if device == "cuda":
-        from libra.devices import gpu_count
+        from libra.devices import require_gpus
 
-        if (count := gpu_count()) < instances:
-            raise LibraError(f"{names('device')} cuda with {instances} instance(s): this machine has {count} GPU(s) "
-                             f"torch can use; use fewer {names('instances')} or {names('device')} cpu")
+        require_gpus(instances, f"{names('device')} cuda with {instances} instance(s)",
+                     f"use fewer {names('instances')} or {names('device')} cpu")
     run = check_run_name(run or time.strftime(f"rollout-{env}-%Y%m%d-%H%M%S"))
     return RolloutRequest(env, prompts, samples, batches, engine, instances, device, router, bounds, policy,
                           temperature, max_turns, seed, run)

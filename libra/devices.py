@@ -24,6 +24,16 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def require_gpus(needed: int, what: str, instead: str) -> int:
+    """The GPUs torch can use here, or a LibraError when they are fewer than `needed`: `what` names
+    what needs them (`rollout.device cuda`), `instead` what to do (`use device cpu`)."""
+    count = gpu_count()
+    if count < needed:
+        have = "torch sees no GPU here" if count == 0 else f"this machine has {count} GPU(s) torch can use"
+        raise LibraError(f"{what}: {have}; {instead}")
+    return count
+
+
 def torch_device(device: str):
     """The torch device named by `device` ("cpu", "cuda", "cuda:N"), checked against the machine."""
     import torch

@@ -76,10 +76,9 @@ def check_training(config: LibraConfig, restart: bool = False) -> None:
     check_routers([router], LIVE_ROUTERS, "rollout.router")
     for device, where in ((config.rollout.device, "rollout.device"), (config.trainer.device, "trainer.device")):
         if device == "cuda":
-            from libra.devices import gpu_count
+            from libra.devices import require_gpus
 
-            if gpu_count() == 0:
-                raise LibraError(f"{where} is cuda, but torch sees no GPU here; set it to cpu")
+            require_gpus(1, f"{where} is cuda", "set it to cpu")
     missing = policy_missing(config)
     if missing:
         raise LibraError(missing)

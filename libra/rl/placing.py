@@ -331,13 +331,10 @@ def event_row(event: PoolEvent) -> dict:
 def local_cluster(config: LibraConfig) -> LocalCluster:
     """This machine's workers: groups of `placement.cores_per_worker` of the cores this process may
     use (CPU), or one GPU each (rollout.device cuda)."""
-    from libra.devices import gpu_count
-    from libra.errors import LibraError
+    from libra.devices import require_gpus
 
     if config.rollout.device == "cuda":
-        count = gpu_count()
-        if count < 1:
-            raise LibraError("rollout.device is cuda but torch sees no GPU; use device cpu")
+        count = require_gpus(1, "rollout.device is cuda", "set it to cpu")
         return LocalCluster(tuple((g,) for g in range(count)), "cuda")
     cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16 * 2**30

@@ -564,13 +564,9 @@ def split_cores(instances: int) -> list[list[int]]:
 
 def split_gpus(instances: int) -> list[list[int]]:
     """An equal share of the GPUs torch sees for each instance (its tensor-parallel degree)."""
-    from libra.devices import gpu_count
-    from libra.errors import LibraError
+    from libra.devices import require_gpus
 
-    count = gpu_count()
-    if count < instances:
-        raise LibraError(f"{instances} instance(s) on cuda: this machine has {count} GPU(s) torch can use; "
-                         "use fewer instances or the cpu device")
+    count = require_gpus(instances, f"{instances} instance(s) on cuda", "use fewer instances or the cpu device")
     per = count // instances
     return [list(range(i * per, (i + 1) * per)) for i in range(instances)]
 

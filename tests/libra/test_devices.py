@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from libra.devices import gpu_count, torch_device
+import libra.devices
+from libra.devices import gpu_count, require_gpus, torch_device
 from libra.errors import LibraError
 
 
@@ -28,3 +29,13 @@ def test_cores_beyond_the_hosts_wrap_onto_them(monkeypatch):
     assert host_cores([5]) == {1} and host_cores([4, 5, 6, 7]) == {0, 1, 2, 3}  # a host offering Ray 8 of its 4
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert host_cores([3]) == {0}  # count unknown: one core
+
+
+def test_too_few_gpus_is_one_line_that_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(libra.devices, "gpu_count", lambda: 0)
+    with pytest.raises(LibraError, match=r"^rollout.device is cuda: torch sees no GPU here; set it to cpu$"):
+        require_gpus(1, "rollout.device is cuda", "set it to cpu")
+    monkeypatch.setattr(libra.devices, "gpu_count", lambda: 2)
+    assert require_gpus(2, "two instances", "use fewer") == 2
+    with pytest.raises(LibraError, match=r"^3 instances: this machine has 2 GPU\(s\) torch can use; use fewer$"):
+        require_gpus(3, "3 instances", "use fewer")
