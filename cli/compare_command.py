@@ -33,7 +33,7 @@ def cmd_compare(args: argparse.Namespace, config: LibraConfig) -> int:
     from libra.config_loading import tracking_uri_in_use
 
     in_range("--target", args.target, -1e9, 1e9)
-    experiment = args.experiment or f"{config.tracking.experiment_prefix}-train-{config.trainer.env}"
+    experiment = args.experiment or config.train_experiment
     uri = tracking_uri_in_use(config)  # where train and simulate log (MLFLOW_TRACKING_URI, if set)
     with json_stdout(args.json) as out:
         allow_file_store(uri)

@@ -72,9 +72,10 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
 
 def cmd_traces_import(args: argparse.Namespace, config: LibraConfig) -> int:
     from flows.store import import_trace
-    from libra.checks import in_range
+    from libra.checks import field_range, in_range
+    from libra.config import TracesConfig
 
-    in_range("--prompts-per-step", args.prompts_per_step, 1, 100_000)  # traces.prompts_per_step's range
+    in_range("--prompts-per-step", args.prompts_per_step, *field_range(TracesConfig, "prompts_per_step"))
     prompts_per_step = args.prompts_per_step if args.prompts_per_step is not None else config.traces.prompts_per_step
     from cli.progress import progress
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from prefect import flow
 
-from libra.checks import Names, as_parameter, in_range
-from libra.config import LibraConfig
+from libra.checks import Names, as_parameter, field_range, in_range
+from libra.config import LibraConfig, PlannerConfig
 from libra.errors import LibraError
 
 
@@ -45,7 +45,7 @@ def plan_request(cluster: str, model: str, run: str | None = None, trace: str | 
         raise LibraError(f"{names('calibrate')} needs {names('run')} (timings are read from the run's store)")
     if mode not in (None, "one_step_off", "sync", "colocated"):
         raise LibraError(f"{names('mode')} {mode!r}: modes are one_step_off, sync and colocated")
-    in_range(names("batch"), batch, 1, 1_000_000)  # planner.batch_trajectories' range
+    in_range(names("batch"), batch, *field_range(PlannerConfig, "batch_trajectories"))
     parse_cluster(cluster)
     model_profile(model)
     return PlanRequest(cluster, model, run, trace, mode, batch, calibrate)

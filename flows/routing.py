@@ -19,8 +19,8 @@ from typing import Any
 
 from prefect import flow
 
-from libra.checks import Names, as_parameter, in_range, token_bounds
-from libra.config import LibraConfig
+from libra.checks import Names, as_parameter, field_range, in_range, token_bounds
+from libra.config import LibraConfig, TracesConfig
 from libra.errors import LibraError
 from libra.scheduler.causal_tree import is_tree_file
 from tasks.routing_tasks import ReplayProgress
@@ -47,7 +47,7 @@ def router_request(trace: str, config: LibraConfig, buckets: str = "auto", order
     from libra.scheduler.replay import ROUTERS, check_routers, parse_order
     from libra.traces import read_trace
 
-    in_range(names("prompts_per_step"), prompts_per_step, 1, 100_000)  # traces.prompts_per_step's range
+    in_range(names("prompts_per_step"), prompts_per_step, *field_range(TracesConfig, "prompts_per_step"))
     per_step = prompts_per_step if prompts_per_step is not None else config.traces.prompts_per_step
     epochs = parse_order(order)
     bounds = None if buckets == "auto" else tuple(token_bounds(names("buckets"), buckets))

@@ -29,7 +29,7 @@ def check_trace(path: str, progress: ReadProgress | None = None) -> TraceFile:
 
 
 def experiment_name(config: LibraConfig) -> str:
-    return f"{config.tracking.experiment_prefix}-traces"
+    return config.tracking.experiment("traces")
 
 
 def run_name_for(path: str | Path) -> str:

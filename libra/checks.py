@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from libra.errors import LibraError
 
 Names = Callable[[str], str]  # a parameter's name -> how the caller spells it
@@ -27,6 +29,15 @@ def as_parameter(name: str) -> str:
 def as_flag(name: str) -> str:
     """`group_size` -> `--group-size`, the command line's spelling."""
     return "--" + name.replace("_", "-")
+
+
+def field_range(model: type[BaseModel], field: str) -> tuple[float, float]:
+    """The least and largest value a config field takes (its `ge` and `le`), for a parameter that
+    overrides it: one range, kept where the config declares it."""
+    low, high = -math.inf, math.inf
+    for bound in model.model_fields[field].metadata:
+        low, high = getattr(bound, "ge", low), getattr(bound, "le", high)
+    return low, high
 
 
 def count_of(text: str, most: int) -> int | None:

@@ -65,6 +65,10 @@ class TrackingConfig(_Section):
     def _known_scheme(cls, uri: str) -> str:
         return check_tracking_uri(uri)
 
+    def experiment(self, kind: str) -> str:
+        """The MLflow experiment of one kind of run (`traces`, `pool`, `train-math`, ...)."""
+        return f"{self.experiment_prefix}-{kind}"
+
 
 def check_tracking_uri(uri: str, name: str = "tracking_uri") -> str:
     """`uri` if MLflow has a tracking store for its scheme; else a ValueError naming `name` (the
@@ -391,6 +395,11 @@ class LibraConfig(_Section):
     trainer: TrainerConfig = TrainerConfig()
     placement: PlacementConfig = PlacementConfig()
     cluster: ClusterConfig = ClusterConfig()
+
+    @property
+    def train_experiment(self) -> str:
+        """The MLflow experiment this config's training runs log to (and `libra compare` reads)."""
+        return self.tracking.experiment(f"train-{self.trainer.env}")
 
     @model_validator(mode="after")
     def _placed_pipeline_fresh_enough(self) -> LibraConfig:

@@ -105,6 +105,6 @@ def track_pool_task(summary: dict[str, Any], request, outcome: PoolOutcome, conf
     metrics = {"wall_s": summary["wall_s"], "step_time_mean_s": summary["step_time_mean_s"],
                "retried_steps": summary["retried_steps"], "replica_steps": summary["replica_steps"]}
     steps = [(s["step"], {"step_s": s["seconds"], "active_replicas": s["active"]}) for s in outcome.steps]
-    return log_run(f"{config.tracking.experiment_prefix}-pool", config.tracking.artifact_root, request.run, params,
+    return log_run(config.tracking.experiment("pool"), config.tracking.artifact_root, request.run, params,
                    metrics, steps=steps, texts={"pool_events.json": json.dumps([asdict(e) for e in outcome.events],
                                                                               indent=1)})

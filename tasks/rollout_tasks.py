@@ -109,5 +109,5 @@ def track_rollout_task(summary: dict[str, Any], request, config: LibraConfig) ->
         "prompts": request.prompts, "samples": request.samples, "buckets": summary["buckets"]}
     metrics = {k: float(summary[k]) for k in ("tokens_per_s", "solved_fraction", "migrations", "migrated_tokens",
                                               "generated_tokens", "prefill_tokens", "wall_s")}
-    return log_run(f"{config.tracking.experiment_prefix}-rollout", config.tracking.artifact_root, summary["run"],
+    return log_run(config.tracking.experiment("rollout"), config.tracking.artifact_root, summary["run"],
                    params, metrics)

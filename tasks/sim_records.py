@@ -96,7 +96,7 @@ def record_mlflow(runs: dict, summary: dict[str, Any], request: Any, config: Lib
     """`request`: the flow's SimulationRequest (its cluster, model, steps and seed are the params)."""
     from tasks.tracking_tasks import log_run
 
-    experiment = f"{config.tracking.experiment_prefix}-sim-{summary['workload']}".replace(":", "-").replace("/", "-")[:200]
+    experiment = config.tracking.experiment(f"sim-{summary['workload']}").replace(":", "-").replace("/", "-")[:200]
     params = {"workload": summary["workload"], "cluster": request.cluster, "model": request.model,
               "steps": request.steps, "seed": request.seed, "rollout_mode": request.rollout_mode}
     with tempfile.TemporaryDirectory() as tmp:

@@ -243,7 +243,7 @@ def start_tracking_task(context: RunContext) -> str:
     s = context.session
     run = s.run
     config = s.config
-    experiment = ensure_experiment(f"{config.tracking.experiment_prefix}-train-{config.trainer.env}",
+    experiment = ensure_experiment(config.train_experiment,
                                    config.tracking.artifact_root)
     run_id = s.state.mlflow_run_id
     if not run_id:

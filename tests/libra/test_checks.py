@@ -1,6 +1,7 @@
 import pytest
 
-from libra.checks import count_of, in_range
+from libra.checks import count_of, field_range, in_range
+from libra.config import PlannerConfig, TracesConfig
 from libra.errors import LibraError
 
 
@@ -26,3 +27,8 @@ def test_a_number_out_of_range_names_its_flag() -> None:
         in_range("--steps", 11, 1, 10)
     with pytest.raises(LibraError, match=r"^--pace must be a finite number, got nan$"):
         in_range("--pace", float("nan"), 0, 10)
+
+
+def test_a_parameter_takes_the_range_of_the_config_field_it_overrides() -> None:
+    assert field_range(TracesConfig, "prompts_per_step") == (1, 100_000)
+    assert field_range(PlannerConfig, "batch_trajectories") == (1, 1_000_000)
