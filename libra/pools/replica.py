@@ -12,7 +12,6 @@ task's own optimizer step, so all replicas stay identical.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,7 +20,7 @@ from torch import nn
 from libra.pools.batching import shards
 from libra.pools.control import Control
 from libra.pools.spec import WorkerSpec
-from libra.pools.task import Reduced, TrainTask
+from libra.pools.task import Reduced, Report, TrainTask
 
 
 def shard_payload(task: TrainTask, model: nn.Module, step: int, shard: range | None) -> torch.Tensor:
@@ -48,7 +47,8 @@ def step_payload(task: TrainTask, model: nn.Module, step: int, active: list[str]
     return shard_payload(task, model, step, shards(task.step_size(step), active).get(me))
 
 
-def apply_update(task: TrainTask, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, update: torch.Tensor) -> Any:
+def apply_update(task: TrainTask[Report], model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                 update: torch.Tensor) -> Report:
     """Load step `step`'s mean gradient `update` into the parameters' grads (copies: the update stays
     as it was, for the log that joining hybrids replay) and let the task take the optimizer step;
     returns what the task's step reports."""

@@ -14,7 +14,7 @@ policy trainer's GRPO update on the run's trajectories.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -39,7 +39,10 @@ class Reduced:
     tallies: tuple[float, ...]
 
 
-class TrainTask(Protocol):
+Report = TypeVar("Report")  # what a task's optimizer step reports, handed back to its `publish`
+
+
+class TrainTask(Protocol[Report]):
     tallies: ClassVar[tuple[str, ...]]  # names of the sums `accumulate` reports beside the weight
 
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]: ...
@@ -53,13 +56,13 @@ class TrainTask(Protocol):
         grads (on the model's device); return how many units the sum is over, and the tallies."""
         ...
 
-    def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> Any:
+    def update(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> Report:
         """Step `step`'s mean gradient is in the parameters' grads: take the optimizer step; return
         what the step reports (handed to `publish`; GRPO: its learning rate and gradient norm)."""
         ...
 
     def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
-                hybrids: int, applied: Any) -> None:
+                hybrids: int, applied: Report) -> None:
         """Step `step` is applied (`reduced`: what its replicas summed; `hybrids`: how many of them were
         hybrids; `applied`: what `update` reported): make the state after it available to whoever
         drives the run step by step (core rank 0 calls this)."""
@@ -126,5 +129,5 @@ class RegressionTask:
         optimizer.step()
 
     def publish(self, model: nn.Module, optimizer: torch.optim.Optimizer, step: int, reduced: Reduced,
-                hybrids: int, applied: Any) -> None:
+                hybrids: int, applied: None) -> None:
         """Nothing: the pool's result (its final snapshot and step log) is this task's outcome."""
