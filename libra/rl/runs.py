@@ -26,9 +26,9 @@ from libra.rl.placing import Placer, host_change, site_of
 from libra.rl.planning import EngineStart
 from libra.rl.ray_cluster import RayCluster, address_of
 from libra.rl.routes import router_for
-from libra.rl.session import TrainingSession
+from libra.rl.session import PlanningState, Saved, TrainingSession
 from libra.rl.trainers import open_trainer, with_first_layout
-from libra.trainer.checkpoint import CheckpointState, latest_checkpoint, load_blob, load_state, restore_rng
+from libra.trainer.checkpoint import CheckpointState, latest_checkpoint, load_state, restore_rng
 
 if TYPE_CHECKING:
     from libra.rollout.engines import Engine
@@ -155,12 +155,13 @@ def _open(config: LibraConfig, run: str, policy: Path, root: Path, lock: TextIO)
     clock = WallClock()
     address = address_of(config)
     ray = RayCluster.connect(address, config.cluster.start_timeout_s) if address else None
-    planning = load_blob(latest, "planning") if latest is not None else None
+    saved = Saved.load(latest) if latest is not None else None
+    planning = saved.planning if saved is not None else None
     site = site_of(config, ray, clock) if config.placement.strategy != "none" else None
     placement = None
     if site is not None:
-        placed = planning is not None and planning.get("cluster", site.cluster) == site.cluster
-        placement = planning["placement"] if placed else \
+        placed = planning is not None and planning.cluster == site.cluster
+        placement = planning.placement if planning is not None and placed else \
             initial_placement(config.placement.strategy, site.cluster, config.placement.hybrids)
         placement = with_first_layout(config, placement, site.cluster, policy)
     pool_events: list[PoolEvent] = []
@@ -176,12 +177,15 @@ def _open(config: LibraConfig, run: str, policy: Path, root: Path, lock: TextIO)
             session.placer = Placer.open(site, trainer, clock)
             _resume_placement(session, planning)
             session.took(session.placer.apply(placement, weights, [], state.step, session.elapsed_s()))
-        if latest is not None:
-            session.trainer.load_optimizer_state(load_blob(latest, "trainer"))
-            restore_rng(load_blob(latest, "rng"))
-            session.batches = Batches.restored(load_blob(latest, "pending"))
-            session.suspended = tuple(load_blob(latest, "suspended") or ())
-            session.last_record = load_blob(latest, "record")
+        if saved is not None:
+            if saved.trainer is None:
+                raise LibraError(f"checkpoint {latest} holds no optimizer state (trainer.pt); start the run over (--restart)")
+            session.trainer.load_optimizer_state(saved.trainer)
+            if saved.rng is not None:
+                restore_rng(saved.rng)
+            session.batches = Batches.restored(saved.pending)
+            session.suspended = saved.suspended
+            session.last_record = saved.record
     except BaseException:  # nothing started is left running (the caller releases the lock)
         session.lock = None
         session.close()
@@ -199,16 +203,16 @@ def start_engines(config: LibraConfig, weights: Path, clock: Clock) -> tuple[lis
     return engines, EngineStart(r.instances, clock.now() - began)
 
 
-def _resume_placement(session: TrainingSession, planning: dict | None) -> None:
+def _resume_placement(session: TrainingSession, planning: PlanningState | None) -> None:
     """A resumed placed run's planning state: its plan controller and planning rows, when it is on
     the cluster it was placed on; else the hosts it lost or got back, as the step's rows."""
     if planning is None:
         return
-    session.plan_events = planning.get("plan_events", {})
+    session.plan_events = planning.plan_events
     cluster = session.cluster
     assert cluster is not None
-    if planning.get("cluster", cluster) == cluster:
-        session.controller = planning["controller"]
+    if planning.cluster == cluster:
+        session.controller = planning.controller
         return
     step = session.state.step
-    session.note_hosts(step, host_change(step, session.elapsed_s(), planning["cluster"], cluster))
+    session.note_hosts(step, host_change(step, session.elapsed_s(), planning.cluster, cluster))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -52,7 +52,7 @@ from libra.rl.schedule import (
     whole_groups,
 )
 from libra.rl.trainers import Reshard, layout_of
-from libra.trainer.checkpoint import CheckpointState, rng_state, save_checkpoint
+from libra.trainer.checkpoint import CheckpointState, load_blob, rng_state, save_checkpoint
 from libra.trainer.protocol import ElasticTrainer, Trainer
 from libra.trainer.samples import to_samples
 
@@ -64,6 +64,51 @@ if TYPE_CHECKING:
     from libra.rollout.envs.base import Env
     from libra.rollout.suspend import Suspended
     from libra.scheduler.routers import Router
+
+
+@dataclass(frozen=True)
+class PlanningState:
+    """What a resumed placed run needs to place itself as before: its placement and plan controller,
+    the planning rows not recorded yet, and the cluster it was placed on."""
+
+    placement: Placement
+    controller: PlanController | None
+    plan_events: dict[int, list[dict]]
+    cluster: LocalCluster
+
+    @classmethod
+    def of(cls, saved: object) -> PlanningState | None:
+        """The state as a checkpoint kept it (older checkpoints kept a dict of these fields)."""
+        if saved is None or isinstance(saved, PlanningState):
+            return saved
+        if isinstance(saved, dict):
+            return cls(saved["placement"], saved.get("controller"), saved.get("plan_events", {}), saved["cluster"])
+        raise LibraError(f"a checkpoint's planning state is a {type(saved).__name__}, not one Libra wrote; start "
+                         "the run over (--restart)")
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a checkpoint keeps beside the weights and its `CheckpointState`, a file each
+    (`<field>.pt`): the optimizer, the RNGs, the batches rolled out ahead, the suspended
+    trajectories, the last iteration's record and a placed run's planning state."""
+
+    trainer: dict | None
+    rng: dict | None
+    pending: dict[int, Batch]
+    suspended: tuple[Suspended, ...]
+    record: IterationRecord | None
+    planning: PlanningState | None
+
+    def blobs(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def load(cls, checkpoint: Path) -> Saved:
+        """The checkpoint's saved state (a missing file: none of it)."""
+        blob = {f.name: load_blob(checkpoint, f.name) for f in fields(cls)}
+        return cls(blob["trainer"], blob["rng"], blob["pending"] or {}, tuple(blob["suspended"] or ()), blob["record"],
+                   PlanningState.of(blob["planning"]))
 
 
 @dataclass
@@ -337,10 +382,9 @@ class TrainingSession:
         on resume if the process died before)."""
         self.state = advanced(self.state, record, self.trainer.updates, mlflow_run_id)
         self.last_record = record
-        return save_checkpoint(self.root, self.state, self.trainer.save_weights,
-                               {"trainer": self.trainer.optimizer_state(), "rng": rng_state(), "pending": self.pending,
-                                "suspended": self.suspended, "record": record, "planning": self.planning_state()},
-                               copy_from=self.policy,
+        saved = Saved(self.trainer.optimizer_state(), rng_state(), self.pending, self.suspended, record,
+                      self.planning_state())
+        return save_checkpoint(self.root, self.state, self.trainer.save_weights, saved.blobs(), copy_from=self.policy,
                                keep=self.config.trainer.keep_checkpoints)
 
     # -- what the records need -------------------------------------------------------------------
@@ -356,12 +400,11 @@ class TrainingSession:
     def model_name(self) -> str:
         return Path(self.config.trainer.policy).name
 
-    def planning_state(self) -> dict | None:
+    def planning_state(self) -> PlanningState | None:
         """What a resumed run needs to place itself as before: the placement and the controller."""
-        if self.placement is None:
+        if self.placement is None or self.cluster is None:
             return None
-        return {"placement": self.placement, "controller": self.controller, "plan_events": self.plan_events,
-                "cluster": self.cluster}
+        return PlanningState(self.placement, self.controller, self.plan_events, self.cluster)
 
     def close(self) -> None:
         for rolled in self.batches.discard():

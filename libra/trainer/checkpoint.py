@@ -18,7 +18,7 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ def checkpoint_name(step: int) -> str:
 
 
 def save_checkpoint(root: str | Path, state: CheckpointState, write_weights: Callable[[Path], None],
-                    blobs: dict[str, Any], copy_from: str | Path | None = None, keep: int = 2) -> Path:
+                    blobs: Mapping[str, object], copy_from: str | Path | None = None, keep: int = 2) -> Path:
     """Write the checkpoint of `state.step`; `write_weights(dir)` writes the HF weights, `copy_from`
     names a directory whose tokenizer files are copied beside them. Returns its directory."""
     root = Path(root)
@@ -101,7 +101,8 @@ def load_state(path: str | Path) -> CheckpointState:
     return CheckpointState(**json.loads((Path(path) / "state.json").read_text()))
 
 
-def load_blob(path: str | Path, name: str) -> Any:
+def load_blob(path: str | Path, name: str) -> object:
+    """The object saved as `name` (None where the checkpoint has none); `libra.rl.session.Saved` types them."""
     file = Path(path) / f"{name}.pt"
     return torch.load(file, weights_only=False) if file.exists() else None
 

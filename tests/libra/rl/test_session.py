@@ -324,3 +324,16 @@ def test_partial_rollouts_carry_incomplete_groups_and_drop_stale_ones_counted_an
         assert {s.trajectory_id for s in again.suspended} == held
     finally:
         again.close()
+
+
+def test_a_checkpoints_planning_state_is_typed_and_an_older_dict_reads_the_same() -> None:
+    from libra.errors import LibraError
+    from libra.rl.session import PlanningState
+
+    placement, cluster = object(), object()
+    state = PlanningState.of({"placement": placement, "controller": None, "plan_events": {3: [{"event": "x"}]},
+                              "cluster": cluster})
+    assert state == PlanningState(placement, None, {3: [{"event": "x"}]}, cluster)  # type: ignore[arg-type]
+    assert PlanningState.of(state) is state and PlanningState.of(None) is None
+    with pytest.raises(LibraError, match="a checkpoint's planning state is a list, not one Libra wrote"):
+        PlanningState.of([1])
