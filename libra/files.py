@@ -6,7 +6,32 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
+
+
+@contextmanager
+def replacing(path: str | Path, *, durable: bool = False) -> Iterator[BinaryIO]:
+    """A new file that replaces `path` whole when the block ends (`os.replace`), or leaves it as it was
+    and removes itself when the block raises. It is written under a fresh name beside `path`, made
+    with O_EXCL: nothing planted there (a link, an old temporary file) is followed or written through.
+    `durable`: fsynced before the rename."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(name, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(name)
+        raise
 
 
 def fsync_path(path: str | Path) -> None:

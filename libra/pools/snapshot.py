@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from libra.files import replacing
+
 ALIGN = 64
 
 
@@ -61,19 +63,14 @@ def write(state: Any, path: Path, extra: dict | None = None, copied: threading.E
                 staged[spec["offset"]:spec["offset"] + spec["bytes"]].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
         if copied is not None:
             copied.set()
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
+        with replacing(path, durable=durable) as f:
             f.write(len(header).to_bytes(8, "little"))
             f.write(header)
             f.write(b"\0" * (-(8 + len(header)) % ALIGN))
             f.write(memoryview(staged.numpy()))
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
     finally:
         if copied is not None:
             copied.set()
-    os.replace(tmp, path)
     return path.stat().st_size
 
 

@@ -338,11 +338,11 @@ class CausalTree:
             gc.collect(1)
 
     def save(self, path: str | Path) -> None:
-        """Write atomically (temporary file, then rename)."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict()))
-        tmp.replace(path)
+        """Write atomically (`libra.files.replacing`: a fresh temporary file, then rename)."""
+        from libra.files import replacing
+
+        with replacing(path) as f:
+            f.write(json.dumps(self.to_dict()).encode())
 
     @classmethod
     def load(cls, path: str | Path) -> CausalTree:

@@ -29,6 +29,7 @@ from torch import nn
 
 from libra.clock import Stopwatch, WallClock, sleep
 from libra.config import TrainerConfig
+from libra.files import replacing
 from libra.optim import make_optimizer
 from libra.pools.task import Reduced, Shard
 from libra.trainer.samples import MicroBatch, TrainingSample, micro_batches
@@ -46,9 +47,8 @@ def write_step(steps_dir: str | Path, step: int, samples: list[TrainingSample]) 
     """Publish step `step`'s samples to the replicas (atomically)."""
     path = step_path(steps_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps([asdict(s) for s in samples]))
-    os.replace(tmp, path)
+    with replacing(path) as f:
+        f.write(json.dumps([asdict(s) for s in samples]).encode())
     return path
 
 

@@ -4,6 +4,7 @@ nothing outside the tree is touched."""
 import os
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,19 @@ def test_a_missing_tree_or_a_lone_file_is_fine(tmp_path):
     (tmp_path / "f").write_text("x")
     remove_tree(tmp_path / "f")
     assert not (tmp_path / "f").exists()
+
+
+def test_a_replacing_write_follows_no_planted_link_and_a_failed_one_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    from libra.files import replacing
+
+    victim, out = tmp_path / "victim.txt", tmp_path / "tree.json"
+    victim.write_text("precious")
+    (tmp_path / ".tree.json.tmp").symlink_to(victim)  # the old fixed temporary name, planted
+    with replacing(out) as f:
+        f.write(b"new")
+    assert out.read_text() == "new" and not out.is_symlink() and victim.read_text() == "precious"
+    with pytest.raises(RuntimeError), replacing(out, durable=True) as f:
+        f.write(b"half")
+        raise RuntimeError
+    assert out.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tree.json.tmp", "tree.json", "victim.txt"]  # no temp left
