@@ -135,8 +135,8 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
 
     from flows.runtime import flow_config
     from libra.renames import renamed_parameter
-    from storage.manifest import simulation_origin
-    from storage.writer import refuse_existing
+    from storage.manifest import SIMULATION_ORIGIN, simulation_origin
+    from storage.writer import refuse_existing, refuse_other_origin
     from tasks.sim_tasks import (
         bound_task,
         record_mlflow_task,
@@ -153,6 +153,9 @@ def simulate_flow(workload: str, cluster: str = "6x8:a800", model: str = "qwen3-
     check_feasible(request, settings.planner)
     if not replace:
         refuse_existing(settings.store.root, request.run)
+    else:  # a training run's checkpoints would be left without their run, never to resume
+        refuse_other_origin(settings.store.root, request.run, SIMULATION_ORIGIN, "a simulation", replacing=True,
+                            hint="--replace replaces only a simulation; name this one another way (--run NAME)")
     origin = simulation_origin(f"{request.workload}, {request.cluster}, {request.model}, {request.steps} steps, "
                                f"{uuid.uuid4().hex[:12]}")
     watch = Stopwatch()

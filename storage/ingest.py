@@ -21,7 +21,7 @@ from pathlib import Path
 
 from libra.config import StoreConfig
 from libra.traces import ReadProgress, read_trace, steps_by_prompt
-from storage.manifest import import_origin
+from storage.manifest import IMPORT_ORIGIN, import_origin
 from storage.records import trajectories_table, turns_table
 from storage.writer import (
     StoreWriter,
@@ -62,17 +62,20 @@ def import_trace(
     progress: ReadProgress | None = None,  # hears the bytes of the file read so far (libra.traces.read_trace)
 ) -> ImportSummary:
     """Import the trace at `path` as the store run `run`. A run of that name is refused, unless
-    `replace` (it is replaced whole, whatever wrote it) or `refresh` (it is replaced only where it is
-    an earlier import of a file of the same name, as a flow that imports its traces again leaves
-    it: any other run of that name is refused)."""
+    `replace` (an earlier import is replaced whole, whatever file it was of) or `refresh` (it is
+    replaced only where it is an earlier import of a file of the same name, as a flow that imports
+    its traces again leaves it). A run of another kind (a training run, a simulation) is never
+    replaced: a training run's checkpoints would be left without their run, never to resume."""
     check_run_name(run)
     writer = writer_for(store, root)
     name = Path(path).name
-    if not replace:  # fail before parsing; checked again under the lock
-        if refresh:
-            refuse_other(writer.root, run, name)
-        else:
-            refuse_existing(writer.root, run)
+    # fail before parsing; checked again under the lock
+    refuse_other_origin(writer.root, run, IMPORT_ORIGIN, "an import of a trace", replacing=replace,
+                        hint=_only_imports(name))
+    if refresh and not replace:
+        refuse_other(writer.root, run, name)
+    elif not replace:
+        refuse_existing(writer.root, run)
     trace = read_trace(path, progress=progress)
     step_of = steps_by_prompt(trace.trajectories, prompts_per_step)
     trajectories = trajectories_table(run, trace.trajectories, step_of)
@@ -80,6 +83,8 @@ def import_trace(
     origin = f"{import_origin(name)}prompts_per_step={prompts_per_step}"
     mode = "replace" if replace or refresh else "create"
     with writer.transaction(run, mode=mode, origin=origin, wait_s=0) as tx:
+        if tx.base is not None and not written_by(tx.base, IMPORT_ORIGIN):
+            raise other_origin_error(writer.root, tx.base, "an import of a trace", _only_imports(name))
         if refresh and not replace and tx.base is not None and not written_by(tx.base, import_origin(name)):
             raise other_origin_error(writer.root, tx.base, f"an import of {name}", _rename_hint(name))
         shards = tx.write_run("turns", turns)
@@ -100,6 +105,10 @@ def refuse_other(root: str | Path, run: str, name: str) -> None:
     """`RunExistsError` if `run` is committed in the store at `root` and is not an import of a trace
     file named `name` (checked early, before the trace is read, and again under the run's lock)."""
     refuse_other_origin(root, run, import_origin(name), f"an import of {name}", hint=_rename_hint(name))
+
+
+def _only_imports(name: str) -> str:
+    return f"--replace replaces only an import; import {name} under another run name (--run NAME)"
 
 
 def _rename_hint(name: str) -> str:

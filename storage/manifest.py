@@ -206,29 +206,29 @@ def _newest_slot(data: bytes) -> tuple[int, int, bytes] | None:
 
 # what wrote a run: its manifest's origin, which says how to write it again
 TRAIN_ORIGIN = "train"  # a training run's rows (a run of another origin is never replaced by one)
-_IMPORT = "import of "
-_SIMULATION = "simulation of "
+IMPORT_ORIGIN = "import of "  # every import's origin begins so (the file's name and settings follow)
+SIMULATION_ORIGIN = "simulation of "  # every simulation's (what it simulated follows)
 
 
 def import_origin(name: str) -> str:
     """How an import of the trace file `name` begins its run's origin (its settings follow)."""
-    return f"{_IMPORT}{name}, "
+    return f"{IMPORT_ORIGIN}{name}, "
 
 
 def simulation_origin(description: str) -> str:
     """A simulation's origin: what it simulated (unique to the simulation, so a retry knows its own commit)."""
-    return f"{_SIMULATION}{description}"
+    return f"{SIMULATION_ORIGIN}{description}"
 
 
 def rewrite_hint(run: str, origin: str | None = None) -> str:
     """What to do about a run whose files cannot be read: write it again whole with the command that
     wrote it (`origin`: its manifest's, where that could be read)."""
-    if origin is not None and origin.startswith(_IMPORT):
-        name = origin.removeprefix(_IMPORT).split(", ")[0]
+    if origin is not None and origin.startswith(IMPORT_ORIGIN):
+        name = origin.removeprefix(IMPORT_ORIGIN).split(", ")[0]
         return f"import it again whole: libra traces import {name} --run {run} --replace"
     if origin == TRAIN_ORIGIN:
         return f"train it again whole: libra train --run {run} --restart"
-    if origin is not None and origin.startswith(_SIMULATION):
+    if origin is not None and origin.startswith(SIMULATION_ORIGIN):
         return f"simulate it again whole: libra simulate ... --run {run} --replace"
     return (f"write it again whole with the command that wrote it (libra traces import FILE --run {run} --replace; "
             f"libra train --run {run} --restart; libra simulate ... --run {run} --replace)")

@@ -454,3 +454,25 @@ def test_an_error_inside_the_flow_is_one_line_without_prefects_logs(files: Path)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == ("libra: error: store a_file/store is not a directory (a_file is a file); give a store "
                            "directory (--store DIR or store.root)\n")
+
+
+def test_replace_never_replaces_a_run_of_another_kind(files: Path, capsys: pytest.CaptureFixture) -> None:
+    """An import or a simulation with --replace over a training run had replaced it whole: the run's
+    checkpoints were left without it, and `libra train` refused to resume them (a run of another kind)."""
+    from tests.builders import write_placed_run
+    from tests.storage.test_import import snapshot
+
+    write_placed_run(files / "store", "t1", steps=2, turns_per_step=8)
+    before = snapshot(files / "store")
+    for argv in (["traces", "import", "small.csv", "--run", "t1", "--store", "store"],
+                 ["traces", "import", "small.csv", "--run", "t1", "--store", "store", "--replace"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "already exists in store store (train) and is not an import of a trace" in err, err
+        assert err.endswith("--replace replaces only an import; import small.csv under another run name (--run NAME)\n")
+    assert main(["simulate", "--workload", "search-r1", "--steps", "1", "--systems", "libra", "--no-track",
+                 "--store", "store", "--run", "t1", "--replace"]) == 2
+    assert capsys.readouterr().err.endswith("--replace replaces only a simulation; name this one another way (--run NAME)\n")
+    assert snapshot(files / "store") == before
+    assert main(["traces", "import", "small.csv", "--run", "i", "--store", "store"]) == 0  # an import replaces an import
+    assert main(["traces", "import", "small.csv", "--run", "i", "--store", "store", "--replace"]) == 0
