@@ -185,9 +185,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     from libra.errors import LibraError
+    from libra.switches import switch
 
     args = build_parser().parse_args(argv)
-    debug = os.environ.get("LIBRA_DEBUG", "") not in ("", "0")  # (LIBRA_DEBUG=0 had turned tracebacks on)
+    try:
+        debug = switch("LIBRA_DEBUG", False)
+    except LibraError as exc:
+        return fail(f"error: {exc}")
     try:
         named = getattr(args, "run", None)
         if any(not name.strip() for name in (named if isinstance(named, list) else [named]) if name is not None):

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from libra.errors import LibraError
+from libra.switches import switch
+
 # the hot path of a simulation at cluster scale, in import order
 MODULES = (
     "libra.clock",
@@ -71,8 +74,12 @@ def digest(path: Path) -> str:
 def state(built: Path = BUILT) -> NativeState:
     """What `install` would do: active only if every module was compiled, for this interpreter,
     from the source now in the tree."""
-    if os.environ.get(SWITCH, "1") == "0":
-        return NativeState(False, f"turned off ({SWITCH}=0)", {})
+    try:
+        on = switch(SWITCH, True)
+    except LibraError as exc:
+        return NativeState(False, f"{exc}; the Python sources run", {})
+    if not on:
+        return NativeState(False, f"turned off ({SWITCH}={os.environ[SWITCH]})", {})
     try:
         manifest = json.loads((built / MANIFEST).read_text())
     except FileNotFoundError:

@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
+from libra.switches import switch
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -37,7 +39,7 @@ def usable_cores() -> int:
 
 def can_fork() -> bool:
     """Whether `forked_map` would split its work (see the module's docstring)."""
-    return (hasattr(os, "fork") and os.environ.get("LIBRA_FORK", "1") != "0" and usable_cores() >= 2
+    return (hasattr(os, "fork") and switch("LIBRA_FORK", True) and usable_cores() >= 2
             and not other_threads())
 
 

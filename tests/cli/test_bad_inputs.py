@@ -476,3 +476,14 @@ def test_replace_never_replaces_a_run_of_another_kind(files: Path, capsys: pytes
     assert snapshot(files / "store") == before
     assert main(["traces", "import", "small.csv", "--run", "i", "--store", "store"]) == 0  # an import replaces an import
     assert main(["traces", "import", "small.csv", "--run", "i", "--store", "store", "--replace"]) == 0
+
+
+@pytest.mark.parametrize("value, last", [("false", "libra: error: no store at store (no such directory), so nothing to "
+                                                  "query; pass the store a run was written to (--store DIR, or "
+                                                  "store.root in --config)"),
+                                         ("maybe", "libra: error: LIBRA_DEBUG='maybe': give 1 (or true, yes, on) or 0 "
+                                                   "(or false, no, off)")])
+def test_libra_debug_takes_the_usual_spellings_of_off(files: Path, value: str, last: str) -> None:
+    """LIBRA_DEBUG=false (or no, or off) had turned tracebacks on: only 0 meant off."""
+    done = libra("query", "--store", "store", "--run", "zz", "select 1", cwd=files, timeout=120, LIBRA_DEBUG=value)
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", last + "\n")
