@@ -50,6 +50,9 @@ def quiet_environment() -> None:
     home is named only by `prepare_runtime`: importing Prefect creates the directory it names)."""
     for key, value in QUIET.items():
         os.environ.setdefault(key, value)
+    for key in ("PREFECT_API_URL", "PREFECT_HOME"):  # empty is unset (Prefect took an empty URL for a server,
+        if key in os.environ and not os.environ[key].strip():  # and an empty home for the working directory)
+            del os.environ[key]
 
 
 def prepare_runtime(config: LibraConfig, tracking: bool = True) -> None:
@@ -61,6 +64,10 @@ def prepare_runtime(config: LibraConfig, tracking: bool = True) -> None:
     if "MLFLOW_TRACKING_URI" not in os.environ:  # (working a relative path out makes its database's folder)
         uri = absolute_tracking_uri(uri, create=tracking)
     home = str(Path(config.orchestration.prefect_home).resolve())
+    given = os.environ.get("PREFECT_HOME")
+    if given is not None and Path(given).exists() and not Path(given).is_dir():
+        raise LibraError(f"PREFECT_HOME={given} is not a directory; point it at a directory for Prefect's database, "
+                         "or unset it for orchestration.prefect_home")
     ours = "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ
     if tracking:  # first: a store refused leaves no Prefect home behind, and the environment as it was
         open_mlflow_store(uri)

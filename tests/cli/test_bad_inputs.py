@@ -487,3 +487,17 @@ def test_libra_debug_takes_the_usual_spellings_of_off(files: Path, value: str, l
     """LIBRA_DEBUG=false (or no, or off) had turned tracebacks on: only 0 meant off."""
     done = libra("query", "--store", "store", "--run", "zz", "select 1", cwd=files, timeout=120, LIBRA_DEBUG=value)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", last + "\n")
+
+
+def test_an_empty_prefect_variable_is_unset_and_a_prefect_home_that_is_a_file_is_one_line(files: Path) -> None:
+    """PREFECT_API_URL='' (the usual way to unset it) had flooded stderr with Prefect's tracebacks, and
+    PREFECT_HOME naming a file failed with 'File exists' after seconds."""
+    plan = ("plan", "--cluster", "1x8:h100", "--model", "qwen3-8b", "--trace", "small.csv")
+    done = libra(*plan, cwd=files, timeout=300, PREFECT_API_URL="", PREFECT_HOME="")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    (files / "afile").write_text("mine")
+    done = libra(*plan, cwd=files, timeout=300, PREFECT_HOME=str(files / "afile"))
+    assert (done.returncode, done.stderr) == (2, f"libra: error: PREFECT_HOME={files / 'afile'} is not a directory; "
+                                                 "point it at a directory for Prefect's database, or unset it for "
+                                                 "orchestration.prefect_home\n")
+    assert (files / "afile").read_text() == "mine"
