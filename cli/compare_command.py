@@ -32,7 +32,9 @@ def cmd_compare(args: argparse.Namespace, config: LibraConfig) -> int:
     from libra.checks import in_range
     from libra.config_loading import tracking_uri_in_use
 
-    in_range("--target", args.target, -1e9, 1e9)
+    in_range("--target", args.target, 0.0, 1.0)  # a held-out reward
+    if args.experiment is not None and not args.experiment.strip():
+        raise LibraError("--experiment '' names no experiment: give one, or leave it out for this config's training runs")
     experiment = args.experiment or config.train_experiment
     uri = tracking_uri_in_use(config)  # where train and simulate log (MLFLOW_TRACKING_URI, if set)
     with json_stdout(args.json) as out:

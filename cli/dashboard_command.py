@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from libra.config import LibraConfig
 
@@ -28,6 +29,9 @@ def cmd_dashboard(args: argparse.Namespace, config: LibraConfig) -> int:
     def announce(url: str) -> None:
         first = f"{url}runs/{args.run[0]}/overview" if args.run else url
         print(f"Libra dashboard on {first}  (store {config.store.root}; Ctrl-C stops it)", flush=True)
+        if not Path(config.store.root).exists():  # (a typo in --store served an empty dashboard without a word)
+            print(f"libra: note: no store at {config.store.root} yet (no such directory); the dashboard shows runs "
+                  "as they are written there, or pass the store your runs are in (--store DIR)", file=sys.stderr, flush=True)
 
     serve(config, args.run, args.host, args.port, announce)
     sys.stdout.flush()

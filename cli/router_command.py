@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -
         parents=[parent],
         help="score C-MLFQ, Libra's router and baselines on a per-turn trace",
         description="Replay a per-turn trace in RL order (a step takes a batch of prompts with all their samples; "
-        "a step's trajectories become visible to the routers when it ends), warm up on the first 30%% of steps, "
+        "a step's trajectories become visible to the routers when it ends), warm up on the first 30% of steps, "
         "and report per router: accuracy, balanced accuracy, rank correlation of its remaining-length estimate, "
         "migrated-token ratio, decisions and decision latency.",
     )

@@ -49,7 +49,7 @@ def router_request(trace: str, config: LibraConfig, buckets: str = "auto", order
 
     in_range(names("prompts_per_step"), prompts_per_step, *field_range(TracesConfig, "prompts_per_step"))
     per_step = prompts_per_step if prompts_per_step is not None else config.traces.prompts_per_step
-    epochs = parse_order(order)
+    epochs = parse_order(order, names("order"))
     bounds = None if buckets == "auto" else tuple(token_bounds(names("buckets"), buckets))
     if routers is None:
         chosen = list(ROUTERS)

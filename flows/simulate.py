@@ -14,6 +14,7 @@ anything starts, with one line naming the parameter as the caller spells it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ def simulation_request(workload: str, cluster: str = "6x8:a800", model: str = "q
     model_profile(model)
     suffix = "" if rollout_mode == "sync" else f"-{rollout_mode}"
     request = SimulationRequest(workload, cluster, model, steps, tuple(chosen), group_size, prompts_per_step, seed,
-                                check_run_name(run or f"sim-{workload.replace(':', '-').replace('/', '-')}-{seed}{suffix}"[:128]),
+                                check_run_name(run or re.sub(r"[^A-Za-z0-9._-]+", "-", f"sim-{workload}-{seed}{suffix}")[:128]),
                                 rollout_mode, overprovision, max_staleness)
     check_mode(rollout_mode, overprovision, max_staleness, names)
     spec = request.spec()

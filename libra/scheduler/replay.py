@@ -65,8 +65,8 @@ def check_routers(names: Sequence[str], known: Sequence[str] = ROUTERS, setting:
                          f"routers: {', '.join(known)}")
 
 
-def parse_order(order: str) -> int:
-    """`group` -> 1 epoch; `epochs:N` -> N epochs."""
+def parse_order(order: str, name: str = "order") -> int:
+    """`group` -> 1 epoch; `epochs:N` -> N epochs (`name`: the setting as the caller spells it)."""
     if order == "group":
         return 1
     if order.startswith("epochs:"):
@@ -76,7 +76,7 @@ def parse_order(order: str) -> int:
             epochs = 0
         if epochs >= 1:
             return epochs
-    raise LibraError(f"order {order!r}: use 'group' or 'epochs:N' with N >= 1")
+    raise LibraError(f"{name} {order!r}: use 'group' or 'epochs:N' with N >= 1")
 
 
 def rl_steps(trajectories: Sequence[Trajectory], prompts_per_step: int, epochs: int) -> list[list[Trajectory]]:
