@@ -62,9 +62,10 @@ class Decision:
 def drift_of(times: StepTimes | None, expected_ratio: float) -> float | None:
     """A step's measured rollout/train time ratio over the one the plan in force predicted (> 1:
     rollout slower than planned), or None when it cannot be measured."""
-    if times is None or min(times.t_rollout_s, times.t_train_s) <= 0 or expected_ratio <= 0:
-        return None
-    return (times.t_rollout_s / times.t_train_s) / expected_ratio
+    if times is None or min(times.t_rollout_s, times.t_train_s) <= 0 or not 0 < expected_ratio < math.inf:
+        return None  # (a plan whose rollout cannot run predicts no ratio: its drift had been 0, then 1 / 0)
+    drift = (times.t_rollout_s / times.t_train_s) / expected_ratio
+    return drift if 0 < drift < math.inf else None
 
 
 def replan_reason(step: int, last_plan_step: int | None, times: StepTimes | None, settings: TriggerSettings,

@@ -1,10 +1,19 @@
+import math
 import random
 
 import pytest
 
 from libra.planner.controller import PlanController
 from libra.planner.planner import Planner, fixed_layout_time, recost
-from libra.planner.trigger import StepTimes, TriggerSettings, decide, replan_reason, streak, switch_cost_s
+from libra.planner.trigger import (
+    StepTimes,
+    TriggerSettings,
+    decide,
+    drift_of,
+    replan_reason,
+    streak,
+    switch_cost_s,
+)
 from tests.libra.planner.builders import a800_14b, trace_workload
 
 
@@ -243,3 +252,12 @@ def test_a_controller_checkpointed_before_drift_episodes_loads() -> None:
     del old.__dict__["fired_drift"], old.__dict__["_asked"], old.__dict__["streak"]
     restored = pickle.loads(pickle.dumps(old))
     assert restored.fired_drift is None and restored.streak == (None, 0) and restored.due(0) is None
+
+
+def test_a_plan_that_predicts_no_ratio_measures_no_drift() -> None:
+    """A plan whose rollout cannot run (its time infinite: a memory setting no instance fits) had given a
+    drift of 0, and the trigger divided by it: every planning step of the run failed, resumed or not."""
+    times = StepTimes(3, 10.0, 5.0)
+    assert drift_of(times, math.inf) is None and drift_of(times, 0.0) is None and drift_of(times, math.nan) is None
+    assert drift_of(times, 2.0) == 1.0
+    assert drift_of(StepTimes(3, math.inf, 5.0), 2.0) is None
