@@ -70,11 +70,26 @@ def prepare_runtime(config: LibraConfig, tracking: bool = True) -> None:
                          "or unset it for orchestration.prefect_home")
     ours = "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ
     if tracking:  # first: a store refused leaves no Prefect home behind, and the environment as it was
+        check_artifact_root(Path(config.tracking.artifact_root))
         open_mlflow_store(uri)
     os.environ.setdefault("MLFLOW_TRACKING_URI", uri)
     os.environ.setdefault("PREFECT_HOME", home)
     if ours:
         Path(home).mkdir(parents=True, exist_ok=True)
+
+
+def check_artifact_root(root: Path) -> None:
+    """A LibraError unless `root` is, or can be made, a directory this process writes in (it was found
+    unusable only when the first run was logged: after a whole training, and at every rerun). Nothing
+    is created."""
+    existing = root.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    why = ("Not a directory" if not existing.is_dir() else
+           "Permission denied" if not os.access(existing, os.W_OK | os.X_OK) else None)
+    if why is not None:
+        raise LibraError(f"tracking.artifact_root {root}: {why}; point it at a directory MLflow can write its "
+                         "artifacts in")
 
 
 def flow_config(config: LibraConfig | str | None, overrides: dict | None = None, tracking: bool = True) -> LibraConfig:

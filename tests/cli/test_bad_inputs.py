@@ -501,3 +501,14 @@ def test_an_empty_prefect_variable_is_unset_and_a_prefect_home_that_is_a_file_is
                                                  "point it at a directory for Prefect's database, or unset it for "
                                                  "orchestration.prefect_home\n")
     assert (files / "afile").read_text() == "mine"
+
+
+def test_an_artifact_root_that_cannot_be_a_directory_is_refused_before_any_work(files: Path,
+                                                                                 capsys: pytest.CaptureFixture) -> None:
+    """It was found only when the first run was logged: after a whole training, and again at every rerun."""
+    (files / "art.yaml").write_text("tracking:\n  artifact_root: small.csv/art\n")
+    assert main(["simulate", "--workload", "search-r1", "--steps", "1", "--systems", "libra", "--config", "art.yaml",
+                 "--store", "store"]) == 2
+    assert capsys.readouterr().err == ("libra: error: tracking.artifact_root small.csv/art: Not a directory; point it at "
+                                       "a directory MLflow can write its artifacts in\n")
+    assert not (files / "store").exists()
