@@ -18,7 +18,7 @@ from typing import Any
 
 from prefect import flow
 
-from libra.checks import Names, as_parameter, in_range, missing_policy, token_bounds
+from libra.checks import Names, as_parameter, context_beyond_policy, in_range, missing_policy, token_bounds
 from libra.config import LibraConfig, RolloutConfig
 from libra.errors import LibraError
 
@@ -75,6 +75,8 @@ def rollout_request(env: str, prompts: int = 32, samples: int = 8, batches: int 
     bounds = () if buckets == "auto" else tuple(token_bounds(names("buckets"), buckets))
     if (missing := missing_policy(policy, names("policy"))) is not None:
         raise LibraError(missing)
+    if (beyond := context_beyond_policy(policy, r.max_context)) is not None:  # (vLLM's 226-line traceback)
+        raise LibraError(beyond)
     if device == "cuda":
         from libra.devices import require_gpus
 

@@ -66,6 +66,18 @@ def missing_policy(path: str | Path, name: str) -> str | None:
             "with an HF-format checkpoint")
 
 
+def context_beyond_policy(path: str | Path, max_context: int) -> str | None:
+    """Why a context of `max_context` tokens cannot run on the policy in `path` (more than its
+    positions), with what to do; None where it can."""
+    import json
+
+    positions = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+    if positions and max_context > positions:
+        return (f"rollout.max_context {max_context} is more than the policy's {positions} positions; set it to at "
+                f"most {positions}")
+    return None
+
+
 def in_range(flag: str, value: int | float | None, low: int | float, high: int | float) -> None:
     """Nothing if `value` is None or within [low, high]; a LibraError naming the flag otherwise."""
     if value is None:

@@ -75,7 +75,8 @@ def rollout_batch_task(live: LiveRollout, batch: int):
                      live.router, live.tokenizer, max_turns=request.max_turns,
                      max_tokens_per_turn=config.rollout.max_tokens_per_turn, max_context=config.rollout.max_context,
                      temperature=request.temperature, tool_threads=config.rollout.tool_threads,
-                     seed=request.seed * 1000 + batch)
+                     tool_timeout_s=config.rollout.tool_timeout_s,  # (the rollout command had ignored both limits)
+                     trajectory_timeout_s=config.rollout.trajectory_timeout_s, seed=request.seed * 1000 + batch)
     records = result.records()
     step_of = {t.prompt_id: batch for t in records}
     with writer_for(config.store).transaction(run, origin="rollout") as tx:
@@ -95,7 +96,8 @@ def summarize(request: RolloutRequest, results: list) -> dict[str, Any]:
     return {
         "run": request.run, "env": request.env, "engine": request.engine, "device": request.device,
         "instances": request.instances, "router": request.router, "batches": request.batches,
-        "trajectories": len(trajectories), "generated_tokens": generated,
+        "trajectories": len(trajectories), "failed_trajectories": sum(len(r.failed) for r in results),
+        "generated_tokens": generated,
         "tokens_per_s": generated / wall if wall > 0 else 0.0, "wall_s": wall,
         "solved_fraction": sum(t.reward > 0 for t in trajectories) / len(trajectories),
         "migrations": sum(r.migrations for r in results),

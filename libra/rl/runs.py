@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from libra.checks import missing_policy
+from libra.checks import context_beyond_policy, missing_policy
 from libra.clock import Clock, WallClock
 from libra.config import LibraConfig
 from libra.errors import LibraError
@@ -93,10 +93,8 @@ def check_policy(config: LibraConfig) -> Path:
     policy = Path(config.trainer.policy)
     if (missing := missing_policy(policy, "trainer.policy")) is not None:
         raise LibraError(missing)
-    positions = json.loads((policy / "config.json").read_text()).get("max_position_embeddings")
-    if positions and config.rollout.max_context > positions:
-        raise LibraError(f"rollout.max_context {config.rollout.max_context} is more than the policy's {positions} "
-                         f"positions; set it to at most {positions}")
+    if (beyond := context_beyond_policy(policy, config.rollout.max_context)) is not None:
+        raise LibraError(beyond)
     return policy
 
 

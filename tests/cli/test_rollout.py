@@ -27,6 +27,16 @@ def test_rollout_json_and_store(tmp_path: Path, capsys, policy_dir) -> None:  # 
         assert trajectories == 16
 
 
+def test_the_rollout_command_holds_trajectories_to_the_configs_time_limits(tmp_path: Path, capsys,
+                                                                         policy_dir) -> None:  # noqa: F811
+    """`libra rollout` had ignored rollout.trajectory_timeout_s and rollout.tool_timeout_s."""
+    config = config_file(tmp_path, "rollout: {trajectory_timeout_s: 0.001}\n")
+    assert main(["rollout", "--env", "math", "--prompts", "2", "--samples", "2", "--engine", "hf", "--policy",
+                 str(policy_dir), "--no-track", "--config", str(config), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["trajectories"], out["failed_trajectories"]) == (4, 4)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--env", "chess"], "unknown environment 'chess'; environments: search, math, repo"),
     (["--env", "math", "--router", "oracle"], "--router: unknown router 'oracle'; routers: libra, libra-tree"),
@@ -37,6 +47,14 @@ def test_rollout_json_and_store(tmp_path: Path, capsys, policy_dir) -> None:  # 
 def test_bad_arguments(tmp_path: Path, capsys, args, message) -> None:
     assert main(["rollout", "--no-track", "--config", str(config_file(tmp_path)), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_context_longer_than_the_policys_positions_is_refused_before_engines_start(tmp_path: Path, capsys,
+                                                                                    policy_dir) -> None:  # noqa: F811
+    """Training refused it; the rollout command started vLLM, which failed with a 226-line traceback."""
+    config = config_file(tmp_path, "rollout: {max_context: 10000000}\n")
+    assert main(["rollout", "--env", "math", "--no-track", "--config", str(config), "--policy", str(policy_dir)]) == 2
+    assert capsys.readouterr().err.startswith("libra: error: rollout.max_context 10000000 is more than the policy's ")
 
 
 def test_a_file_given_as_the_policy_is_named_a_file(tmp_path: Path, capsys) -> None:
