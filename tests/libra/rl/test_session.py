@@ -1,6 +1,8 @@
 """A training session on the transformers engine and the shipped policy: what it may train on,
 its lock, and what a resume must share with the run it continues."""
 
+from pathlib import Path
+
 import pytest
 
 from libra.config import LibraConfig
@@ -337,3 +339,18 @@ def test_a_checkpoints_planning_state_is_typed_and_an_older_dict_reads_the_same(
     assert PlanningState.of(state) is state and PlanningState.of(None) is None
     with pytest.raises(LibraError, match="a checkpoint's planning state is a list, not one Libra wrote"):
         PlanningState.of([1])
+
+
+def test_evaluating_past_the_tasks_a_policy_was_tuned_apart_from_is_refused() -> None:
+    """Past the first 1,024 held-out tasks, the held-out problems include ones the shipped tuned policy
+    was tuned on (190 of the first 2,000)."""
+    from libra.config import LibraConfig
+    from libra.errors import LibraError
+    from libra.rl.runs import check_policy
+
+    tuned = str(Path(__file__).resolve().parents[3] / "data" / "policy-math")
+    config = LibraConfig.model_validate({"trainer": {"policy": tuned, "env": "math", "eval_prompts": 1024}})
+    assert check_policy(config) == Path(tuned)
+    with pytest.raises(LibraError, match=r"^trainer.eval_prompts 1025 is more than the 1024 held-out tasks the policy "
+                                         r"was tuned apart from"):
+        check_policy(config.model_copy(update={"trainer": config.trainer.model_copy(update={"eval_prompts": 1025})}))
