@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.common import save
+from libra.clock import WallClock
 from libra.config import SchedulerConfig
 from libra.scheduler.causal_tree import TrajectoryPath
 from libra.scheduler.keys import ToolReturn
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in [Path(p) for p in args.traces] if args.traces else TRACES:
         trajectories = read_trace(path).trajectories
         for order in args.orders:
-            result = replay(trajectories, prompts_per_step=8, order=order, timer=time.perf_counter_ns)
+            result = replay(trajectories, prompts_per_step=8, order=order, clock=WallClock())
             matched = at_same_migration(trajectories, order, result)
             tables.append({"trace": path.stem, "order": order, "buckets": list(result.buckets), "steps": result.steps,
                            "policies": {k: asdict(v) for k, v in result.routers.items()},

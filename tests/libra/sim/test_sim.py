@@ -216,7 +216,9 @@ def test_a_rollout_leaves_nothing_for_the_garbage_collector(closed: bool) -> Non
             batch, close=Close(groups, 2) if closed else None)
         assert bool(result.suspended) == closed
         gc.collect()
-        left = sorted({type(o).__qualname__ for o in gc.garbage})
+        # a cycle through the rollout holds libra's objects (other threads of the test process, Prefect's
+        # event loop among them, may leave garbage of their own meanwhile)
+        left = sorted({type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("libra.")})
     finally:
         gc.set_debug(0)
         gc.garbage.clear()
