@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -13,13 +13,6 @@ from prefect.cache_policies import NO_CACHE
 from libra.clock import WallClock
 from libra.config import LibraConfig
 from libra.errors import LibraError
-
-if TYPE_CHECKING:
-    from flows.cluster_plan import PlanRequest
-    from libra.planner.cost_model import CostModel
-    from libra.planner.planner import Plan
-    from libra.planner.profiles import Cluster, ModelProfile
-    from libra.planner.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -60,7 +53,7 @@ def timings_task(run: str, config: LibraConfig) -> list:
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan_task(request: PlanRequest, lengths: Lengths, samples: list | None, config: LibraConfig) -> dict[str, Any]:
+def plan_task(request, lengths: Lengths, samples: list | None, config: LibraConfig) -> dict[str, Any]:
     """The plan for the request's cluster and model (calibrated on `samples` when given)."""
     from libra.planner.cost_model import CostModel
     from libra.planner.planner import Planner, PlannerSettings
@@ -91,7 +84,7 @@ def plan_task(request: PlanRequest, lengths: Lengths, samples: list | None, conf
     return payload
 
 
-def check_feasible(plan: Plan, cost: CostModel, workload: Workload) -> None:
+def check_feasible(plan: Any, cost: Any, workload: Any) -> None:
     if plan.train is None or math.isinf(plan.t_train_s):
         raise LibraError(
             f"no training configuration of {cost.model.name} fits {cost.hw.name} GPUs for sequences of "
@@ -104,7 +97,7 @@ def check_feasible(plan: Plan, cost: CostModel, workload: Workload) -> None:
         )
 
 
-def plan_json(plan: Plan, cluster: Cluster, model: ModelProfile, workload: Workload, source: str) -> dict[str, Any]:
+def plan_json(plan: Any, cluster: Any, model: Any, workload: Any, source: str) -> dict[str, Any]:
     config = plan.train.config
     stats = plan.stats
     return {

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from libra.clock import Stopwatch, sleep
 from libra.config import LibraConfig, PoolConfig, StoreConfig
-
-if TYPE_CHECKING:
-    from flows.pool import PoolRequest
 
 
 @dataclass(frozen=True)
@@ -26,7 +23,7 @@ class PoolOutcome:
     wall_s: float
 
 
-def _pool(request: PoolRequest, settings: PoolConfig, hybrids: int, provider=None, schedule: dict | None = None):
+def _pool(request, settings: PoolConfig, hybrids: int, provider=None, schedule: dict | None = None):
     from libra.pools.pool import ElasticPool
     from libra.pools.task import RegressionTask
 
@@ -39,7 +36,7 @@ def _pool(request: PoolRequest, settings: PoolConfig, hybrids: int, provider=Non
 
 
 @task(name="train-pool", cache_policy=NO_CACHE)
-def train_pool_task(request: PoolRequest, settings: PoolConfig) -> PoolOutcome:
+def train_pool_task(request, settings: PoolConfig) -> PoolOutcome:
     """Run the pool to its last step, SIGKILLing each named hybrid once training reaches its step.
     Not retried: the kills are part of the run."""
     provider = None
@@ -80,13 +77,13 @@ def record_events_task(run: str, events: list, store: StoreConfig) -> None:
 
 
 @task(name="verify-pool", cache_policy=NO_CACHE)
-def verify_pool_task(request: PoolRequest, settings: PoolConfig, model: dict) -> float:
+def verify_pool_task(request, settings: PoolConfig, model: dict) -> float:
     """The largest |difference| between `model` and a core-only run's final parameters."""
     reference = _pool(request, settings, 0).start().wait()
     return max((model[k] - reference.model[k]).abs().max().item() for k in model)
 
 
-def summarize(request: PoolRequest, outcome: PoolOutcome) -> dict[str, Any]:
+def summarize(request, outcome: PoolOutcome) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for e in outcome.events:
         counts[e.event] = counts.get(e.event, 0) + 1
@@ -99,7 +96,7 @@ def summarize(request: PoolRequest, outcome: PoolOutcome) -> dict[str, Any]:
 
 
 @task(name="track-pool", cache_policy=NO_CACHE)
-def track_pool_task(summary: dict[str, Any], request: PoolRequest, outcome: PoolOutcome, config: LibraConfig) -> str:
+def track_pool_task(summary: dict[str, Any], request, outcome: PoolOutcome, config: LibraConfig) -> str:
     from tasks.tracking_tasks import log_run
 
     params = {"core_ranks": request.core, "hybrids": request.hybrids, "steps": request.steps,

@@ -5,19 +5,12 @@ summary needs), after writing its trajectories and turns to the store in one com
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from libra.config import LibraConfig
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
-    from flows.rollout import RolloutRequest
-    from libra.rollout.envs.base import Env
-    from libra.scheduler.routers import Router
 
 
 class LiveRollout:
@@ -26,7 +19,7 @@ class LiveRollout:
 
     __slots__ = ("request", "config", "engines", "tokenizer", "env", "router", "bounds")
 
-    def __init__(self, request: RolloutRequest, config: LibraConfig, engines: list, tokenizer: PreTrainedTokenizerBase, env: Env, router: Router,
+    def __init__(self, request: Any, config: LibraConfig, engines: list, tokenizer: Any, env: Any, router: Any,
                  bounds: tuple[int, ...]) -> None:
         self.request = request  # the flow's RolloutRequest
         self.config = config
@@ -38,7 +31,7 @@ class LiveRollout:
 
 
 @task(name="start-engines", cache_policy=NO_CACHE)
-def start_engines_task(request: RolloutRequest, config: LibraConfig) -> LiveRollout:
+def start_engines_task(request, config: LibraConfig) -> LiveRollout:
     """Start the request's engines and its router."""
     from transformers import AutoTokenizer
 
@@ -85,7 +78,7 @@ def rollout_batch_task(live: LiveRollout, batch: int):
     return result
 
 
-def summarize(request: RolloutRequest, results: list) -> dict[str, Any]:
+def summarize(request, results: list) -> dict[str, Any]:
     """The batches' throughput, solved share, lengths, migrations and prefix-cache use."""
     from libra.scheduler.metrics import quantile
 
@@ -111,7 +104,7 @@ def summarize(request: RolloutRequest, results: list) -> dict[str, Any]:
 
 
 @task(name="track-rollout", cache_policy=NO_CACHE)
-def track_rollout_task(summary: dict[str, Any], request: RolloutRequest, config: LibraConfig) -> str:
+def track_rollout_task(summary: dict[str, Any], request, config: LibraConfig) -> str:
     from tasks.tracking_tasks import log_run
 
     params = {k: summary[k] for k in ("env", "engine", "device", "instances", "router", "batches")} | {

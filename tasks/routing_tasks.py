@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -14,9 +14,6 @@ from prefect.cache_policies import NO_CACHE
 from libra.clock import WallClock
 from libra.config import LibraConfig
 from libra.errors import LibraError
-
-if TYPE_CHECKING:
-    from flows.routing import RouterRequest
 
 ReplayProgress = Callable[[str, int, int], None]  # told (router, steps replayed, steps) as a replay goes on
 
@@ -26,7 +23,7 @@ def _clean(value: Any) -> Any:
 
 
 @task(name="replay-routers", cache_policy=NO_CACHE)
-def replay_task(request: RouterRequest, config: LibraConfig, progress: ReplayProgress | None = None) -> dict[str, Any]:
+def replay_task(request, config: LibraConfig, progress: ReplayProgress | None = None) -> dict[str, Any]:
     """Every router of `request` (`flows.routing.RouterRequest`) over its trace in RL order, and
     the clairvoyant bound: the report `libra eval-router` prints. `progress` hears of each step
     replayed (the CLI's progress bar)."""

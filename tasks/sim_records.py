@@ -7,16 +7,13 @@ import json
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from libra.config import LibraConfig, StoreConfig
 from storage.ingest import writer_for
 from storage.manifest import RunExistsError, read_manifest
-
-if TYPE_CHECKING:
-    from flows.simulate import SimulationRequest
 
 
 def record_store(runs: dict, run: str, store: StoreConfig, replace: bool = False, origin: str = "simulation") -> None:
@@ -95,7 +92,7 @@ def plot_runs(runs: dict, out_dir: Path) -> list[Path]:
             lines_png(split, "step", "training GPUs (rest: rollout and hybrid)", out_dir / "gpu_split.png")]
 
 
-def record_mlflow(runs: dict, summary: dict[str, Any], request: SimulationRequest, config: LibraConfig) -> str:
+def record_mlflow(runs: dict, summary: dict[str, Any], request: Any, config: LibraConfig) -> str:
     """`request`: the flow's SimulationRequest (its cluster, model, steps and seed are the params)."""
     from tasks.tracking_tasks import log_run
 

@@ -15,13 +15,12 @@ from libra.config import LibraConfig, PlannerConfig, StoreConfig
 from libra.errors import InfeasibleError, LibraError
 
 if TYPE_CHECKING:
-    from flows.simulate import SimulationRequest
     from libra.sim.runner import Drawn
 
 SimProgress = Callable[[str, int], None]  # told (system, step) after each simulated step
 
 
-def request_cost(request: SimulationRequest, planner: PlannerConfig):
+def request_cost(request, planner: PlannerConfig):
     """The cost model of a simulation request's cluster and model."""
     from libra.planner.cost_model import CostModel
     from libra.planner.profiles import model_profile, parse_cluster
@@ -30,7 +29,7 @@ def request_cost(request: SimulationRequest, planner: PlannerConfig):
 
 
 @task(name="workload", cache_policy=NO_CACHE)
-def workload_task(request: SimulationRequest, planner: PlannerConfig) -> Drawn:
+def workload_task(request, planner: PlannerConfig) -> Drawn:
     """The simulated steps every system runs, and the cost model they are timed with."""
     from libra.sim.runner import draw
 
@@ -38,7 +37,7 @@ def workload_task(request: SimulationRequest, planner: PlannerConfig) -> Drawn:
 
 
 @task(name="simulate-system", cache_policy=NO_CACHE)
-def simulate_system_task(request: SimulationRequest, system: str, drawn: Drawn, planner: PlannerConfig,
+def simulate_system_task(request, system: str, drawn: Drawn, planner: PlannerConfig,
                          progress: SimProgress | None = None):
     """One system's run (`libra.sim.runner.SystemRun`) over the drawn steps; `progress` hears of
     each step."""
@@ -55,7 +54,7 @@ def simulate_system_task(request: SimulationRequest, system: str, drawn: Drawn, 
         raise cannot_run(request, drawn.cost.model.name, str(exc)) from None
 
 
-def check_feasible(request: SimulationRequest, planner: PlannerConfig) -> None:
+def check_feasible(request, planner: PlannerConfig) -> None:
     """A LibraError when the model cannot train even on all of the cluster's GPUs (then no system
     can run), before anything starts; what each system finds within that is its run's to say."""
     from libra.planner.planner import Planner, PlannerSettings
@@ -68,7 +67,7 @@ def check_feasible(request: SimulationRequest, planner: PlannerConfig) -> None:
         raise cannot_run(request, cost.model.name, f"no training configuration fits {cost.cluster.gpus} GPUs")
 
 
-def cannot_run(request: SimulationRequest, model: str, reason: str) -> LibraError:
+def cannot_run(request, model: str, reason: str) -> LibraError:
     """The error of a simulation whose model does not fit its cluster, and what to do."""
     return LibraError(f"{model} cannot run on {request.cluster} with workload {request.workload}: {reason}; use more "
                       "or larger GPUs, a smaller model or shorter trajectories")
@@ -134,7 +133,7 @@ def record_store_task(runs: dict, run: str, store: StoreConfig, replace: bool, o
 
 
 @task(name="record-mlflow", cache_policy=NO_CACHE)
-def record_mlflow_task(runs: dict, summary: dict[str, Any], request: SimulationRequest, config: LibraConfig) -> str:
+def record_mlflow_task(runs: dict, summary: dict[str, Any], request, config: LibraConfig) -> str:
     """A parent MLflow run with a child per system; the parent's id. Not retried: a retry after a
     partial write would log a second parent."""
     from tasks.sim_records import record_mlflow
