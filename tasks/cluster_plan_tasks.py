@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -13,6 +13,12 @@ from prefect.cache_policies import NO_CACHE
 from libra.clock import WallClock
 from libra.config import LibraConfig
 from libra.errors import LibraError
+
+if TYPE_CHECKING:
+    from libra.planner.cost_model import CostModel
+    from libra.planner.planner import Plan
+    from libra.planner.profiles import Cluster, ModelProfile
+    from libra.planner.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ def plan_task(request, lengths: Lengths, samples: list | None, config: LibraConf
     return payload
 
 
-def check_feasible(plan: Any, cost: Any, workload: Any) -> None:
+def check_feasible(plan: Plan, cost: CostModel, workload: Workload) -> None:
     if plan.train is None or math.isinf(plan.t_train_s):
         raise LibraError(
             f"no training configuration of {cost.model.name} fits {cost.hw.name} GPUs for sequences of "
@@ -97,7 +103,7 @@ def check_feasible(plan: Any, cost: Any, workload: Any) -> None:
         )
 
 
-def plan_json(plan: Any, cluster: Any, model: Any, workload: Any, source: str) -> dict[str, Any]:
+def plan_json(plan: Plan, cluster: Cluster, model: ModelProfile, workload: Workload, source: str) -> dict[str, Any]:
     config = plan.train.config
     stats = plan.stats
     return {
