@@ -119,21 +119,25 @@ def resume_point(config: LibraConfig, policy: Path, root: Path) -> tuple[Checkpo
     return state, latest, latest
 
 
-def check_partial_credit(config: LibraConfig) -> None:
-    """trainer.partial_credit is refused for an environment that grades no partial work."""
+def check_tasks(config: LibraConfig) -> None:
+    """Refused before any work: trainer.partial_credit for an environment that grades no partial
+    work, and an environment with too few problems apart from the held-out ones for an iteration."""
+    from libra.rl.schedule import rolled_prompts, train_task_seed, training_tasks
     from libra.rollout.envs import make_env
 
     t = config.trainer
-    if t.partial_credit and not make_env(t.env, config.sandbox).grades_partial_work:
+    env = make_env(t.env, config.sandbox)
+    if t.partial_credit and not env.grades_partial_work:
         raise LibraError(f"trainer.partial_credit {t.partial_credit:g}: the {t.env} environment grades no partial work "
                          "(its reward is right or wrong); set trainer.partial_credit 0, or train on math")
+    training_tasks(env, rolled_prompts(t), train_task_seed(t.seed, 0), t.eval_prompts)
 
 
 def open_session(config: LibraConfig, restart: bool = False) -> TrainingSession:
     """The run's session: from its newest checkpoint when one exists, else from the policy. The run
     is locked for this process until the session closes; `restart` removes its checkpoints first."""
     run, policy = config.trainer.run_name(), check_policy(config)
-    check_partial_credit(config)
+    check_tasks(config)
     root = Path(config.trainer.checkpoint_dir) / run
     lock = hold_run(root)
     try:

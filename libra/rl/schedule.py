@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from libra.config import RolloutConfig, TrainerConfig
-from libra.rollout.envs import HELD_OUT_SEED
+from libra.rollout.envs import HELD_OUT_SEED, fresh_tasks
 from libra.trainer.samples import TrainingSample
 
 if TYPE_CHECKING:
+    from libra.rollout.envs import Env, Task
     from libra.rollout.trajectory import TrajectoryRun
 
 EVAL_SEED = HELD_OUT_SEED  # held-out tasks; the policy was warm-started on seeds >= 10000, tuned on problems apart
@@ -30,6 +31,13 @@ TRAIN_SEED_BASE = 1_000_000  # training tasks: seeds far from the held-out and t
 def train_task_seed(seed: int, step: int) -> int:
     """The task seed of iteration `step` of a run seeded `seed` (iteration k always sees the same tasks)."""
     return TRAIN_SEED_BASE + seed * 1_000_003 + step  # a run has at most 1,000,000 steps
+
+
+def training_tasks(env: Env, count: int, seed: int, held_out: int) -> list[Task]:
+    """An iteration's `count` tasks, drawn by its seed (`train_task_seed`) apart from the problems of
+    the `held_out` tasks the run evaluates on: the held-out reward measures problems never trained on."""
+    return fresh_tasks(env, count, seed, held_out, "lower trainer.eval_prompts (fewer held-out problems to keep "
+                       "apart) or trainer.prompts_per_step")
 
 
 def evaluate_after(completed: int, steps: int, every: int) -> bool:

@@ -49,6 +49,7 @@ from libra.rl.schedule import (
     rollout_spec,
     select_groups,
     trained_rewards,
+    training_tasks,
     whole_groups,
 )
 from libra.rl.trainers import Reshard, layout_of
@@ -229,13 +230,14 @@ class TrainingSession:
         carried = carry_over(self.suspended if partial else (), self.trained_at(step), t.max_staleness)
         prompts = groups_to_start(t.prompts_per_step, r.overprovision, len({s.prompt_id for s in carried.resumed})) \
             if partial else spec.prompts
+        tasks = [] if not prompts else self.env.tasks(prompts, seed=spec.task_seed) if evaluation \
+            else training_tasks(self.env, prompts, spec.task_seed, t.eval_prompts)
         workroot = make_workroot("libra-train-")
         for engine in self.engines:  # what the engines timed before (an evaluation's steps) is not this batch's
             engine.timer.drain()
         began = self.clock.now()
         try:
-            result = rollout(self.env, self.env.tasks(prompts, seed=spec.task_seed) if prompts else [], spec.samples,
-                             self.engines, self.router, self.tokenizer, max_turns=r.max_turns,
+            result = rollout(self.env, tasks, spec.samples, self.engines, self.router, self.tokenizer, max_turns=r.max_turns,
                              max_tokens_per_turn=spec.max_tokens_per_turn, min_tokens_per_turn=spec.min_tokens_per_turn,
                              max_context=r.max_context, temperature=spec.temperature, seed=spec.seed, workroot=workroot,
                              tool_threads=r.tool_threads, model_version=self.engine_version, score=False,

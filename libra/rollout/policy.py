@@ -39,7 +39,7 @@ from libra.clock import Stopwatch
 from libra.config import SandboxConfig
 from libra.errors import LibraError
 from libra.optim import learning_rate, make_optimizer, set_learning_rate
-from libra.rollout.envs import ENVS, HELD_OUT_SEED, Env, Task, demonstration, make_env
+from libra.rollout.envs import ENVS, demonstration, fresh_tasks, make_env
 from libra.rollout.protocol import SPECIAL
 from libra.rollout.workroots import temporary_workroot
 
@@ -289,7 +289,8 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
     tokenizer = AutoTokenizer.from_pretrained(base)
     env = make_env(settings.env, sandbox)
     examples = []
-    for task in fresh_tasks(env, settings.updates * settings.batch, TUNE_TASK_SEED + settings.seed, settings.held_out):
+    for task in fresh_tasks(env, settings.updates * settings.batch, TUNE_TASK_SEED + settings.seed, settings.held_out,
+                            "ask for fewer demonstrations or a smaller --held-out"):
         with temporary_workroot("libra-tune-") as workdir:
             examples.append(encode(tokenizer, *demonstration(env, task, workdir)))
     longest = max(len(ids) for ids, _ in examples)
@@ -317,21 +318,6 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
         shutil.rmtree(out)
     staging.rename(out)
     return record
-
-
-def fresh_tasks(env: Env, count: int, seed: int, held_out: int) -> list[Task]:
-    """The first `count` tasks of `seed` whose problem is none of the first `held_out` held-out
-    tasks' (`Env.problem`), or a LibraError when they are too rare to find."""
-    taken = {env.problem(task) for task in env.tasks(held_out, seed=HELD_OUT_SEED)}
-    drawn = count
-    while True:
-        fresh = [task for task in env.tasks(drawn, seed=seed) if env.problem(task) not in taken]
-        if len(fresh) >= count:
-            return fresh[:count]
-        if drawn >= 16 * count:
-            raise LibraError(f"only {len(fresh)} of {drawn} {env.name} tasks are problems outside the first {held_out} "
-                             f"held-out tasks, short of {count}: ask for fewer demonstrations or a smaller --held-out")
-        drawn *= 2
 
 
 def _sha256(path: Path) -> str:

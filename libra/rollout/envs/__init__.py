@@ -23,6 +23,22 @@ def make_env(name: str, sandbox: SandboxConfig | None = None) -> Env:
     return (MathEnv if name == "math" else RepoEnv)(sandbox=sandbox)
 
 
+def fresh_tasks(env: Env, count: int, seed: int, held_out: int, hint: str) -> list[Task]:
+    """The first `count` tasks of `seed` whose problem (`Env.problem`) is none of the first
+    `held_out` held-out tasks', or a LibraError ending in `hint` when they are too rare to find:
+    what supervision and training draw, so that the held-out reward measures problems not seen."""
+    taken = {env.problem(task) for task in env.tasks(held_out, seed=HELD_OUT_SEED)}
+    drawn = count
+    while True:
+        fresh = [task for task in env.tasks(drawn, seed=seed) if env.problem(task) not in taken]
+        if len(fresh) >= count:
+            return fresh[:count]
+        if drawn >= 16 * count:
+            raise LibraError(f"only {len(fresh)} of {drawn} {env.name} tasks are problems outside the first {held_out} "
+                             f"held-out tasks, short of {count}: {hint}")
+        drawn *= 2
+
+
 def expert_bounds(env: Env, instances: int, tokenizer, tasks: int = 24) -> tuple[int, ...]:
     """Bucket bounds for `instances` buckets at quantiles of the expert's trajectory lengths (tokens
     after the prompt) on `tasks` held-out tasks: the buckets a router starts from."""
@@ -37,4 +53,4 @@ def expert_bounds(env: Env, instances: int, tokenizer, tasks: int = 24) -> tuple
     return tuple(bounds) or (max(lengths),)
 
 
-__all__ = ["ENVS", "HELD_OUT_SEED", "Env", "Task", "demonstration", "expert_bounds", "make_env", "prompt"]
+__all__ = ["ENVS", "HELD_OUT_SEED", "Env", "Task", "demonstration", "expert_bounds", "fresh_tasks", "make_env", "prompt"]

@@ -93,6 +93,27 @@ def test_each_iteration_has_its_own_tasks_away_from_the_held_out_seed():
     assert len(seeds) == 3000 and min(seeds) >= 1_000_000
 
 
+def test_training_tasks_leave_out_the_held_out_problems_and_keep_the_rest_in_order():
+    from libra.errors import LibraError
+    from libra.rl.schedule import training_tasks
+    from libra.rollout.envs import make_env
+
+    math = make_env("math")  # the main job: 30 iterations of 8 prompts, 128 held-out tasks, seed 0
+    held = {math.problem(t) for t in math.tasks(128, seed=0)}
+    by_seed = [math.tasks(8, seed=train_task_seed(0, step)) for step in range(30)]
+    seen = [t for tasks in by_seed for t in tasks if math.problem(t) in held]
+    assert [t.task_id for t in seen] == ["math-1000014-2", "math-1000020-3", "math-1000025-3", "math-1000027-2"]
+    drawn = [training_tasks(math, 8, train_task_seed(0, step), 128) for step in range(30)]
+    assert not [t for tasks in drawn for t in tasks if math.problem(t) in held]
+    assert [t.task_id for t in drawn[14]] == [t.task_id for t in by_seed[14] if t.task_id != "math-1000014-2"] \
+        + ["math-1000014-8"]
+    assert drawn[0] == by_seed[0]  # an iteration without a held-out problem keeps its tasks
+    search = make_env("search")  # 72 problems; 1,024 held-out tasks hold them all
+    with pytest.raises(LibraError, match=r"^only 0 of 128 search tasks are problems outside the first 1024 held-out "
+                                         r"tasks, short of 8: lower trainer.eval_prompts"):
+        training_tasks(search, 8, train_task_seed(0, 0), 1024)
+
+
 def test_drifting_turn_limits_compound_per_iteration_up_to_the_context():
     from libra.rl.schedule import tokens_per_turn
 

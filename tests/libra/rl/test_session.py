@@ -181,6 +181,16 @@ def test_partial_credit_is_refused_for_an_environment_that_grades_no_partial_wor
     assert not (tmp_path / "checkpoints").exists()  # refused before anything is written
 
 
+def test_an_environment_without_problems_apart_from_the_held_out_ones_is_refused_before_any_work(  # noqa: F811
+        policy_dir, tmp_path):
+    config = small(tmp_path, policy_dir)
+    config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"env": "search",
+                                                                                     "eval_prompts": 1024})})
+    with pytest.raises(LibraError, match="are problems outside the first 1024 held-out tasks, short of "):
+        open_session(config)
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy_moves(policy_dir, tmp_path):  # noqa: F811
     """A few updates with dynamic sampling over twice the groups on the HF engine: finite losses,
     weights that changed, and no group whose rewards were all equal in an update."""

@@ -85,21 +85,20 @@ def test_tuning_leaves_out_the_held_out_problems_and_keeps_the_order_of_the_rest
     import pytest
 
     from libra.errors import LibraError
-    from libra.rollout.envs import make_env
-    from libra.rollout.policy import fresh_tasks
+    from libra.rollout.envs import fresh_tasks, make_env
 
     env = make_env("math")
     held = {env.problem(t) for t in env.tasks(1024, seed=0)}
     drawn = env.tasks(5051, seed=20_000)
-    fresh = fresh_tasks(env, 4800, 20_000, 1024)
+    fresh = fresh_tasks(env, 4800, 20_000, 1024, "ask for less")
     assert [t.task_id for t in fresh] == [t.task_id for t in drawn if env.problem(t) not in held]  # 251 left out
     assert fresh[-1].task_id == "math-20000-5050"
     same_problem = [t for t in drawn if env.problem(t) in held]
     assert len(same_problem) == 251 and env.problem(same_problem[0]).startswith(same_problem[0].data["category"])
     search = make_env("search")  # 72 problems, every one among 1,024 held-out tasks
     with pytest.raises(LibraError, match="only 0 of 160 search tasks are problems outside the first 1024 held-out tasks, "
-                                         "short of 10: ask for fewer demonstrations or a smaller --held-out"):
-        fresh_tasks(search, 10, 20_000, 1024)
+                                         "short of 10: ask for less"):
+        fresh_tasks(search, 10, 20_000, 1024, "ask for less")
 
 
 def test_tuning_refuses_what_it_cannot_do_and_replaces_nothing(tmp_path, policy_dir) -> None:
