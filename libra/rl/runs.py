@@ -95,9 +95,9 @@ def check_policy(config: LibraConfig) -> Path:
         raise LibraError(missing)
     if (beyond := context_beyond_policy(policy, config.rollout.max_context)) is not None:
         raise LibraError(beyond)
-    record = policy / "libra_policy.json"  # a policy tuned apart from the first `held_out` held-out problems
-    tuned = (json.loads(record.read_text()).get("tuned") or {}).get("settings", {}) if record.is_file() else {}
-    apart = tuned.get("held_out") if tuned.get("env") == config.trainer.env else None
+    from libra.rollout.policy import tuned_apart
+
+    apart = tuned_apart(policy, config.trainer.env)
     if apart is not None and config.trainer.eval_prompts > apart:
         raise LibraError(f"trainer.eval_prompts {config.trainer.eval_prompts} is more than the {apart} held-out tasks "
                          f"the policy was tuned apart from (its libra_policy.json): the rest include problems it was "

@@ -37,7 +37,7 @@ import torch
 from libra.checks import missing_policy
 from libra.clock import Stopwatch
 from libra.config import SandboxConfig
-from libra.errors import LibraError
+from libra.errors import LibraError, first_line
 from libra.optim import learning_rate, make_optimizer, set_learning_rate
 from libra.rollout.envs import ENVS, demonstration, fresh_tasks, make_env
 from libra.rollout.protocol import SPECIAL
@@ -210,7 +210,7 @@ def _policy_out(out: str | Path, tuned: bool = False) -> Path:
     if out.is_dir() and any(out.iterdir()):
         try:
             record = _record_or_none(out)
-        except (OSError, ValueError):  # unreadable, or not JSON: not a record a build wrote
+        except LibraError:  # unreadable, or not a JSON object: not a record a build wrote
             record = None
         if not isinstance(record, dict) or ("tuned" in record) != tuned:
             held = sorted(p.name for p in out.iterdir())
@@ -329,8 +329,30 @@ def _sha256(path: Path) -> str:
 
 
 def _record_or_none(directory: Path) -> dict | None:
+    """The policy's build record (`libra_policy.json`), None without one; a LibraError when it is not
+    a record."""
     path = directory / "libra_policy.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise LibraError(f"{path} is not a policy's record ({first_line(exc)}); build the policy again "
+                         "(`libra policy init` or `libra policy tune`) or give another") from None
+    if not isinstance(record, dict):
+        raise LibraError(f"{path} is not a policy's record (not a JSON object); build the policy again "
+                         "(`libra policy init` or `libra policy tune`) or give another")
+    return record
+
+
+def tuned_apart(directory: Path, env: str) -> int | None:
+    """How many of `env`'s held-out tasks the policy in `directory` was tuned apart from (their
+    problems left out of its demonstrations), None when it was not tuned on `env`."""
+    tuned = (_record_or_none(directory) or {}).get("tuned")
+    settings = tuned.get("settings") if isinstance(tuned, dict) else None
+    if not isinstance(settings, dict) or settings.get("env") != env or not isinstance(settings.get("held_out"), int):
+        return None
+    return settings["held_out"]
 
 
 def _record_if_tuned_as(directory: Path, tuned: dict) -> dict | None:

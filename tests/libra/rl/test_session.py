@@ -181,8 +181,8 @@ def test_partial_credit_is_refused_for_an_environment_that_grades_no_partial_wor
     assert not (tmp_path / "checkpoints").exists()  # refused before anything is written
 
 
-def test_an_environment_without_problems_apart_from_the_held_out_ones_is_refused_before_any_work(  # noqa: F811
-        policy_dir, tmp_path):
+def test_an_environment_without_problems_apart_from_the_held_out_ones_is_refused_before_any_work(
+        policy_dir, tmp_path):  # noqa: F811
     config = small(tmp_path, policy_dir)
     config = config.model_copy(update={"trainer": config.trainer.model_copy(update={"env": "search",
                                                                                      "eval_prompts": 1024})})
@@ -364,3 +364,27 @@ def test_evaluating_past_the_tasks_a_policy_was_tuned_apart_from_is_refused() ->
     with pytest.raises(LibraError, match=r"^trainer.eval_prompts 1025 is more than the 1024 held-out tasks the policy "
                                          r"was tuned apart from"):
         check_policy(config.model_copy(update={"trainer": config.trainer.model_copy(update={"eval_prompts": 1025})}))
+
+
+def test_a_policy_whose_record_is_not_one_is_refused_in_one_line(tmp_path) -> None:
+    import shutil
+
+    from libra.config import LibraConfig
+    from libra.errors import LibraError
+    from libra.rl.runs import check_policy
+
+    tuned = Path(__file__).resolve().parents[3] / "data" / "policy-math"
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    shutil.copyfile(tuned / "config.json", policy / "config.json")
+    config = LibraConfig.model_validate({"trainer": {"policy": str(policy), "env": "math", "eval_prompts": 2000}})
+    assert check_policy(config) == policy  # no record: nothing to hold the evaluation to
+    (policy / "libra_policy.json").write_text('{"tuned": {"settings": {"env": "math", "held_out": 1024}')
+    with pytest.raises(LibraError, match=r"libra_policy.json is not a policy's record \(Expecting ',' delimiter: "
+                                         r"line 1 column 57 \(char 56\)\); build the policy again"):
+        check_policy(config)
+    (policy / "libra_policy.json").write_text('["tuned"]')
+    with pytest.raises(LibraError, match=r"libra_policy.json is not a policy's record \(not a JSON object\)"):
+        check_policy(config)
+    (policy / "libra_policy.json").write_text('{"tuned": {"settings": {"env": "search", "held_out": 8}}}')
+    assert check_policy(config) == policy  # tuned on another environment
