@@ -21,14 +21,21 @@ from pathlib import Path
 
 from libra.config import StoreConfig
 from libra.traces import ReadProgress, read_trace, steps_by_prompt
-from storage.manifest import IMPORT_ORIGIN, import_origin
+from storage.manifest import (
+    IMPORT_ORIGIN,
+    ManifestUnreadable,
+    RunExistsError,
+    RunManifest,
+    check_store_root,
+    import_origin,
+    read_manifest,
+)
 from storage.records import trajectories_table, turns_table
 from storage.writer import (
     StoreWriter,
     check_run_name,
     other_origin_error,
-    refuse_existing,
-    refuse_other_origin,
+    run_exists_error,
     written_by,
 )
 
@@ -69,13 +76,15 @@ def import_trace(
     check_run_name(run)
     writer = writer_for(store, root)
     name = Path(path).name
-    # fail before parsing; checked again under the lock
-    refuse_other_origin(writer.root, run, IMPORT_ORIGIN, "an import of a trace", replacing=replace,
-                        hint=_only_imports(name))
-    if refresh and not replace:
-        refuse_other(writer.root, run, name)
-    elif not replace:
-        refuse_existing(writer.root, run)
+    check_store_root(writer.root)
+    try:  # fail before parsing; checked again under the lock
+        existing = read_manifest(writer.root, run)
+    except ManifestUnreadable:
+        if not replace:  # its origin is unknown; replaced whole, it is not read
+            raise
+        existing = None
+    if (refusal := _refusal(writer.root, existing, name, replace, refresh)) is not None:
+        raise refusal
     trace = read_trace(path, progress=progress)
     step_of = steps_by_prompt(trace.trajectories, prompts_per_step)
     trajectories = trajectories_table(run, trace.trajectories, step_of)
@@ -83,10 +92,8 @@ def import_trace(
     origin = f"{import_origin(name)}prompts_per_step={prompts_per_step}"
     mode = "replace" if replace or refresh else "create"
     with writer.transaction(run, mode=mode, origin=origin, wait_s=0) as tx:
-        if tx.base is not None and not written_by(tx.base, IMPORT_ORIGIN):
-            raise other_origin_error(writer.root, tx.base, "an import of a trace", _only_imports(name))
-        if refresh and not replace and tx.base is not None and not written_by(tx.base, import_origin(name)):
-            raise other_origin_error(writer.root, tx.base, f"an import of {name}", _rename_hint(name))
+        if (refusal := _refusal(writer.root, tx.base, name, replace, refresh)) is not None:
+            raise refusal
         shards = tx.write_run("turns", turns)
         shards += tx.write_run("trajectories", trajectories)
         replaced = tx.base is not None
@@ -101,10 +108,19 @@ def import_trace(
     )
 
 
-def refuse_other(root: str | Path, run: str, name: str) -> None:
-    """`RunExistsError` if `run` is committed in the store at `root` and is not an import of a trace
-    file named `name` (checked early, before the trace is read, and again under the run's lock)."""
-    refuse_other_origin(root, run, import_origin(name), f"an import of {name}", hint=_rename_hint(name))
+def _refusal(root: Path, existing: RunManifest | None, name: str, replace: bool, refresh: bool) -> RunExistsError | None:
+    """Why an import of the file `name` may not write over the run `existing` (None: it may): a run
+    another writer made, ever; with `refresh`, an import of another file; without either, any run."""
+    if existing is None:
+        return None
+    if not written_by(existing, IMPORT_ORIGIN):
+        return other_origin_error(root, existing, "an import of a trace", _only_imports(name))
+    if replace:
+        return None
+    if refresh:
+        return None if written_by(existing, import_origin(name)) else \
+            other_origin_error(root, existing, f"an import of {name}", _rename_hint(name))
+    return run_exists_error(root, existing)
 
 
 def _only_imports(name: str) -> str:
