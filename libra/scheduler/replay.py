@@ -186,6 +186,9 @@ def replay(
     warmup = math.ceil(len(steps) * settings.warmup_fraction)
     if warmup >= len(steps):
         raise LibraError(f"{len(steps)} steps leave none after warm-up; use fewer prompts per step or more epochs")
+    if not warmup and not bounds:
+        raise LibraError("scheduler.warmup_fraction 0 leaves no warm-up steps to set the buckets from; give the bucket "
+                         "bounds (--buckets) or a warmup_fraction above 0")
     buckets = Buckets(tuple(bounds)) if bounds else auto_buckets([t for s in steps[:warmup] for t in s])
     results = {}
     for name in routers:

@@ -5,6 +5,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from libra.clock import WallClock
+from libra.config import SchedulerConfig
 from libra.errors import LibraError
 from libra.scheduler.replay import (
     Bound,
@@ -83,6 +84,11 @@ def test_orders_and_auto_buckets() -> None:
         replay(_tiny()[:1], prompts_per_step=1)
     with pytest.raises(LibraError, match="unknown router"):
         replay(_tiny(), prompts_per_step=1, routers=["nope"])
+    cold = SchedulerConfig(warmup_fraction=0.0)
+    with pytest.raises(LibraError, match=r"^scheduler.warmup_fraction 0 leaves no warm-up steps to set the buckets "
+                                         r"from; give the bucket bounds \(--buckets\)"):
+        replay(_tiny(), prompts_per_step=1, settings=cold)
+    assert replay(_tiny(), prompts_per_step=1, bounds=[100], settings=cold).warmup_steps == 0
 
 
 turns = st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(["search", "bash:cat", "python"]),
