@@ -80,7 +80,7 @@ class LocalCluster:
         count = len(cores) // cores_per_worker
         if count < 1:
             raise LibraError(f"{len(cores)} core(s) make no worker of {cores_per_worker} cores; lower "
-                             "cluster.cores_per_worker")
+                             "placement.cores_per_worker")
         ordered = sorted(cores)
         workers = tuple(tuple(ordered[i * cores_per_worker:(i + 1) * cores_per_worker]) for i in range(count))
         return cls(workers, "cpu", memory_bytes / count)

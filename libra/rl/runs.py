@@ -22,7 +22,7 @@ from libra.errors import LibraError
 from libra.pools.states import PoolEvent
 from libra.rl.batches import Batches
 from libra.rl.cluster import initial_placement
-from libra.rl.placing import Placer, host_change, site_of
+from libra.rl.placing import Placer, host_change, local_cluster, site_of
 from libra.rl.planning import EngineStart
 from libra.rl.ray_cluster import RayCluster, address_of
 from libra.rl.routes import router_for
@@ -138,6 +138,8 @@ def open_session(config: LibraConfig, restart: bool = False) -> TrainingSession:
     is locked for this process until the session closes; `restart` removes its checkpoints first."""
     run, policy = config.trainer.run_name(), check_policy(config)
     check_tasks(config)
+    if config.placement.strategy != "none" and not address_of(config):
+        local_cluster(config)  # workers this machine's cores cannot make are refused before any work
     root = Path(config.trainer.checkpoint_dir) / run
     lock = hold_run(root)
     try:

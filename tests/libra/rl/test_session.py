@@ -191,6 +191,15 @@ def test_an_environment_without_problems_apart_from_the_held_out_ones_is_refused
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_workers_this_machine_cannot_make_are_refused_before_any_work(policy_dir, tmp_path):  # noqa: F811
+    config = small(tmp_path, policy_dir)
+    config = config.model_copy(update={"placement": config.placement.model_copy(update={"strategy": "static",
+                                                                                         "cores_per_worker": 1024})})
+    with pytest.raises(LibraError, match=r"core\(s\) make no worker of 1024 cores; lower placement.cores_per_worker$"):
+        open_session(config)
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def test_dynamic_sampling_trains_only_groups_whose_rewards_differ_and_the_policy_moves(policy_dir, tmp_path):  # noqa: F811
     """A few updates with dynamic sampling over twice the groups on the HF engine: finite losses,
     weights that changed, and no group whose rewards were all equal in an update."""
