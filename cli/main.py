@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
+from cli.once import forget, register
 from cli.text import printable
 
 if TYPE_CHECKING:
@@ -37,7 +38,17 @@ MAX_MESSAGE_CHARS = 2_000
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line naming the subcommand's --help."""
+    """argparse, but a usage error is one line naming the subcommand's --help, and an option given
+    twice is one (`cli.once`)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - argparse's own
+        super().__init__(*args, **kwargs)
+        register(self)
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        return forget(parsed), extras
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"libra: error: {one_line(message)} (see `{self.prog} --help`)\n")

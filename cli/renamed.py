@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from cli.once import once
+
 
 class RenamedFlag(argparse.Action):
     """An old flag that still works: its value goes where the new flag's goes, and each use prints
@@ -18,5 +20,6 @@ class RenamedFlag(argparse.Action):
                  option_string: str | None = None) -> None:
         from libra.renames import deprecated
 
+        once(self, namespace, option_string)
         deprecated(option_string or self.option_strings[0], self.new)
         setattr(namespace, self.dest, values)

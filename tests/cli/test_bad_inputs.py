@@ -174,6 +174,28 @@ def test_bad_input_is_one_line_and_writes_nothing(files: Path, capsys: pytest.Ca
     nothing_written(files)
 
 
+@pytest.mark.parametrize("argv, message", [  # the last one had silently won
+    (["simulate", "--steps", "2", "--steps=50", "--store", "store"],
+     "argument --steps: given twice; give it once (see `libra simulate --help`)"),
+    (["eval-router", "--trace", "small.csv", "--policies", "mlfq", "--routers", "libra"],
+     "argument --routers: given twice (--policies and --routers); give it once (see `libra eval-router --help`)"),
+    (["query", "--store", "store", "--json", "--json", "select 1"],
+     "argument --json: given twice; give it once (see `libra query --help`)"),
+])
+def test_an_option_given_twice_is_a_usage_error(files: Path, capsys: pytest.CaptureFixture, argv: list[str],
+                                                message: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert (info.value.code, out, err.splitlines()[-1]) == (2, "", f"libra: error: {message}")  # after a renamed
+    assert err.count("libra: error:") == 1  # flag's notice
+    nothing_written(files)
+    from cli.main import build_parser
+
+    args = build_parser().parse_args(["eval-router", "--trace", "t.csv", "--routers", "libra", "--json"])
+    assert (args.routers, args.json, hasattr(args, "_libra_given")) == ("libra", True, False)  # nothing left behind
+
+
 def test_a_trace_with_a_byte_order_mark_is_imported(files: Path, capsys: pytest.CaptureFixture) -> None:
     bom = files / "bom.csv"
     bom.write_bytes(b"\xef\xbb\xbf" + (files / "small.csv").read_bytes())
