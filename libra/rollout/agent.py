@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libra.clock import Clock, Stopwatch, WallClock
+from libra.errors import LibraError
 from libra.files import discard_tree
 from libra.rollout.engines import Engine, Generation
 from libra.rollout.envs import Env, Task, prompt
@@ -133,7 +134,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
                     tool_timeout_s, trajectory_timeout_s)
     try:
         runs = resumed(env, resume, router, root, len(engines), clock)
-        runs |= start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock)
+        runs |= start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock, limits)
         busy, steps, prefill, dead = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock,
                                            model_version, close_after, hold)
         suspended = suspend_groups(runs, suspend_bytes, clock, close_after)
@@ -146,11 +147,17 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
 
 
 def start(env: Env, tasks: Sequence[Task], samples: int, router: Router, tokenizer, root: Path, instances: int,
-          model_version: int, clock: Clock) -> dict[str, TrajectoryRun]:
-    """Every trajectory opened: its working directory, its episode and the router's first placement."""
+          model_version: int, clock: Clock, limits: Limits) -> dict[str, TrajectoryRun]:
+    """Every trajectory opened: its working directory, its episode and the router's first placement.
+    A prompt that leaves no room in the context to generate is refused before any is opened."""
+    prompts = [tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"] for task in tasks]
+    for task, ids in zip(tasks, prompts, strict=True):
+        if len(ids) + 1 >= limits.max_context:  # the engines keep a token of the context back
+            raise LibraError(f"the {env.name} task {task.task_id}'s prompt is {len(ids)} tokens, which leaves no room to "
+                             f"generate in rollout.max_context {limits.max_context}; set rollout.max_context to at least "
+                             f"{len(ids) + 1 + limits.max_tokens_per_turn} (the prompt and a turn)")
     runs: dict[str, TrajectoryRun] = {}
-    for task in tasks:
-        ids = tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"]
+    for task, ids in zip(tasks, prompts, strict=True):
         for s in range(samples):
             tid = f"{task.task_id}/{s}"
             workdir = root / tid.replace("/", "_")

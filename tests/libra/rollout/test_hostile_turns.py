@@ -91,3 +91,19 @@ def test_a_turn_whose_log_probs_are_not_numbers_fails_its_trajectory(tokenizer, 
     result = run("math", tokenizer, lambda tid, turn: "<answer>1</answer>", tmp_path, logprob=logprob)
     assert [t.failure for t in result.trajectories] == [
         f"the engine returned a log-prob of {logprob} for a generated token"] * 2
+
+
+def test_a_context_that_a_prompt_fills_is_refused_before_any_trajectory_opens(tokenizer, tmp_path):
+    """vLLM had refused the request with a traceback, after the engines had started."""
+    from libra.errors import LibraError
+    from libra.rollout.envs import prompt
+
+    env = make_env("math")
+    tokens = len(tokenizer(prompt(env, env.tasks(1, seed=1)[0]), add_special_tokens=False)["input_ids"])
+    with pytest.raises(LibraError, match=rf"^the math task math-1-0's prompt is {tokens} tokens, which leaves no room to "
+                                         rf"generate in rollout.max_context {tokens + 1}; set rollout.max_context to at "
+                                         rf"least {tokens + 97} \(the prompt and a turn\)$"):
+        run("math", tokenizer, lambda tid, turn: "<answer>1</answer>", tmp_path, max_context=tokens + 1)
+    assert list(tmp_path.iterdir()) == []
+    result = run("math", tokenizer, lambda tid, turn: "<answer>1</answer>", tmp_path, max_context=tokens + 2)
+    assert [len(t.turns) for t in result.trajectories] == [1, 1]  # one token of room: a turn
