@@ -23,6 +23,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from libra.config import LibraConfig
@@ -134,7 +135,7 @@ def file_lock(path: Path) -> Iterator[None]:
 def open_mlflow_store(uri: str) -> None:
     """Open MLflow's tracking store once: a SQLite database's tables created under a lock, a
     directory store (MLflow keeps those behind `MLFLOW_ALLOW_FILE_STORE`, set here unless the
-    environment says otherwise) checked to be a directory, a server checked to answer on its port.
+    environment says otherwise) checked to be a directory, a server checked to answer at its health path (`/health`) as MLflow does.
     Each fails in one line (`LibraError`) rather than deep in the first flow that logs."""
     prefix = "sqlite:///"
     if uri.startswith(("http://", "https://")):
@@ -179,21 +180,31 @@ def store_error(uri: str, exc: BaseException) -> LibraError:
                       "tracking.tracking_uri at a new file or an MLflow database, or run with --no-track")
 
 
-_MLFLOW_SERVER = ("MLflow's tracking server", "fix tracking.tracking_uri (or MLFLOW_TRACKING_URI)",
-                  "start it, fix tracking.tracking_uri, or run with --no-track")
-PREFECT_SERVER = ("Prefect's server (PREFECT_API_URL)", "fix PREFECT_API_URL, e.g. http://127.0.0.1:4200/api",
-                   "start it (prefect server start --host 127.0.0.1), fix PREFECT_API_URL, or unset it to run "
-                   "without a server")
+@dataclass(frozen=True)
+class Server:
+    """A server a flow talks to, as `reach_server` checks it and says what to do."""
+
+    what: str
+    bad_address: str  # what to do about an address that is not one, or not this server's
+    unreachable: str  # what to do about a server that does not answer
+    health: str  # the path under its address that answers when it is this server
 
 
-def reach_server(uri: str, timeout_s: float = 10.0, server: tuple[str, str, str] = _MLFLOW_SERVER) -> None:
-    """`LibraError` unless the server at `uri` accepts a connection within `timeout_s` (MLflow's and
-    Prefect's clients retry for minutes, then raise a traceback). `server`: what it is, what to do
-    about an address that is not one, and about a server that does not answer."""
+MLFLOW_SERVER = Server("MLflow's tracking server", "fix tracking.tracking_uri (or MLFLOW_TRACKING_URI)",
+                       "start it, fix tracking.tracking_uri, or run with --no-track", "/health")
+PREFECT_SERVER = Server("Prefect's server (PREFECT_API_URL)", "fix PREFECT_API_URL, e.g. http://127.0.0.1:4200/api",
+                        "start it (prefect server start --host 127.0.0.1), fix PREFECT_API_URL, or unset it to run "
+                        "without a server", "/health")
+
+
+def reach_server(uri: str, timeout_s: float = 10.0, server: Server | None = None) -> None:
+    """`LibraError` unless the server at `uri` accepts a connection within `timeout_s` and answers
+    HTTP at its health path as the server it should be (MLflow's and Prefect's clients retry for
+    minutes, then raise a traceback). `server`: which (default MLflow's tracking server)."""
     import socket
     from urllib.parse import urlsplit
 
-    what, bad_address, unreachable = server
+    server = server or MLFLOW_SERVER
     try:
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https"):
@@ -201,11 +212,33 @@ def reach_server(uri: str, timeout_s: float = 10.0, server: tuple[str, str, str]
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname or "localhost"
     except ValueError as exc:  # no valid port, an unclosed IPv6 bracket, another scheme
-        raise LibraError(f"{what} {uri} is not a valid address ({exc}); {bad_address}") from None
+        raise LibraError(f"{server.what} {uri} is not a valid address ({exc}); {server.bad_address}") from None
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
-        raise LibraError(f"{what} {uri} cannot be reached ({exc.strerror or exc}); {unreachable}") from None
+        raise LibraError(f"{server.what} {uri} cannot be reached ({exc.strerror or exc}); {server.unreachable}") from None
+    if (wrong := _not_the_server(uri.rstrip("/") + server.health, timeout_s)) is not None:
+        raise LibraError(f"{server.what} {uri} answers, but not as one ({wrong}); {server.bad_address}")
+
+
+def _not_the_server(url: str, timeout_s: float) -> str | None:
+    """What shows that the server answering at `url` (a health path) is not the one meant: no HTTP,
+    or no such path (404); None otherwise (an answer, or one that needs credentials or refuses them,
+    or a TLS certificate the client may be set to accept: the client's own to judge)."""
+    import http.client
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):  # noqa: S310 - the scheme is http(s), checked above
+            return None
+    except urllib.error.HTTPError as exc:
+        return f"GET {url}: HTTP {exc.code}" if exc.code == 404 else None
+    except urllib.error.URLError as exc:
+        return None if isinstance(exc.reason, ssl.SSLError) else f"GET {url}: {exc.reason}"
+    except (http.client.HTTPException, OSError) as exc:  # not HTTP: another protocol on that port
+        return f"GET {url}: {first_line(exc, typed=True)}"
 
 
 def start_prefect() -> None:

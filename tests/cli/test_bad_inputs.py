@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -286,6 +288,66 @@ def test_a_prefect_server_that_cannot_be_reached_is_one_line(files: Path, url: s
                  cwd=files, PREFECT_API_URL=url)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"libra: error: {message}\n")
     assert not (files / "store").exists()
+
+
+@pytest.fixture
+def not_a_tracking_server() -> Iterator[tuple[int, int]]:
+    """A web server that answers 404 to every path, and a port that answers in another protocol."""
+    import http.server
+    import socket
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(404 if "auth" not in self.path else 401)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    web = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    other = socket.create_server(("127.0.0.1", 0))
+
+    def greet() -> None:
+        while True:
+            try:
+                conn, _ = other.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    threading.Thread(target=greet, daemon=True).start()
+    try:
+        yield web.server_address[1], other.getsockname()[1]
+    finally:
+        web.shutdown()
+        other.close()
+
+
+def test_a_server_that_answers_but_is_not_mlflow_or_prefect_is_one_line_before_anything_is_written(
+        files: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+        not_a_tracking_server: tuple[int, int]) -> None:
+    """A web server on the port (MLflow's client had retried, then raised a traceback), or another
+    protocol there."""
+    from flows.runtime import PREFECT_SERVER, reach_server
+    from libra.errors import LibraError
+
+    web, other = not_a_tracking_server
+    for uri, wrong in ((f"http://127.0.0.1:{web}", f"GET http://127.0.0.1:{web}/health: HTTP 404"),
+                       (f"http://127.0.0.1:{other}", f"GET http://127.0.0.1:{other}/health: BadStatusLine: "
+                                                     "SSH-2.0-OpenSSH_9.6")):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        assert main(["simulate", "--workload", "search-r1", "--steps", "1", "--cluster", "2x8:a800", "--model", "qwen3-8b",
+                     "--systems", "libra", "--group-size", "2", "--prompts-per-step", "2", "--store", "store"]) == 2
+        assert capsys.readouterr().err == (f"libra: error: MLflow's tracking server {uri} answers, but not as one "
+                                           f"({wrong}); fix tracking.tracking_uri (or MLFLOW_TRACKING_URI)\n")
+        nothing_written(files)
+    with pytest.raises(LibraError, match=rf"^Prefect's server \(PREFECT_API_URL\) http://127.0.0.1:{web}/api answers, "
+                                         rf"but not as one \(GET http://127.0.0.1:{web}/api/health: HTTP 404\); fix "
+                                         r"PREFECT_API_URL, e.g. http://127.0.0.1:4200/api$"):
+        reach_server(f"http://127.0.0.1:{web}/api", 5, PREFECT_SERVER)
+    reach_server(f"http://127.0.0.1:{web}/auth", 5)  # one that asks for credentials: the client's to answer
 
 
 def test_compare_reads_the_tracking_store_mlflow_tracking_uri_names(files: Path, capsys: pytest.CaptureFixture,
