@@ -156,7 +156,8 @@ class PoolConfig(_Section):
                                            "cuda: NCCL, one GPU per worker process): the standalone `libra pool` "
                                            "command's, and a training run's trainer when placement.hybrids > 0 (its "
                                            "replicas are then the pool's, and trainer.device is not used)")
-    group_timeout_s: float = Field(30.0, gt=0.0, le=3_600.0, description="a collective or rendezvous slower than this fails")
+    group_timeout_s: float = Field(30.0, ge=1.0, le=3_600.0, description="a collective or rendezvous slower than this fails "
+                                   "(at least 1 s)")
     join_timeout_s: float = Field(180.0, gt=0.0, le=86_400.0, description="a join not entered by then is cancelled")
     max_catchup_steps: int = Field(64, ge=2, le=100_000, description="updates the leader keeps for joins in progress")
     enter_gap: int = Field(1, ge=0, le=1_000, description="a joiner enters once at most this many updates behind")
@@ -171,7 +172,8 @@ class SandboxConfig(_Section):
         "bwrap", description="bwrap: each call in its own bubblewrap sandbox; none: no isolation (limits only)"
     )
     server: bool = Field(True, description="true: calls start from one sandbox server (about 7 ms of CPU a call); false: a bwrap per call")
-    uid: int = Field(65534, ge=1, le=2**32 - 2, description="host uid (and gid) sandboxes run as when Libra runs as root")
+    uid: int = Field(65534, ge=1, le=2**31 - 1, description="host uid (and gid) sandboxes run as when Libra runs as root "
+                     "(at most 2,147,483,647: bubblewrap cannot map a larger one)")
     python: str = Field("", description="interpreter for tool code (empty: Libra's own, else the system's python3)")
     workdir_bytes: int = Field(256 * 2**20, ge=2**20, le=2**40, description="bytes a trajectory's tool calls may "
                                "write in its working directory, together (a tmpfs of its own, mounted nosuid,nodev, "

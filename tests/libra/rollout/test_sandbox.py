@@ -566,3 +566,13 @@ def test_a_report_nested_past_the_parser_fails_the_tests_not_the_host(tmp_path, 
     output, status = episode.call("test", "")
     assert status == "ok" and "[[[[" in output  # the run's own output is the report
     assert episode.reward("done") == 0.0
+
+
+def test_a_uid_bubblewrap_cannot_map_is_refused_in_the_config() -> None:
+    """Above 2^31 - 1 bubblewrap fails to write the uid map, which had been reported as user
+    namespaces being disabled."""
+    from pydantic import ValidationError
+
+    assert SandboxConfig(uid=2**31 - 1).uid == 2_147_483_647
+    with pytest.raises(ValidationError, match="less than or equal to 2147483647"):
+        SandboxConfig(uid=2**31)
