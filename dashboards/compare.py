@@ -110,10 +110,13 @@ def read_runs(tracking_uri: str, experiment: str, runs: Sequence[str] = ()) -> l
         names = sorted(e.name for e in client.search_experiments())
         raise LookupError(f"no MLflow experiment {experiment!r} at {tracking_uri}; experiments: "
                           f"{', '.join(names) or 'none'}")
-    out = []
+    out, others = [], 0
     for run in client.search_runs([found.experiment_id], max_results=5000):
         tags = run.data.tags
-        name = tags.get("libra.run", run.info.run_name)
+        if "libra.run" not in tags and "iteration_s" not in run.data.metrics:  # a simulation's or a trace's run
+            others += 1
+            continue
+        name = tags["libra.run"] if "libra.run" in tags else run.info.run_name
         if tags.get("libra.superseded") == "true" or (runs and name not in runs):
             continue
         params = run.data.params  # runs recorded before the key was renamed hold placement.policy
@@ -122,5 +125,7 @@ def read_runs(tracking_uri: str, experiment: str, runs: Sequence[str] = ()) -> l
                    for key in METRICS if key in run.data.metrics}
         out.append(RunHistory(name, run.info.run_id, strategy, metrics))
     if not out:
-        raise LookupError(f"experiment {experiment!r} has no training runs" + (f" named {', '.join(runs)}" if runs else ""))
+        raise LookupError(f"experiment {experiment!r} has no training runs" + (f" named {', '.join(runs)}" if runs else "")
+                          + (f" ({others} runs of simulations or trace imports, which compare does not read)"
+                             if others else ""))
     return out

@@ -41,3 +41,25 @@ def test_the_default_target_is_the_best_every_run_reached():
     assert compare([STATIC, LIBRA]).target == 0.4
     assert default_target([STATIC, history("x", "none", [1.0], [1.0], {})]) is None
     assert compare([history("x", "none", [1.0], [1.0], {})]).rows[0].time_to_target_s is None
+
+
+def test_only_training_runs_are_read_from_an_experiment(tmp_path, monkeypatch):
+    """A simulation's runs (one per system, written by `log_run`) had been listed as training runs
+    of no steps."""
+    import mlflow
+
+    from dashboards.compare import read_runs
+    from tasks.tracking_tasks import create_run, ensure_experiment, log_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    for system in ("libra", "static"):
+        log_run("libra-sim", str(tmp_path / "artifacts"), system, {"system": system}, {"throughput": 1.0})
+    with pytest.raises(LookupError, match=r"^experiment 'libra-sim' has no training runs \(2 runs of simulations or "
+                                          r"trace imports, which compare does not read\)$"):
+        read_runs(uri, "libra-sim")
+    trained = create_run(ensure_experiment("libra-sim", str(tmp_path / "artifacts")), "train-math-seed0")
+    mlflow.MlflowClient().log_metric(trained, "iteration_s", 12.5, step=0)
+    [run] = read_runs(uri, "libra-sim")
+    assert (run.name, run.run_id, run.metrics) == ("train-math-seed0", trained, {"iteration_s": ((0, 12.5),)})
