@@ -132,18 +132,19 @@ class PlanController:
         reason = self.due(step, times, force)
         if reason is None:
             return None
-        plans = []
+        plans, refusals = [], []
         training = TrainingTable(self.cost, workload)  # the variants differ in rollout settings only
         group_times = GroupTimes(self.cost, workload)  # and cost the same instance groups
         for index, settings in enumerate(self.variants):
             p = Planner(self.cost, workload, settings, training, group_times)
             try:
                 raw = p.plan(self.clock)
-            except LibraError:  # this variant has no feasible split
+            except LibraError as exc:  # this variant has no feasible split
+                refusals.append(str(exc))
                 continue
             plans.append((corrected(raw, self.rollout_correction[index]), raw, p, index))
         if not plans:
-            raise LibraError("no planner variant found a feasible plan for this workload")
+            raise LibraError(f"no planner variant found a feasible plan for this workload: {'; '.join(dict.fromkeys(refusals))}")
         if self.probe is not None:
             ranked = sorted(plans, key=lambda item: item[1].t_iter_s * self.probe_correction[item[3]])
             # plans with and without hybrids are probed separately, so adding hybrid variants never

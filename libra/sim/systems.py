@@ -471,14 +471,16 @@ class OracleSystem(System):
         decides the rollout and more rollout GPUs would not help)."""
         workload = workload_of(batch)
         training, group_times = TrainingTable(self.cost, workload), GroupTimes(self.cost, workload)
-        plans = []
+        plans, refusals = [], []
         for settings in self.variants:
             try:
                 plans.append((Planner(self.cost, workload, settings, training, group_times).plan(), settings))
-            except LibraError:  # no feasible split for this variant
+            except LibraError as exc:  # no feasible split for this variant
+                refusals.append(str(exc))
                 continue
         if not plans:
-            raise LibraError("no planner variant found a feasible plan for this step's trajectories")
+            raise LibraError("no planner variant found a feasible plan for this step's trajectories: "
+                             + "; ".join(dict.fromkeys(refusals)))
         plans.sort(key=lambda item: item[0].t_iter_s)
         configs: dict[tuple, StepConfig] = {}
         for plan, _ in plans:

@@ -261,3 +261,15 @@ def test_a_plan_that_predicts_no_ratio_measures_no_drift() -> None:
     assert drift_of(times, math.inf) is None and drift_of(times, 0.0) is None and drift_of(times, math.nan) is None
     assert drift_of(times, 2.0) == 1.0
     assert drift_of(StepTimes(3, math.inf, 5.0), 2.0) is None
+
+
+def test_when_no_variant_can_plan_the_error_says_why() -> None:
+    """The planner's reason (here its granularity) had been dropped for a bare "no feasible plan"."""
+    from libra.errors import LibraError
+    from libra.planner.planner import PlannerSettings
+
+    controller = PlanController(a800_14b(), PlannerSettings(granularity=48), TriggerSettings(warmup_steps=0))
+    with pytest.raises(LibraError, match=r"^no planner variant found a feasible plan for this workload: no train/rollout "
+                                         r"split of 48 GPUs at a granularity of 48 GPUs; use mode colocated, more GPUs "
+                                         r"or a finer granularity$"):
+        controller.observe(0, trace_workload("swe_gemini3_mini_A", scale=0.25))
