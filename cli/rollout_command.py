@@ -14,7 +14,7 @@ DEFAULT_POLICY = TrainerConfig.model_fields["policy"].default  # .libra/policy
 
 
 def register(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
-    policy = sub.add_parser("policy", parents=[parent], help="build the local policy model",
+    policy = sub.add_parser("policy", help="build the local policy model",
                             description="Build the local policy: a tokenizer trained on the environments' text and "
                             "a small Qwen2-architecture model warm-started on scripted expert demonstrations.")
     policy_sub = policy.add_subparsers(dest="policy_command", metavar="ACTION", required=True)

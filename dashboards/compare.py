@@ -113,7 +113,7 @@ def read_runs(tracking_uri: str, experiment: str, runs: Sequence[str] = ()) -> l
     out, others = [], 0
     for run in client.search_runs([found.experiment_id], max_results=5000):
         tags = run.data.tags
-        if "libra.run" not in tags and "iteration_s" not in run.data.metrics:  # a simulation's or a trace's run
+        if "libra.run" not in tags and "iteration_s" not in run.data.metrics:  # a simulation's, a trace import's, a rollout's or a pool's
             others += 1
             continue
         name = tags["libra.run"] if "libra.run" in tags else run.info.run_name
@@ -126,6 +126,6 @@ def read_runs(tracking_uri: str, experiment: str, runs: Sequence[str] = ()) -> l
         out.append(RunHistory(name, run.info.run_id, strategy, metrics))
     if not out:
         raise LookupError(f"experiment {experiment!r} has no training runs" + (f" named {', '.join(runs)}" if runs else "")
-                          + (f" ({others} runs of simulations or trace imports, which compare does not read)"
+                          + (f" ({others} runs that are not training runs: simulations, trace imports, rollouts or pools)"
                              if others else ""))
     return out

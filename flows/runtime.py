@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from libra.config import LibraConfig
 from libra.config_loading import tracking_uri_in_use
@@ -202,9 +203,9 @@ def reach_server(uri: str, timeout_s: float = 10.0, server: Server | None = None
     HTTP at its health path as the server it should be (MLflow's and Prefect's clients retry for
     minutes, then raise a traceback). `server`: which (default MLflow's tracking server)."""
     import socket
-    from urllib.parse import urlsplit
 
     server = server or MLFLOW_SERVER
+    shown = _without_password(uri)
     try:
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https"):
@@ -212,33 +213,53 @@ def reach_server(uri: str, timeout_s: float = 10.0, server: Server | None = None
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname or "localhost"
     except ValueError as exc:  # no valid port, an unclosed IPv6 bracket, another scheme
-        raise LibraError(f"{server.what} {uri} is not a valid address ({exc}); {server.bad_address}") from None
+        raise LibraError(f"{server.what} {shown} is not a valid address ({exc}); {server.bad_address}") from None
     try:
         socket.create_connection((host, port), timeout=timeout_s).close()
     except OSError as exc:
-        raise LibraError(f"{server.what} {uri} cannot be reached ({exc.strerror or exc}); {server.unreachable}") from None
-    if (wrong := _not_the_server(uri.rstrip("/") + server.health, timeout_s)) is not None:
-        raise LibraError(f"{server.what} {uri} answers, but not as one ({wrong}); {server.bad_address}")
+        raise LibraError(f"{server.what} {shown} cannot be reached ({exc.strerror or exc}); {server.unreachable}") from None
+    if (wrong := _not_the_server(parts, server.health, timeout_s)) is not None:
+        raise LibraError(f"{server.what} {shown} answers, but not as one ({wrong}); {server.bad_address}")
 
 
-def _not_the_server(url: str, timeout_s: float) -> str | None:
-    """What shows that the server answering at `url` (a health path) is not the one meant: no HTTP,
-    or no such path (404); None otherwise (an answer, or one that needs credentials or refuses them,
-    or a TLS certificate the client may be set to accept: the client's own to judge)."""
+def _without_password(uri: str) -> str:
+    """`uri` as a message may show it: a password in it replaced by `***`."""
+    try:
+        parts = urlsplit(uri)
+        if parts.password is None:
+            return uri
+        return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+    except ValueError:
+        return uri
+
+
+def _not_the_server(address: SplitResult, health: str, timeout_s: float) -> str | None:
+    """What shows that the server at `address` is not the one meant, asked at its `health` path: no
+    HTTP there, or no such path (404). None otherwise: an answer, one that needs credentials or
+    refuses them, a slow one, a TLS certificate the client may be set to accept, a proxy's failure
+    (each the client's own to report). Credentials in the address go as HTTP basic auth, never
+    into the message."""
+    import base64
     import http.client
-    import ssl
     import urllib.error
     import urllib.request
 
+    netloc = address.hostname if ":" not in (address.hostname or "") else f"[{address.hostname}]"
+    netloc = f"{netloc}:{address.port}" if address.port else netloc
+    url = address._replace(netloc=netloc, query="", fragment="").geturl().rstrip("/") + health
+    request = urllib.request.Request(url)
+    if address.username is not None:
+        pair = f"{unquote(address.username)}:{unquote(address.password or '')}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s):  # noqa: S310 - the scheme is http(s), checked above
+        with urllib.request.urlopen(request, timeout=timeout_s):  # noqa: S310 - an http(s) URL, checked above
             return None
     except urllib.error.HTTPError as exc:
-        return f"GET {url}: HTTP {exc.code}" if exc.code == 404 else None
-    except urllib.error.URLError as exc:
-        return None if isinstance(exc.reason, ssl.SSLError) else f"GET {url}: {exc.reason}"
-    except (http.client.HTTPException, OSError) as exc:  # not HTTP: another protocol on that port
+        return f"GET {url}: HTTP 404" if exc.code == 404 else None
+    except http.client.HTTPException as exc:  # not HTTP: another protocol on that port
         return f"GET {url}: {first_line(exc, typed=True)}"
+    except (urllib.error.URLError, OSError):
+        return None
 
 
 def start_prefect() -> None:

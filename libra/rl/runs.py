@@ -122,6 +122,7 @@ def resume_point(config: LibraConfig, policy: Path, root: Path) -> tuple[Checkpo
 def check_tasks(config: LibraConfig) -> None:
     """Refused before any work: trainer.partial_credit for an environment that grades no partial
     work, and an environment with too few problems apart from the held-out ones for an iteration."""
+    from libra.partial import groups_to_start
     from libra.rl.schedule import rolled_prompts, train_task_seed, training_tasks
     from libra.rollout.envs import make_env
 
@@ -130,7 +131,9 @@ def check_tasks(config: LibraConfig) -> None:
     if t.partial_credit and not env.grades_partial_work:
         raise LibraError(f"trainer.partial_credit {t.partial_credit:g}: the {t.env} environment grades no partial work "
                          "(its reward is right or wrong); set trainer.partial_credit 0, or train on math")
-    training_tasks(env, rolled_prompts(t), train_task_seed(t.seed, 0), t.eval_prompts)
+    r = config.rollout
+    most = max(rolled_prompts(t), groups_to_start(t.prompts_per_step, r.overprovision, 0) if r.partial else 0)
+    training_tasks(env, most, train_task_seed(t.seed, 0), t.eval_prompts)
 
 
 def open_session(config: LibraConfig, restart: bool = False) -> TrainingSession:

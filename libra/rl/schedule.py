@@ -37,7 +37,7 @@ def training_tasks(env: Env, count: int, seed: int, held_out: int) -> list[Task]
     """An iteration's `count` tasks, drawn by its seed (`train_task_seed`) apart from the problems of
     the `held_out` tasks the run evaluates on: the held-out reward measures problems never trained on."""
     return fresh_tasks(env, count, seed, held_out, "lower trainer.eval_prompts (fewer held-out problems to keep "
-                       "apart) or trainer.prompts_per_step")
+                       "apart), or train on an environment of more problems")
 
 
 def evaluate_after(completed: int, steps: int, every: int) -> bool:

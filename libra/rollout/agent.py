@@ -133,8 +133,9 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     limits = Limits(max_turns, max_tokens_per_turn, max_context, temperature, min(min_tokens_per_turn, max_tokens_per_turn),
                     tool_timeout_s, trajectory_timeout_s)
     try:
+        prompts = prompt_ids(env, tasks, tokenizer, limits)  # before any trajectory opens
         runs = resumed(env, resume, router, root, len(engines), clock)
-        runs |= start(env, tasks, samples, router, tokenizer, root, len(engines), model_version, clock, limits)
+        runs |= start(env, tasks, prompts, samples, router, root, len(engines), model_version, clock)
         busy, steps, prefill, dead = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock,
                                            model_version, close_after, hold)
         suspended = suspend_groups(runs, suspend_bytes, clock, close_after)
@@ -146,16 +147,21 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     return finish(runs, router, batch.seconds(), busy, steps, prefill, dead, suspended, len(resume))
 
 
-def start(env: Env, tasks: Sequence[Task], samples: int, router: Router, tokenizer, root: Path, instances: int,
-          model_version: int, clock: Clock, limits: Limits) -> dict[str, TrajectoryRun]:
-    """Every trajectory opened: its working directory, its episode and the router's first placement.
-    A prompt that leaves no room in the context to generate is refused before any is opened."""
+def prompt_ids(env: Env, tasks: Sequence[Task], tokenizer, limits: Limits) -> list[list[int]]:
+    """Each task's prompt in tokens; a LibraError for one that leaves no room in the context to
+    generate (vLLM refuses its request with a traceback)."""
     prompts = [tokenizer(prompt(env, task), add_special_tokens=False)["input_ids"] for task in tasks]
     for task, ids in zip(tasks, prompts, strict=True):
         if len(ids) + 1 >= limits.max_context:  # the engines keep a token of the context back
             raise LibraError(f"the {env.name} task {task.task_id}'s prompt is {len(ids)} tokens, which leaves no room to "
                              f"generate in rollout.max_context {limits.max_context}; set rollout.max_context to at least "
                              f"{len(ids) + 1 + limits.max_tokens_per_turn} (the prompt and a turn)")
+    return prompts
+
+
+def start(env: Env, tasks: Sequence[Task], prompts: Sequence[list[int]], samples: int, router: Router, root: Path,
+          instances: int, model_version: int, clock: Clock) -> dict[str, TrajectoryRun]:
+    """Every trajectory opened: its working directory, its episode and the router's first placement."""
     runs: dict[str, TrajectoryRun] = {}
     for task, ids in zip(tasks, prompts, strict=True):
         for s in range(samples):

@@ -290,7 +290,7 @@ def tune_policy(out: str | Path, base: str | Path, settings: TuneSettings = Tune
     env = make_env(settings.env, sandbox)
     examples = []
     for task in fresh_tasks(env, settings.updates * settings.batch, TUNE_TASK_SEED + settings.seed, settings.held_out,
-                            "ask for fewer demonstrations or a smaller --held-out"):
+                            "give a smaller --held-out (fewer held-out problems to keep apart)"):
         with temporary_workroot("libra-tune-") as workdir:
             examples.append(encode(tokenizer, *demonstration(env, task, workdir)))
     longest = max(len(ids) for ids, _ in examples)

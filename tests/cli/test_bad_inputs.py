@@ -348,6 +348,9 @@ def test_a_server_that_answers_but_is_not_mlflow_or_prefect_is_one_line_before_a
                                          r"PREFECT_API_URL, e.g. http://127.0.0.1:4200/api$"):
         reach_server(f"http://127.0.0.1:{web}/api", 5, PREFECT_SERVER)
     reach_server(f"http://127.0.0.1:{web}/auth", 5)  # one that asks for credentials: the client's to answer
+    with pytest.raises(LibraError, match=rf"^MLflow's tracking server http://me:\*\*\*@127.0.0.1:{web} answers, but not "
+                                         rf"as one \(GET http://127.0.0.1:{web}/health: HTTP 404\)"):
+        reach_server(f"http://me:secret@127.0.0.1:{web}", 5)  # the password is never shown
 
 
 def test_compare_reads_the_tracking_store_mlflow_tracking_uri_names(files: Path, capsys: pytest.CaptureFixture,

@@ -265,8 +265,7 @@ def test_a_working_directory_shaped_to_break_the_suspension_ends_its_sample_with
 
     env = make_env("math")
     tasks = env.tasks(3, seed=0)
-    runs = start(env, tasks, 2, LeastLoad(Buckets((10**6,))), lambda text, add_special_tokens: {"input_ids": [1, 2, 3]},
-                 tmp_path, 1, 0, WallClock())
+    runs = start(env, tasks, [[1, 2, 3]] * len(tasks), 2, LeastLoad(Buckets((10**6,))), tmp_path, 1, 0, WallClock())
     victim, linked = runs[f"{tasks[0].task_id}/0"], runs[f"{tasks[2].task_id}/1"]
     deep = victim.workdir
     for _ in range(1_100):
@@ -298,8 +297,7 @@ def test_files_that_do_not_fit_a_working_directory_again_end_their_sample_with_n
     env = make_env("math")
     tasks = env.tasks(1, seed=0)
     router = LeastLoad(Buckets((10**6,)))
-    runs = start(env, tasks, 2, router, lambda text, add_special_tokens: {"input_ids": [1, 2, 3]}, tmp_path / "a", 1, 0,
-                 WallClock())
+    runs = start(env, tasks, [[1, 2, 3]] * len(tasks), 2, router, tmp_path / "a", 1, 0, WallClock())
     victim = runs[f"{tasks[0].task_id}/0"]
     with open(victim.workdir / "sparse", "wb") as handle:
         handle.truncate(3 << 20)  # no block on the disk; 3 MiB of zeros when read
@@ -321,8 +319,7 @@ def test_a_sample_that_had_ended_keeps_its_duration_when_its_group_resumes(tmp_p
     env = make_env("math")
     tasks = env.tasks(1, seed=0)
     router = LeastLoad(Buckets((10**6,)))
-    runs = start(env, tasks, 2, router, lambda text, add_special_tokens: {"input_ids": [1, 2, 3]}, tmp_path / "a", 1, 0,
-                 SimClock(100.0))
+    runs = start(env, tasks, [[1, 2, 3]] * len(tasks), 2, router, tmp_path / "a", 1, 0, SimClock(100.0))
     ended = runs[f"{tasks[0].task_id}/0"]
     ended.done, ended.finished = True, 103.0
     runs[f"{tasks[0].task_id}/1"].suspended = True
