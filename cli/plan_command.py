@@ -43,6 +43,7 @@ def read_trace_with_progress(path: str, quiet: bool):
 
 def cmd_plan(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.flow_call import run_flow
+    from cli.progress import progress
     from cli.streams import json_stdout
     from flows.cluster_plan import plan_flow, plan_request
     from libra.checks import as_flag
@@ -52,9 +53,11 @@ def cmd_plan(args: argparse.Namespace, config: LibraConfig) -> int:
     if args.trace:
         read_trace_with_progress(args.trace, quiet=args.json)  # a bad trace is refused before Prefect starts
     with json_stdout(args.json) as out:
-        payload = run_flow(plan_flow, config, tracking=False, cluster=request.cluster, model=request.model,
-                           run=request.run, trace=request.trace, mode=request.mode, batch=request.batch,
-                           calibrate=request.calibrate)
+        with progress(f"planning {request.cluster}", quiet=args.json) as bar:
+            payload = run_flow(plan_flow, config, tracking=False, cluster=request.cluster, model=request.model,
+                               run=request.run, trace=request.trace, mode=request.mode, batch=request.batch,
+                               calibrate=request.calibrate,
+                               progress=lambda done, total: bar.update(done, total, "pools of hybrids searched"))
         print(json.dumps(payload) if args.json else render_plan(payload), file=out)
     return 0
 

@@ -1,6 +1,6 @@
 """Progress of long commands: one bar on stderr, redrawn in place, only on a terminal.
 
-`libra simulate`, `libra policy init` and `tune`, `libra eval-router` and the commands that read large traces
+`libra simulate`, `libra plan`, `libra policy init` and `tune`, `libra eval-router` and the commands that read large traces
 report through a `Progress`. It draws `label [#####-----] 45% 90/200 detail 12 s` on stderr,
 redrawn at most ten times a second, only when stderr is a terminal and the command was not asked
 for `--json`; otherwise it draws nothing, so pipes, logs and JSON output stay clean. Work that ends

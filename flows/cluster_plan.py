@@ -20,6 +20,7 @@ from prefect import flow
 from libra.checks import Names, as_parameter, field_range, in_range
 from libra.config import LibraConfig, PlannerConfig
 from libra.errors import LibraError
+from libra.planner.planner import PlanProgress
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,9 @@ def plan_request(cluster: str, model: str, run: str | None = None, trace: str | 
 @flow(name="libra-plan", log_prints=False)
 def plan_flow(cluster: str, model: str, run: str | None = None, trace: str | None = None, mode: str | None = None,
               batch: int | None = None, calibrate: bool = False, config: LibraConfig | str | None = None,
-              store: str | None = None) -> dict[str, Any]:
-    """The plan as a JSON-ready record (`tasks.cluster_plan_tasks.plan_json`)."""
+              store: str | None = None, progress: PlanProgress | None = None) -> dict[str, Any]:
+    """The plan as a JSON-ready record (`tasks.cluster_plan_tasks.plan_json`); `progress` hears the
+    search's (pools searched, pools) (the CLI's progress bar)."""
     from flows.runtime import flow_config
     from tasks.cluster_plan_tasks import lengths_task, plan_task, timings_task
 
@@ -63,4 +65,4 @@ def plan_flow(cluster: str, model: str, run: str | None = None, trace: str | Non
     request = plan_request(cluster, model, run, trace, mode, batch, calibrate)
     lengths = lengths_task(request.run, request.trace, settings)
     samples = timings_task(request.run, settings) if request.calibrate else None
-    return plan_task(request, lengths, samples, settings)
+    return plan_task(request, lengths, samples, settings, progress)

@@ -16,7 +16,7 @@ from libra.errors import LibraError
 
 if TYPE_CHECKING:
     from libra.planner.cost_model import CostModel
-    from libra.planner.planner import Plan
+    from libra.planner.planner import Plan, PlanProgress
     from libra.planner.profiles import Cluster, ModelProfile
     from libra.planner.workload import Workload
 
@@ -59,8 +59,10 @@ def timings_task(run: str, config: LibraConfig) -> list:
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan_task(request, lengths: Lengths, samples: list | None, config: LibraConfig) -> dict[str, Any]:
-    """The plan for the request's cluster and model (calibrated on `samples` when given)."""
+def plan_task(request, lengths: Lengths, samples: list | None, config: LibraConfig,
+              progress: PlanProgress | None = None) -> dict[str, Any]:
+    """The plan for the request's cluster and model (calibrated on `samples` when given);
+    `progress` hears the search's (pools searched, pools)."""
     from libra.planner.cost_model import CostModel
     from libra.planner.planner import Planner, PlannerSettings
     from libra.planner.profiles import model_profile, parse_cluster
@@ -80,7 +82,7 @@ def plan_task(request, lengths: Lengths, samples: list | None, config: LibraConf
 
         calibration = fit(cost, samples)
         cost = replace(cost, coefficients=calibration.coefficients)
-    plan = Planner(cost, workload, settings).plan(WallClock())
+    plan = Planner(cost, workload, settings).plan(WallClock(), progress)
     check_feasible(plan, cost, workload)
     payload = plan_json(plan, cluster, model, workload, lengths.source)
     if calibration is not None:

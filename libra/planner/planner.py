@@ -32,6 +32,7 @@ from libra.planner.training_search import TrainingTable
 from libra.planner.workload import Workload
 
 Mode = Literal["one_step_off", "sync", "colocated"]
+PlanProgress = Callable[[int, int], None]  # told (pools searched, pools) as the search goes
 
 
 class SearchDials(Settings):
@@ -161,7 +162,9 @@ class Planner:
         return [i / k for i in range(1, k)]
 
     # the search ------------------------------------------------------------------------------
-    def plan(self, clock: Clock | None = None) -> Plan:
+    def plan(self, clock: Clock | None = None, progress: PlanProgress | None = None) -> Plan:
+        """The best plan the search finds; `progress` hears (pools searched, pools) after each
+        hybrid pool and rollout share (a large cluster's search takes minutes)."""
         start = clock.now() if clock else 0.0
         total = self.cost.cluster.gpus
         best: tuple[float, float, int, int, float] | None = None  # (T_iter, T_train + T_rollout, train, hybrid, share)
@@ -171,16 +174,18 @@ class Planner:
             best = (t_iter, t_train + t_rollout, total, 0, 0.0)
             splits = 1
         else:
-            for hybrid in self.hybrid_sizes():
-                for share in self.shares() if hybrid else [0.0]:
-                    core = total - hybrid
-                    for candidate in self._train_candidates(core, hybrid, share):
-                        train = self._used(candidate)  # what training leaves of its pool goes to rollout
-                        splits += 1
-                        t_iter, t_train, t_rollout = self.iteration_time(train, core - train, hybrid, share)
-                        key = (t_iter, t_train + t_rollout, train, hybrid, share)
-                        if best is None or key < best:
-                            best = key
+            pools = [(hybrid, share) for hybrid in self.hybrid_sizes() for share in (self.shares() if hybrid else [0.0])]
+            for searched, (hybrid, share) in enumerate(pools, 1):
+                core = total - hybrid
+                for candidate in self._train_candidates(core, hybrid, share):
+                    train = self._used(candidate)  # what training leaves of its pool goes to rollout
+                    splits += 1
+                    t_iter, t_train, t_rollout = self.iteration_time(train, core - train, hybrid, share)
+                    key = (t_iter, t_train + t_rollout, train, hybrid, share)
+                    if best is None or key < best:
+                        best = key
+                if progress is not None:
+                    progress(searched, len(pools))
         if best is None:
             raise LibraError(
                 f"no train/rollout split of {total} GPUs at a granularity of {self.granularity()} GPUs; "

@@ -117,3 +117,13 @@ def test_traces_import_shows_reading_progress(monkeypatch: pytest.MonkeyPatch, t
     code, out, drawn = on_terminal(monkeypatch, "traces", "import", str(swe), "--run", "swe2", "--store", str(tmp_path),
                                    "--json")
     assert (code, drawn) == (0, "") and json.loads(out)["turns"] == 10222
+
+
+def test_plan_shows_the_search_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`libra plan` of a large cluster searched for minutes without a word."""
+    code, out, drawn = on_terminal(monkeypatch, "plan", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--trace", str(TAU))
+    assert code == 0 and out.startswith("plan for 2x8:A800-SXM4-80GB (16 GPUs)")
+    assert "planning 2x8:a800 [" in drawn and "] 100% 13/13 pools of hybrids searched" in drawn
+    code, out, drawn = on_terminal(monkeypatch, "plan", "--cluster", "2x8:a800", "--model", "qwen3-8b", "--trace", str(TAU),
+                                   "--json")
+    assert (code, drawn) == (0, "") and json.loads(out)["gpus"] == 16

@@ -273,3 +273,18 @@ def test_when_no_variant_can_plan_the_error_says_why() -> None:
                                          r"split of 48 GPUs at a granularity of 48 GPUs; use mode colocated, more GPUs "
                                          r"or a finer granularity$"):
         controller.observe(0, trace_workload("swe_gemini3_mini_A", scale=0.25))
+
+
+def test_the_search_reports_each_pool_it_searched_and_plans_the_same() -> None:
+    """`libra plan` on a large cluster searched for minutes without a word; its bar hears this."""
+    from libra.planner.planner import PlannerSettings
+
+    workload = trace_workload("swe_gemini3_mini_A", scale=0.25)
+    settings = PlannerSettings(max_hybrid_fraction=0.25, hybrid_shares=4)
+    heard = []
+    planner = Planner(a800_14b(), workload, settings)
+    pools = 1 + len(planner.hybrid_sizes()[1:]) * 3  # no hybrid, then each hybrid size at shares 1/4, 2/4, 3/4
+    assert pools == 1 + 12 * 3  # 48 GPUs, a quarter of them hybrids at most, one GPU a step
+    plan = planner.plan(progress=lambda done, total: heard.append((done, total)))
+    assert heard == [(i, pools) for i in range(1, pools + 1)]
+    assert plan == Planner(a800_14b(), workload, settings).plan()
