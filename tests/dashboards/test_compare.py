@@ -53,13 +53,12 @@ def test_only_training_runs_are_read_from_an_experiment(tmp_path, monkeypatch):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
     for system in ("libra", "static"):
         log_run("libra-sim", str(tmp_path / "artifacts"), system, {"system": system}, {"throughput": 1.0})
     with pytest.raises(LookupError, match=r"^experiment 'libra-sim' has no training runs \(2 runs that are not training "
                                           r"runs: simulations, trace imports, rollouts or pools\)$"):
         read_runs(uri, "libra-sim")
     trained = create_run(ensure_experiment("libra-sim", str(tmp_path / "artifacts")), "train-math-seed0")
-    mlflow.MlflowClient().log_metric(trained, "iteration_s", 12.5, step=0)
+    mlflow.MlflowClient(tracking_uri=uri).log_metric(trained, "iteration_s", 12.5, step=0)
     [run] = read_runs(uri, "libra-sim")
     assert (run.name, run.run_id, run.metrics) == ("train-math-seed0", trained, {"iteration_s": ((0, 12.5),)})
