@@ -26,7 +26,9 @@ def forget(namespace: argparse.Namespace) -> argparse.Namespace:
     return namespace
 
 
-class _Store(argparse._StoreAction):
+class _Once(argparse.Action):
+    """A storing action that refuses a second use of its option (positionals are given once anyway)."""
+
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: str | Sequence[str] | None,
                  option_string: str | None = None) -> None:
         if self.option_strings:
@@ -34,18 +36,19 @@ class _Store(argparse._StoreAction):
         super().__call__(parser, namespace, values, option_string)
 
 
-class _StoreConst(argparse._StoreConstAction):
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: str | Sequence[str] | None,
-                 option_string: str | None = None) -> None:
-        once(self, namespace, option_string)
-        super().__call__(parser, namespace, values, option_string)
-
-
-class _StoreTrue(argparse._StoreTrueAction, _StoreConst):
+class _Store(_Once, argparse._StoreAction):
     pass
 
 
-class _StoreFalse(argparse._StoreFalseAction, _StoreConst):
+class _StoreConst(_Once, argparse._StoreConstAction):
+    pass
+
+
+class _StoreTrue(_Once, argparse._StoreTrueAction):
+    pass
+
+
+class _StoreFalse(_Once, argparse._StoreFalseAction):
     pass
 
 
