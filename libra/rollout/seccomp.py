@@ -22,8 +22,8 @@ What the list covers, by what it would reach:
   call shares through the sandbox's host uid, and Linux AIO contexts, one count for the host;
 - the page cache of the shared read-only system, which a call could read without a sound and so
   pass data to a later call (`mincore`, `cachestat`, `preadv2`/`pwritev2` with `RWF_NOWAIT`);
-- sockets of the families in `REFUSED_FAMILIES` (inet, netlink, packet, vsock: EAFNOSUPPORT), whose
-  buffers the call's memory cgroup does not see (unix sockets stay).
+- sockets of every family but unix (`ALLOWED_FAMILIES`; EAFNOSUPPORT): inet, netlink and the rest,
+  whose buffers the call's memory cgroup does not see and whose kernel modules a socket loads.
 """
 
 from __future__ import annotations
@@ -81,18 +81,25 @@ NUMBERS = {"cachestat": 451}
 RWF_NOWAIT = 0x8
 PAGE_CACHE_PROBES = ("preadv2", "pwritev2")
 
-# socket families refused (EAFNOSUPPORT) with the answer programs read as "no such network": the
-# call's network namespace reaches nothing anyway, and these reach past its limits. Netlink and
-# TCP socket buffers are not charged to the call's memory cgroup (a call capped at 64 MiB held 3 GiB
-# in netlink queues, and 2.2 GiB over its own loopback in a bwrap of its own); vsock is not
-# namespaced; packet sockets read raw traffic. Unix sockets stay (asyncio, multiprocessing).
-REFUSED_FAMILIES = {
-    "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16, "AF_PACKET": 17, "AF_VSOCK": 40,
-}
+# socket families: only unix sockets are made (asyncio, multiprocessing); every other family is
+# refused (EAFNOSUPPORT) with the answer programs read as "no such network". The call's network
+# namespace reaches nothing anyway, and the others reach past its limits: netlink and TCP socket
+# buffers are not charged to the call's memory cgroup (a call capped at 64 MiB held 3 GiB in netlink
+# queues, and 2.2 GiB over its own loopback in a bwrap of its own); vsock is not namespaced; packet
+# sockets read raw traffic; and creating a socket of a family loads its kernel module (ALG, CAN,
+# RDS, TIPC, ...: families with a history of local privilege escalations). An allowlist, so a
+# family a newer kernel adds is refused too: every number below FAMILY_LIMIT but these (the
+# kernel itself refuses a family at or above its AF_MAX, 46 in Linux 6.x). The kernel reads the
+# family as an int, so only the argument's low 32 bits are compared: a family with high bits set
+# is the same family to the kernel (compared whole, `AF_INET | 1 << 32` had passed the filter).
+# socketpair() creates its sockets the same way and is filtered alike.
+ALLOWED_FAMILIES = {"AF_UNIX": 1}
+FAMILY_LIMIT = 128
+FAMILY_CALLS = ("socket", "socketpair")
+LOW_32_BITS = 0xFFFF_FFFF
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_ACT_ERRNO = 0x00050000
-SCMP_CMP_EQ = 4
 SCMP_CMP_MASKED_EQ = 7
 
 
@@ -102,6 +109,11 @@ class _ArgCmp(ctypes.Structure):  # libseccomp's struct scmp_arg_cmp
 
 class SeccompUnavailable(LibraError):
     """libseccomp cannot be loaded or cannot compile the filter (the message says what to do)."""
+
+
+def refused_families() -> list[int]:
+    """The socket family numbers a call may not create sockets of (see ALLOWED_FAMILIES)."""
+    return [family for family in range(FAMILY_LIMIT) if family not in ALLOWED_FAMILIES.values()]
 
 
 @lru_cache(maxsize=1)
@@ -132,12 +144,13 @@ def filter_program() -> bytes:
                     continue
             if lib.seccomp_rule_add(context, SCMP_ACT_ERRNO | answer, number, 0) != 0:
                 raise SeccompUnavailable(f"libseccomp refused the rule for {name}")
-        socket_call = lib.seccomp_syscall_resolve_name(b"socket")
-        for family, value in REFUSED_FAMILIES.items():
-            compare = _ArgCmp(0, SCMP_CMP_EQ, value, 0)
-            if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EAFNOSUPPORT, socket_call, 1,
-                                          ctypes.byref(compare)) != 0:
-                raise SeccompUnavailable(f"libseccomp refused the rule for socket({family})")
+        for name in FAMILY_CALLS:
+            call = lib.seccomp_syscall_resolve_name(name.encode())
+            for family in refused_families():
+                compare = _ArgCmp(0, SCMP_CMP_MASKED_EQ, LOW_32_BITS, family)
+                if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EAFNOSUPPORT, call, 1,
+                                              ctypes.byref(compare)) != 0:
+                    raise SeccompUnavailable(f"libseccomp refused the rule for {name}(family {family})")
         for name in PAGE_CACHE_PROBES:
             compare = _ArgCmp(5, SCMP_CMP_MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT)
             if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EOPNOTSUPP,
