@@ -77,5 +77,10 @@ def _first_tool(text: str) -> tuple[int, str, str] | None:
 
 
 def observation(output: str, status: str, max_chars: int = 2_000) -> str:
+    """What a tool's output adds to the context: at most `max_chars` characters, each one UTF-8 can
+    carry. A lone surrogate (a test's value the code under test built from `"\\udc80"`, read back
+    from the runner's JSON) becomes `?`: the tokenizer refuses it, and that had raised out of the
+    whole rollout."""
     text = output if len(output) <= max_chars else output[:max_chars] + " [...]"
+    text = text.encode("utf-8", "replace").decode("utf-8")
     return f"<obs>{text}</obs>\n" if status == "ok" else f"<obs status=error>{text}</obs>\n"

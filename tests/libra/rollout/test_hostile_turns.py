@@ -84,6 +84,20 @@ def test_an_edit_of_a_line_numbered_past_python_s_integer_limit_is_the_tools_err
             ("edit", "error"), ("edit", "ok"), ("none", "none")]
 
 
+def test_a_value_that_is_a_lone_surrogate_is_an_observation_like_any_other(tokenizer, tmp_path):
+    """The code under test returns "\\udc80", which the test runner's JSON carries and the host reads
+    back as a lone surrogate: the tokenizer raised on the observation, out of the whole rollout."""
+    line = make_env("repo").tasks(1, seed=1)[0].data["line"]
+    turns = {0: f'<tool>edit: code.py {line}:     return "\\udc80"</tool>', 1: "<tool>test: all</tool>"}
+    result = run("repo", tokenizer, lambda tid, turn: turns.get(turn, "<answer>done</answer>"), tmp_path,
+                 max_turns=4, max_tokens_per_turn=500, max_context=8_000)
+    for t in result.trajectories:
+        assert not t.failure and [(u.tool_name, u.tool_status) for u in t.turns] == [
+            ("edit", "ok"), ("test", "ok"), ("none", "none")]
+        shown = tokenizer.decode(t.ids[t.prompt_tokens:])
+        assert "returned ?, expected" in shown and "\udc80" not in shown
+
+
 @pytest.mark.parametrize("logprob", [-math.inf, math.nan])
 def test_a_turn_whose_log_probs_are_not_numbers_fails_its_trajectory(tokenizer, tmp_path, logprob):
     """The trainer's importance ratio divides by the engine's log-probs: an -inf (reported from a
