@@ -46,12 +46,13 @@ def render_table(table: pa.Table, max_rows: int = 100) -> str:
     shown = _rows(table.slice(0, max_rows))
     numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type) for f in table.schema]
     cells = [[_cell(row[n]) for n in names] for row in shown]
-    widths = [max([len(n)] + [len(r[i]) for r in cells]) for i, n in enumerate(names)]
+    header = [printable(n) for n in names]  # a column may be named by stored text (a PIVOT over a trace's tool names)
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(header)]
 
     def line(values: list[str]) -> str:
         return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)).rstrip()
 
-    out = [line(names), line(["-" * w for w in widths])] + [line(r) for r in cells]
+    out = [line(header), line(["-" * w for w in widths])] + [line(r) for r in cells]
     if table.num_rows > max_rows:
         out.append(f"... {table.num_rows - max_rows} more row(s); use --json or LIMIT to see them")
     out.append(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})")

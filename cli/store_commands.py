@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from cli.format import render_table, rows_json
+from cli.text import printable
 from libra.config import LibraConfig
 from libra.config_loading import default_config_yaml
 from libra.errors import LibraError
@@ -134,14 +135,14 @@ def cmd_runs(args: argparse.Namespace, config: LibraConfig) -> int:
 
     runs, hidden, unreadable = store_runs(config.store)
     if hidden:
-        print(f"libra: note: not listed, no committed import: {', '.join(hidden)} (an import still running or killed, "
+        print(f"libra: note: not listed, no committed import: {', '.join(map(printable, hidden))} (an import still running or killed, "
               "or written before run manifests; import again to use)", file=sys.stderr)
     for why in unreadable.values():
         print(f"libra: note: listed but cannot be read: {why}", file=sys.stderr)
     if args.json:
         print(json.dumps(runs))
     elif runs:
-        print("\n".join(runs))
+        print("\n".join(map(printable, runs)))
     else:
         absent = "" if Path(config.store.root).exists() else ": no such directory"
         print(f"(no runs in store {config.store.root}{absent})")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import pyarrow as pa
 import pyarrow.csv as pacsv
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -68,11 +69,26 @@ def log_trace_run_task(summary: ImportSummary, stats: dict[str, Any], config: Li
                                      "step_turns_mean": row["turns_mean"]})
                  for row in run_named(catalog, "per_step_drift").to_pylist()]
         for name in ("tool_statistics", "length_histogram", "per_step_drift"):
-            pacsv.write_csv(run_named(catalog, name), Path(tmp) / f"{name}.csv")
+            pacsv.write_csv(spreadsheet_safe(run_named(catalog, name)), Path(tmp) / f"{name}.csv")
         length_histogram_png(catalog, Path(tmp) / "length_histogram.png", title=f"{summary.run}: trajectory length")
         per_step_drift_png(catalog, Path(tmp) / "per_step_drift.png", title=f"{summary.run}: length per step")
         return log_run(experiment, config.tracking.artifact_root, summary.run, params, metrics, steps=steps,
                        artifacts=sorted(Path(tmp).iterdir()))
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(table: pa.Table) -> pa.Table:
+    """`table` with every text cell a spreadsheet would run as a formula (one that starts with `=`,
+    `+`, `-`, `@`, a tab or a carriage return: an imported trace's tool name `=HYPERLINK(...)`)
+    written after a `'`, which spreadsheets read as "text follows"."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            cells = [f"'{v}" if isinstance(v, str) and v.startswith(FORMULA_STARTS) else v
+                     for v in table.column(i).to_pylist()]
+            table = table.set_column(i, field, pa.array(cells, type=field.type))
+    return table
 
 
 def create_run(experiment_id: str, name: str, tags: dict[str, str] | None = None) -> str:

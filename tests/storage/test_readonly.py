@@ -201,3 +201,6 @@ def test_values_python_cannot_hold_and_control_characters_are_shown_as_text(stor
     assert main(["query", "--run", "s", "--store", str(store), "--json", sql]) == 0
     assert json.loads(capsys.readouterr().out) == [{"t": "<value out of range: 9223372036854775807>",
                                                     "d": "<value out of range: -2147483647>", "s": "\x1b[31mred", "n": 2}]
+    # a column named by stored text (a PIVOT over an imported trace's tool names) is shown as text too
+    assert main(["query", "--run", "s", "--store", str(store), "select 1 as \"\x1b]0;owned\x07x\", 2 as n"]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ["\\x1b]0;owned\\x07x  n", "-" * 17 + "  -"]
