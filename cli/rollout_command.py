@@ -106,12 +106,14 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
     from flows.rollout import rollout_flow, rollout_request
     from libra.checks import as_flag
+    from libra.rollout.sandbox import check_workdirs
     from storage.writer import ANOTHER, refuse_existing
 
     request = rollout_request(args.env, args.prompts, args.samples, args.batches, args.engine, args.instances,
                               args.device, args.router, args.buckets, args.policy, args.temperature, args.max_turns,
                               args.seed, args.run, config.rollout, names=as_flag)
     refuse_existing(config.store.root, request.run, ANOTHER)  # before the engines start
+    check_workdirs(config.sandbox, request.prompts * request.samples)
     with json_stdout(args.json) as out:
         summary = run_flow(rollout_flow, config, tracking=not args.no_track, env=request.env, prompts=request.prompts,
                            samples=request.samples, batches=request.batches, engine=request.engine,

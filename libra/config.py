@@ -175,9 +175,12 @@ class SandboxConfig(_Section):
     uid: int = Field(65534, ge=1, le=2**31 - 1, description="host uid (and gid) sandboxes run as when Libra runs as root "
                      "(at most 2,147,483,647: bubblewrap cannot map a larger one)")
     python: str = Field("", description="interpreter for tool code (empty: Libra's own, else the system's python3)")
-    workdir_bytes: int = Field(256 * 2**20, ge=2**20, le=2**40, description="bytes a trajectory's tool calls may "
+    workdir_bytes: int = Field(16 * 2**20, ge=2**20, le=2**40, description="bytes a trajectory's tool calls may "
                                "write in its working directory, together (a tmpfs of its own, mounted nosuid,nodev, "
                                "where Libra runs as root; elsewhere only each file is capped)")
+    workdirs_bytes: int = Field(0, ge=0, le=2**44, description="host memory the working directories open at once "
+                                "may pin together, where they are tmpfs mounts (each counts its workdir_bytes); "
+                                "0: a quarter of the machine's memory")
 
 
 class RolloutConfig(_Section):
@@ -207,7 +210,7 @@ class RolloutConfig(_Section):
                           "weights, unless more than trainer.max_staleness updates old (then dropped, counted)")
     overprovision: float = Field(1.0, ge=1.0, le=8.0, description="with partial: groups in flight per iteration "
                                  "(suspended ones continued, new ones started), as a multiple of prompts_per_step")
-    suspend_bytes: int = Field(16 * 2**20, ge=0, le=2**32, description="with partial: bytes of working-directory "
+    suspend_bytes: int = Field(4 * 2**20, ge=0, le=2**32, description="with partial: bytes of working-directory "
                                "files a suspended trajectory may keep (checkpoints hold them); one with more fails, "
                                "with its group")
 

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 MS_NOSUID, MS_NODEV, MS_BIND, MS_SHARED = 0x2, 0x4, 0x1000, 1 << 20
+WORKDIR_SOURCE = "libra-work"  # the source every working directory's tmpfs is mounted with
 MNT_DETACH = 0x2
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -37,7 +38,7 @@ def mount_tmpfs(path: Path, size_bytes: int, inodes: int, uid: int, mode: int = 
     """Mount a tmpfs at the directory `path`: nosuid, nodev, at most `size_bytes` and `inodes`
     files, its root owned by `uid` with `mode`."""
     options = f"size={size_bytes},nr_inodes={inodes},mode={mode:o},uid={uid},gid={uid}"
-    _call(_libc.mount(b"libra-work", os.fsencode(path), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()),
+    _call(_libc.mount(WORKDIR_SOURCE.encode(), os.fsencode(path), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()),
           f"mount a tmpfs at {path}")
 
 
@@ -71,6 +72,32 @@ def mounts_below(top: str | Path, mountinfo: str) -> list[Path]:
         if (point == top or point.is_relative_to(top)) and point not in found:
             found.append(point)
     return sorted(found, key=lambda p: (-len(p.parts), str(p)))
+
+
+def workdir_bytes_held(mountinfo: str) -> int:
+    """The bytes the working directories' tmpfs mounts of this mount namespace may hold together
+    (their `size=` caps; each counted once, however many times it is seen), from a
+    /proc/PID/mountinfo text. A tmpfs keeps its pages in memory whoever wrote them, so this is the
+    host memory they can pin."""
+    held: dict[str, int] = {}
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        fstype, source, options = (line.split(" - ", 1)[1].split(" ") + ["", "", ""])[:3]
+        if fstype != "tmpfs" or source != WORKDIR_SOURCE:
+            continue
+        size = next((o[len("size="):] for o in options.split(",") if o.startswith("size=")), "")
+        held[fields[2]] = _size_bytes(size)  # the device: one filesystem seen at several points once
+    return sum(held.values())
+
+
+def _size_bytes(size: str) -> int:
+    """mountinfo's tmpfs `size=` option (kibibytes with a `k`, or bytes) in bytes; 0 when unreadable."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    if size[-1:].lower() in units and size[:-1].isdigit():
+        return int(size[:-1]) * units[size[-1].lower()]
+    return int(size) if size.isdigit() else 0
 
 
 def _unescape(field: str) -> str:

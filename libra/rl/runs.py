@@ -125,6 +125,7 @@ def check_tasks(config: LibraConfig) -> None:
     from libra.partial import groups_to_start
     from libra.rl.schedule import rolled_prompts, train_task_seed, training_tasks
     from libra.rollout.envs import make_env
+    from libra.rollout.sandbox import check_workdirs
 
     t = config.trainer
     env = make_env(t.env, config.sandbox)
@@ -134,6 +135,7 @@ def check_tasks(config: LibraConfig) -> None:
     r = config.rollout
     most = max(rolled_prompts(t), groups_to_start(t.prompts_per_step, r.overprovision, 0) if r.partial else 0)
     training_tasks(env, most, train_task_seed(t.seed, 0), t.eval_prompts)
+    check_workdirs(config.sandbox, most * t.samples_per_prompt + t.eval_prompts)  # an evaluation may overlap a rollout
 
 
 def open_session(config: LibraConfig, restart: bool = False) -> TrainingSession:

@@ -98,7 +98,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             min_tokens_per_turn: int = 0, seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
             score: bool = True, clock: Clock | None = None, tool_timeout_s: float = 300.0,
             trajectory_timeout_s: float = 3600.0, resume: Sequence[Suspended] = (), close_after: int | None = None,
-            suspend_bytes: int = 16 << 20, hold: threading.Event | None = None) -> RolloutResult:
+            suspend_bytes: int = 4 << 20, hold: threading.Event | None = None) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)

@@ -77,7 +77,7 @@ from pathlib import Path
 from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import SandboxConfig
 from libra.errors import LibraError
-from libra.mounts import MountError, can_mount, mount_tmpfs
+from libra.mounts import MountError, can_mount, mount_tmpfs, workdir_bytes_held
 from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
 from libra.rollout.sandbox_client import Server, ServerStopped
 from libra.rollout.sandbox_server import (
@@ -97,6 +97,42 @@ _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "
 
 # A bwrap per call runs this: the tool's code comes on stdin.
 _PRELUDE = TOOL_RUNNER + "sys.exit(run_tool(0, %(limits)r, bytes.fromhex(%(program)r)))\n"
+
+
+_MOUNTING = threading.Lock()
+
+
+def machine_memory_bytes() -> int:
+    """This machine's memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class WorkdirsFull(LibraError):
+    """Another working directory's tmpfs would let them all pin more memory than `sandbox.workdirs_bytes`."""
+
+
+def check_workdirs(sandbox: SandboxConfig, trajectories: int) -> None:
+    """Refused before any work where the working directories are tmpfs mounts (Libra runs as root):
+    `trajectories` open at once whose caps pass sandbox.workdirs_bytes (each would be refused as it
+    opened, the rollout with it)."""
+    allowed, named = workdirs_budget(sandbox)
+    if sandbox.isolation == "bwrap" and can_mount() and trajectories * sandbox.workdir_bytes > allowed:
+        raise WorkdirsFull(f"{trajectories} trajectories at once, each with a working directory of sandbox.workdir_bytes "
+                           f"{sandbox.workdir_bytes / 2**20:,.0f} MiB, may hold "
+                           f"{trajectories * sandbox.workdir_bytes / 2**20:,.0f} MiB of files in memory, past {named}; "
+                           f"{WORKDIRS_REMEDY}")
+
+
+def workdirs_budget(sandbox: SandboxConfig) -> tuple[int, str]:
+    """The bytes the working directories open at once may pin (sandbox.workdirs_bytes, 0: a quarter
+    of this machine's memory), and the budget in words."""
+    allowed = sandbox.workdirs_bytes or machine_memory_bytes() // 4
+    return allowed, (f"sandbox.workdirs_bytes {allowed / 2**20:,.0f} MiB"
+                     f"{'' if sandbox.workdirs_bytes else ' (a quarter of this machine memory)'}")
+
+
+WORKDIRS_REMEDY = ("lower sandbox.workdir_bytes (a task's files need a few KiB) or the trajectories in flight, or raise "
+                   "sandbox.workdirs_bytes")
 
 
 class SandboxUnavailable(LibraError):
@@ -193,7 +229,13 @@ def _rlimits(limits: SandboxLimits) -> list[tuple[str, tuple[int, int]]]:
             ("RLIMIT_NOFILE", (limits.open_files, limits.open_files)),
             # POSIX message queues' bytes are counted per host uid, which every call shares: one call
             # could take them all and the others' mq_open fail (EMFILE), so no call has any
-            ("RLIMIT_MSGQUEUE", (0, 0))]
+            ("RLIMIT_MSGQUEUE", (0, 0)),
+            # scheduling is set, not inherited from whatever started Libra (a container given
+            # `--ulimit rtprio` would let a call's processes run at real-time priority, which the
+            # call's CPU quota does not throttle, and starve the engines): no real-time priority, no
+            # nice value below the one it starts with, and a real-time slice bounded all the same
+            ("RLIMIT_RTPRIO", (0, 0)), ("RLIMIT_NICE", (0, 0)),
+            ("RLIMIT_RTTIME", (limits.cpu_s * 1_000_000, limits.cpu_s * 1_000_000))]
 
 
 def bwrap_binary() -> str | None:
@@ -373,12 +415,19 @@ class Sandbox:
         if workdir.is_relative_to(workroot_base()) and not base_shared():
             return False  # the sandbox server would not see the mount (workroot_base warned)
         size = self.config.workdir_bytes
-        try:
-            mount_tmpfs(workdir, size, max(1_024, size // 4_096), launcher.uid if launcher.uid is not None else os.geteuid())
-        except MountError as exc:
-            warn_once(f"working directories stay on the host's filesystem ({exc}): a tool's files are not on a "
-                       "nosuid,nodev filesystem and the bytes a trajectory writes are capped per file only")
-            return False
+        with _MOUNTING:  # one count and mount at a time: two threads must not both fit in the last room
+            held = workdir_bytes_held(Path("/proc/self/mountinfo").read_text())
+            allowed, named = workdirs_budget(self.config)
+            if held + size > allowed:
+                raise WorkdirsFull(f"the working directories open now on this machine (every Libra process's) may hold "
+                                   f"{held / 2**20:,.0f} MiB of files in memory, and another of sandbox.workdir_bytes "
+                                   f"{size / 2**20:,.0f} MiB would pass {named}; {WORKDIRS_REMEDY}")
+            try:
+                mount_tmpfs(workdir, size, max(1_024, size // 4_096), launcher.uid if launcher.uid is not None else os.geteuid())
+            except MountError as exc:
+                warn_once(f"working directories stay on the host's filesystem ({exc}): a tool's files are not on a "
+                          "nosuid,nodev filesystem and the bytes a trajectory writes are capped per file only")
+                return False
         return True
 
     def run(self, code: str, workdir: str | Path, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:

@@ -217,6 +217,21 @@ def test_a_rollout_or_pool_named_as_an_existing_run_is_refused_before_it_starts(
     assert not (files / ".libra").exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="working directories are tmpfs mounts only where Libra runs as root")
+def test_a_rollout_whose_working_directories_would_pin_more_than_their_budget_is_refused(
+        files: Path, capsys: pytest.CaptureFixture) -> None:
+    """256 MiB a working directory, with nothing adding them up: the README's `--prompts 32 --samples
+    8` could pin 64 GiB of a 24 GiB machine in tmpfs pages."""
+    (files / "wd.yaml").write_text("sandbox:\n  workdir_bytes: 4194304\n  workdirs_bytes: 10485760\n")
+    assert main(["rollout", "--env", "math", "--prompts", "2", "--samples", "2", "--no-track", "--config", "wd.yaml",
+                 "--policy", str(ROOT / "data" / "policy"), "--store", "store"]) == 2
+    assert capsys.readouterr().err == (
+        "libra: error: 4 trajectories at once, each with a working directory of sandbox.workdir_bytes 4 MiB, may hold "
+        "16 MiB of files in memory, past sandbox.workdirs_bytes 10 MiB; lower sandbox.workdir_bytes (a task's files "
+        "need a few KiB) or the trajectories in flight, or raise sandbox.workdirs_bytes\n")
+    nothing_written(files)
+
+
 def test_a_tree_of_a_run_without_trajectories_is_refused_and_nothing_saved(files: Path,
                                                                          capsys: pytest.CaptureFixture) -> None:
     """A simulation's run holds steps and plans, no trajectories: the tree saved was one empty root."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from collections.abc import Callable
 from pathlib import Path
 
@@ -91,8 +93,21 @@ class _Episode:
         ran and printed has in the same places, over the longer of the two: the expression copied
         right and nothing else scores 1; a call with extra terms, or the numbers without the
         operators (printed, or a syntax error, which never counts), scores less."""
-        want, got = _TERMS.findall(self.task.data["expression"]), _TERMS.findall(self.last_code)
+        want, got = _TERMS.findall(self.task.data["expression"]), computed_terms(self.last_code)
         return sum(a == b for a, b in zip(want, got, strict=False)) / max(len(want), len(got), 1)
 
 
 _TERMS = re.compile(r"\d+|//|\*\*|[-+*/%]")  # an expression's numbers and operators (brackets aside)
+_OPERATORS = frozenset(("//", "**", "-", "+", "*", "/", "%"))
+
+
+def computed_terms(code: str) -> list[str]:
+    """The numbers and arithmetic operators `code` computes with, in order, read as Python's own
+    tokens: the expression in a string, a comment or a docstring counts nothing (`print("126 + 5 *
+    8")` had scored full partial credit without computing anything)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return []
+    return [t.string for t in tokens
+            if t.type == tokenize.NUMBER or (t.type == tokenize.OP and t.string in _OPERATORS)]

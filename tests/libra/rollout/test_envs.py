@@ -70,6 +70,12 @@ def test_a_math_episode_credits_the_expression_its_last_call_computed_in_place(t
     assert episode.partial_credit() == 0.0
     episode.call("python", f"print({a}, {b}, {c})")
     assert episode.partial_credit() == pytest.approx(1 / 5)
+    # the expression as text computes nothing: in a string, a comment or a docstring it counts for
+    # nothing (a red team's `print("a + b * c")` scored 1, a comment then `print(0)` 0.83)
+    episode.call("python", f'print("{a} + {b} * {c}")')
+    assert episode.partial_credit() == 0.0
+    episode.call("python", f'"""{a} + {b} * {c}"""\n# {a} + {b} * {c}\nprint(0)')
+    assert episode.partial_credit() == pytest.approx(0 / 5)
     assert env.grades_partial_work and not make_env("search").grades_partial_work
     assert not make_env("repo").grades_partial_work
 

@@ -174,10 +174,13 @@ def test_limits_bind_and_cannot_be_raised(episode, host):
     output, status = attack(episode, host, "import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (10**6, 10**6))")
     assert status == "error" and "not allowed to raise" in output
     output, status = attack(episode, host, "import resource\nprint(*(resource.getrlimit(getattr(resource, 'RLIMIT_' + n)) "
-                                           "for n in ('AS', 'NPROC', 'NOFILE', 'MSGQUEUE', 'CORE')))")
+                                           "for n in ('AS', 'NPROC', 'NOFILE', 'MSGQUEUE', 'CORE', 'RTPRIO', "
+                                           "'NICE', 'RTTIME')))")
     # a core limit of 1, not 0: the kernel ignores 0 where dumps go to a helper program (started as
-    # root on the host with the call's memory); 1 stops it
-    assert output == (f"{(FAST.memory_bytes,) * 2} {(FAST.processes,) * 2} {(FAST.open_files,) * 2} (0, 0) (1, 1)")
+    # root on the host with the call's memory); 1 stops it. No real-time priority, no lower nice
+    # value, whatever the limits Libra was started with
+    assert output == (f"{(FAST.memory_bytes,) * 2} {(FAST.processes,) * 2} {(FAST.open_files,) * 2} (0, 0) (1, 1) "
+                      f"(0, 0) (0, 0) {(FAST.cpu_s * 10**6,) * 2}")
     output, status = attack(episode, host, "import os\ntry:\n    os.open('/dev/ptmx', os.O_RDWR)\n    print('pty')\n"
                                            "except OSError as e:\n    print(e.errno)")
     assert output in ("2", "13", "30")  # no pseudo-terminal (one count for every namespace but the host's)
@@ -330,6 +333,30 @@ def test_the_bytes_a_trajectory_writes_are_capped_as_a_whole(tmp_path, config):
     assert (output, status) == ("stopped 28\nfiles 2", "ok")  # ENOSPC in the third file of 1.5 MiB (of a 4 MiB cap)
     assert sum(p.stat().st_size for p in (tmp_path / "work").iterdir()) <= 4 * 2**20
     assert episode.call("python", "import os; os.remove('f0'); print(6 * 7)") == ("42", "ok")
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a working directory of its own (a tmpfs) is mounted only where Libra runs as root")
+def test_the_working_directories_open_at_once_pin_no_more_than_their_budget(tmp_path, config):
+    """A tmpfs keeps what a call wrote in memory after the call's cgroup is gone: 256 MiB a
+    trajectory, with nothing adding them up, let a batch's trajectories pin more than the machine."""
+    from libra.files import discard_tree
+    from libra.mounts import workdir_bytes_held
+    from libra.rollout.sandbox import WorkdirsFull
+
+    before = workdir_bytes_held(Path("/proc/self/mountinfo").read_text())
+    box = Sandbox(config.model_copy(update={"workdir_bytes": 2**20, "workdirs_bytes": before + 3 * 2**20}))
+    dirs = [tmp_path / f"w{i}" for i in range(4)]
+    for d in dirs:
+        d.mkdir()
+    assert [box.prepare(d) for d in dirs[:3]] == [True] * 3
+    with pytest.raises(WorkdirsFull, match=r"would pass sandbox.workdirs_bytes .*lower sandbox.workdir_bytes"):
+        box.prepare(dirs[3])
+    assert not any(dirs[3].iterdir()) and os.statvfs(dirs[3]).f_blocks != os.statvfs(dirs[0]).f_blocks
+    discard_tree(dirs[0])
+    assert box.prepare(dirs[3])  # one closed, one more fits
+    for d in dirs[1:]:
+        discard_tree(d)
+    assert workdir_bytes_held(Path("/proc/self/mountinfo").read_text()) == before
 
 
 def test_the_memory_of_all_a_calls_processes_is_capped_together(episode, host, config):
