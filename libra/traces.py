@@ -44,7 +44,9 @@ REQUIRED_COLUMNS = (
 )
 OPTIONAL_COLUMNS = ("gen_tokens_method",)
 TEXT_COLUMNS = ("source", "prompt_id", "sample_id", "tool_name", "tool_status", "gen_tokens_method")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # shown raw, they would drive the terminal of whoever reads the store
+# shown raw, they would drive the terminal of whoever reads the store (C0, DEL and C1 controls), or
+# show a name other than it is (the bidirectional overrides and marks: "U+202E" turns a name around)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 MAX_COUNT = 2**31 - 1  # the largest token count or turn index a trace may hold
 MAX_FIELD_CHARS = 131_072  # Python's csv field limit; a trace's fields are ids, names and numbers
 PROGRESS_ROWS = 8_192  # rows between two progress reports

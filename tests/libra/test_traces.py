@@ -224,9 +224,10 @@ def test_ids_that_would_make_one_trajectory_of_two_are_refused(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("column", ["prompt_id", "sample_id", "tool_name", "source"])
-def test_control_characters_in_names_are_refused(tmp_path: Path, column: str) -> None:
+@pytest.mark.parametrize("control", ["\x1b[31m", "\x9b31m", "\u202e"], ids=["escape", "c1-csi", "bidi-override"])
+def test_control_characters_in_names_are_refused(tmp_path: Path, column: str, control: str) -> None:
     rows = trace_rows("p", "s", 5, [(1, "search", 3, "ok"), (2, "none", 0, "")])
-    rows[0][column] = rows[0][column] + "\x1b[31m"  # would colour the terminal of whoever queries the store
+    rows[0][column] = rows[0][column] + control  # would colour the terminal of whoever queries the store, or turn a name around
     err = _error(tmp_path, rows)
     assert err.line == 2 and err.reason.startswith(f"{column} holds a control character (a newline, NUL, escape, ...): ")
 
