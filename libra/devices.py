@@ -1,4 +1,5 @@
-"""The machine's torch devices: how many GPUs torch can use, and device names checked against them."""
+"""The machine's devices: its memory, its cores as a worker names them, how many GPUs torch can use,
+and device names checked against them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ import os
 from collections.abc import Sequence
 
 from libra.errors import LibraError
+
+
+def machine_memory_bytes() -> int:
+    """This machine's memory in bytes (16 GiB where the system does not say)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16 * 2**30
 
 
 def host_cores(cores: Sequence[int]) -> set[int]:

@@ -331,14 +331,13 @@ def event_row(event: PoolEvent) -> dict:
 def local_cluster(config: LibraConfig) -> LocalCluster:
     """This machine's workers: groups of `placement.cores_per_worker` of the cores this process may
     use (CPU), or one GPU each (rollout.device cuda)."""
-    from libra.devices import require_gpus
+    from libra.devices import machine_memory_bytes, require_gpus
 
     if config.rollout.device == "cuda":
         count = require_gpus(1, "rollout.device is cuda", "set it to cpu")
         return LocalCluster(tuple((g,) for g in range(count)), "cuda")
     cores = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else tuple(range(os.cpu_count() or 1))
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16 * 2**30
-    return LocalCluster.of_cores(cores, config.placement.cores_per_worker, float(memory))
+    return LocalCluster.of_cores(cores, config.placement.cores_per_worker, float(machine_memory_bytes()))
 
 
 def site_of(config: LibraConfig, ray: RayCluster | None, clock: Clock) -> WorkerSite:

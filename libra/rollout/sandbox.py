@@ -76,6 +76,7 @@ from pathlib import Path
 
 from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import SandboxConfig
+from libra.devices import machine_memory_bytes
 from libra.errors import LibraError
 from libra.mounts import MountError, can_mount, mount_tmpfs, workdir_bytes_held
 from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
@@ -100,11 +101,6 @@ _PRELUDE = TOOL_RUNNER + "sys.exit(run_tool(0, %(limits)r, bytes.fromhex(%(progr
 
 
 _MOUNTING = threading.Lock()
-
-
-def machine_memory_bytes() -> int:
-    """This machine's memory in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class WorkdirsFull(LibraError):
