@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 MS_NOSUID, MS_NODEV, MS_BIND, MS_SHARED = 0x2, 0x4, 0x1000, 1 << 20
 WORKDIR_SOURCE = "libra-work"  # the source every working directory's tmpfs is mounted with
@@ -60,17 +62,34 @@ def unmount_below(top: str | Path, mountinfo: str | None = None) -> list[Path]:
     return points
 
 
-def mounts_below(top: str | Path, mountinfo: str) -> list[Path]:
-    """The mount points at or below `top` in a /proc/PID/mountinfo text, deepest first, each once."""
-    top = Path(os.path.realpath(top))
-    found: list[Path] = []
+class _Mount(NamedTuple):
+    """One line of /proc/PID/mountinfo: the filesystem's device, where it is mounted, and (after the
+    ` - ` separator) its type, source and superblock options ("" where a line has none)."""
+
+    device: str
+    point: Path
+    fstype: str
+    source: str
+    options: str
+
+
+def _mounts(mountinfo: str) -> Iterator[_Mount]:
+    """The mounts of a /proc/PID/mountinfo text, in its order (lines too short to name a mount point skipped)."""
     for line in mountinfo.splitlines():
         fields = line.split(" ")
         if len(fields) < 5:
             continue
-        point = Path(_unescape(fields[4]))
-        if (point == top or point.is_relative_to(top)) and point not in found:
-            found.append(point)
+        fstype, source, options = ((line.split(" - ", 1)[1].split(" ") if " - " in line else []) + ["", "", ""])[:3]
+        yield _Mount(fields[2], Path(_unescape(fields[4])), fstype, source, options)
+
+
+def mounts_below(top: str | Path, mountinfo: str) -> list[Path]:
+    """The mount points at or below `top` in a /proc/PID/mountinfo text, deepest first, each once."""
+    top = Path(os.path.realpath(top))
+    found: list[Path] = []
+    for mount in _mounts(mountinfo):
+        if (mount.point == top or mount.point.is_relative_to(top)) and mount.point not in found:
+            found.append(mount.point)
     return sorted(found, key=lambda p: (-len(p.parts), str(p)))
 
 
@@ -79,16 +98,11 @@ def workdir_bytes_held(mountinfo: str) -> int:
     (their `size=` caps; each counted once, however many times it is seen), from a
     /proc/PID/mountinfo text. A tmpfs keeps its pages in memory whoever wrote them, so this is the
     host memory they can pin."""
-    held: dict[str, int] = {}
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if " - " not in line or len(fields) < 5:
-            continue
-        fstype, source, options = (line.split(" - ", 1)[1].split(" ") + ["", "", ""])[:3]
-        if fstype != "tmpfs" or source != WORKDIR_SOURCE:
-            continue
-        size = next((o[len("size="):] for o in options.split(",") if o.startswith("size=")), "")
-        held[fields[2]] = _size_bytes(size)  # the device: one filesystem seen at several points once
+    held: dict[str, int] = {}  # by device: one filesystem seen at several points counts once
+    for mount in _mounts(mountinfo):
+        if mount.fstype == "tmpfs" and mount.source == WORKDIR_SOURCE:
+            size = next((o[len("size="):] for o in mount.options.split(",") if o.startswith("size=")), "")
+            held[mount.device] = _size_bytes(size)
     return sum(held.values())
 
 
