@@ -261,6 +261,12 @@ class TrainerConfig(_Section):
     oversample: float = Field(1.0, ge=1.0, le=8.0, description="groups rolled out per iteration, as a multiple of "
                               "prompts_per_step; with dynamic_sampling the update takes the first prompts_per_step "
                               "groups whose rewards differ")
+    curriculum: bool = Field(False, description="draw each iteration's prompts by task category in proportion to "
+                             "how often the category's recent groups had rewards that differed (the rest carry no "
+                             "gradient), chosen from 8 times as many fresh tasks; needs an environment whose tasks have "
+                             "categories (math). See libra/rl/curriculum.py")
+    curriculum_decay: float = Field(0.8, gt=0.0, lt=1.0, description="with curriculum: what an iteration's group "
+                                    "counts weigh one iteration later (the policy moves; recent groups count most)")
     partial_credit: float = Field(0.0, ge=0.0, lt=1.0, description="what a wrong answer is trained on: this times "
                                   "the share of its task that it got right (the math tasks: the expression's numbers "
                                   "and operators in their places in its last python call that ran), so a group of near misses still "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from libra.pools.states import PoolEvent
 from libra.rl.cluster import Placement
+from libra.rl.curriculum import remembered
 from libra.rl.planning import EngineStart, EngineTiming, TrainTiming, timing_rows
 from libra.rl.schedule import GroupSelection
 from libra.trainer.checkpoint import CheckpointState
@@ -49,6 +50,7 @@ class RolloutStats:
     suspended: int = 0  # trajectories suspended when the batch closed (their groups' ended samples included)
     resumed: int = 0  # trajectories continued from earlier batches
     stale_dropped: int = 0  # suspended trajectories dropped before this batch, too many updates old to continue
+    groups_by_category: tuple[tuple[str, int, int], ...] = ()  # (task category, groups, groups whose rewards differ)
 
     @classmethod
     def of(cls, result: RolloutResult, kept: Sequence[TrajectoryRun], model_version: int,
@@ -70,7 +72,7 @@ class RolloutStats:
                    len(result.failed), dropped, selection.groups, selection.uniform, selection.trained_groups,
                    sum(r.answer is None for r in kept),
                    tuple((c, statistics.fmean(v)) for c, v in sorted(by_category.items())),
-                   len(result.suspended), result.resumed, stale_dropped)
+                   len(result.suspended), result.resumed, stale_dropped, selection.by_category)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class IterationRecord:
                "version_gap_max": float(self.update.token_gap_max), "suspended": float(b.suspended),
                "resumed": float(b.resumed), "stale_dropped": float(b.stale_dropped)}
         out |= {f"reward_{category}": reward for category, reward in b.reward_by_category}
+        out |= {f"informative_{category}": informative / groups for category, groups, informative in b.groups_by_category}
         if self.placement is not None:
             out |= {"rollout_workers": float(len(self.placement.rollout_workers)),
                     "train_workers": float(len(self.placement.train)),
@@ -173,11 +176,15 @@ class IterationRecord:
                 for e in self.pool_events]
 
 
-def advanced(state: CheckpointState, record: IterationRecord, version: int, mlflow_run_id: str) -> CheckpointState:
+def advanced(state: CheckpointState, record: IterationRecord, version: int, mlflow_run_id: str,
+             curriculum_decay: float) -> CheckpointState:
     """The run's state once iteration `record.step` is done: the next step, the weights' version, the
-    training seconds and tokens so far, and the held-out reward of the version when it was evaluated."""
+    training seconds and tokens so far, the held-out reward of the version when it was evaluated, and
+    the task categories' group counts (`libra.rl.curriculum`, decayed by `curriculum_decay`)."""
     summary = {**state.summary, "elapsed_s": record.start_s + record.seconds["iteration"],
-               "generated_tokens": state.summary.get("generated_tokens", 0) + record.batch.stats.generated_tokens}
+               "generated_tokens": state.summary.get("generated_tokens", 0) + record.batch.stats.generated_tokens,
+               "curriculum": remembered(state.summary.get("curriculum", {}), record.batch.stats.groups_by_category,
+                                        curriculum_decay)}
     if record.heldout_reward is not None:
         summary["heldout"] = {**summary.get("heldout", {}), str(record.version): record.heldout_reward}
     return replace(state, step=record.step + 1, version=version, mlflow_run_id=mlflow_run_id or state.mlflow_run_id,

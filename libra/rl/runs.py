@@ -50,7 +50,8 @@ def config_digest(config: LibraConfig) -> str:
                                   ("trainer", "oversample", 1.0), ("trainer", "epochs", 1),
                                   ("trainer", "decoupled_cap", 0.0), ("rollout", "partial", False),
                                   ("trainer", "partial_credit", 0.0), ("rollout", "overprovision", 1.0),
-                                  ("trainer", "overlong_filter", False)):
+                                  ("trainer", "overlong_filter", False), ("trainer", "curriculum", False),
+                                  ("trainer", "curriculum_decay", 0.8)):
         values = trainer if section == "trainer" else rollout
         if values[key] == default:
             values.pop(key)
@@ -121,9 +122,10 @@ def resume_point(config: LibraConfig, policy: Path, root: Path) -> tuple[Checkpo
 
 def check_tasks(config: LibraConfig) -> None:
     """Refused before any work: trainer.partial_credit for an environment that grades no partial
-    work, and an environment with too few problems apart from the held-out ones for an iteration."""
+    work, trainer.curriculum for one whose tasks have no categories, and an environment with too few
+    problems apart from the held-out ones for an iteration."""
     from libra.partial import groups_to_start
-    from libra.rl.schedule import rolled_prompts, train_task_seed, training_tasks
+    from libra.rl.schedule import iteration_tasks, rolled_prompts, train_task_seed
     from libra.rollout.envs import make_env
     from libra.rollout.sandbox import check_workdirs
 
@@ -134,7 +136,10 @@ def check_tasks(config: LibraConfig) -> None:
                          "(its reward is right or wrong); set trainer.partial_credit 0, or train on math")
     r = config.rollout
     most = max(rolled_prompts(t), groups_to_start(t.prompts_per_step, r.overprovision, 0) if r.partial else 0)
-    training_tasks(env, most, train_task_seed(t.seed, 0), t.eval_prompts)
+    if t.curriculum and any(task.data.get("category") is None for task in env.tasks(8, train_task_seed(t.seed, 0))):
+        raise LibraError(f"trainer.curriculum draws prompts by task category, and the {t.env} environment's tasks have "
+                         "none; set trainer.curriculum false, or train on math")
+    iteration_tasks(env, most, train_task_seed(t.seed, 0), t, None)
     check_workdirs(config.sandbox, most * t.samples_per_prompt + t.eval_prompts)  # an evaluation may overlap a rollout
 
 

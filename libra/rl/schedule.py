@@ -12,11 +12,13 @@ started from) is 1 stale.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from libra.config import RolloutConfig, TrainerConfig
+from libra.rl.curriculum import POOL, Counts, curriculum_tasks
 from libra.rollout.envs import HELD_OUT_SEED, fresh_tasks
 from libra.trainer.samples import TrainingSample
 
@@ -38,6 +40,16 @@ def training_tasks(env: Env, count: int, seed: int, held_out: int) -> list[Task]
     the `held_out` tasks the run evaluates on: the held-out reward measures problems never trained on."""
     return fresh_tasks(env, count, seed, held_out, "lower trainer.eval_prompts (fewer held-out problems to keep "
                        "apart), or train on an environment of more problems")
+
+
+def iteration_tasks(env: Env, count: int, seed: int, trainer: TrainerConfig, counts: Counts | None) -> list[Task]:
+    """An iteration's `count` training tasks (`training_tasks`); with `trainer.curriculum`, chosen
+    from `curriculum.POOL` times as many by their categories' informative rates in `counts` (the
+    run's, as its last checkpoint has them; see `libra.rl.curriculum`)."""
+    if not trainer.curriculum:
+        return training_tasks(env, count, seed, trainer.eval_prompts)
+    pool = training_tasks(env, count * POOL, seed, trainer.eval_prompts)
+    return curriculum_tasks(pool, count, counts or {}, random.Random(seed))
 
 
 def evaluate_after(completed: int, steps: int, every: int) -> bool:
@@ -134,6 +146,7 @@ class GroupSelection:
     groups: int  # whole groups scored
     uniform: int  # of those, groups whose samples' rewards are all equal (advantage 0: no gradient)
     trained_groups: int
+    by_category: tuple[tuple[str, int, int], ...] = ()  # (task category, groups, groups whose rewards differ)
 
 
 def trained_rewards(runs: Sequence[TrajectoryRun], partial_credit: float) -> dict[str, float]:
@@ -175,7 +188,14 @@ def select_groups(runs: Sequence[TrajectoryRun], dynamic: bool, wanted: int,
         informative = [pid for pid in groups if pid not in uniform]
         chosen = informative[:wanted] or chosen
     keep = set(chosen)
-    return GroupSelection(tuple(r for r in runs if r.prompt_id in keep), len(groups), len(uniform), len(chosen))
+    by_category: dict[str, list[int]] = {}
+    for pid, members in groups.items():
+        if members[0].category is not None:
+            counted = by_category.setdefault(members[0].category, [0, 0])
+            counted[0] += 1
+            counted[1] += pid not in uniform
+    return GroupSelection(tuple(r for r in runs if r.prompt_id in keep), len(groups), len(uniform), len(chosen),
+                          tuple((c, g, i) for c, (g, i) in sorted(by_category.items())))
 
 
 def _groups(runs: Sequence[TrajectoryRun]) -> dict[str, list[TrajectoryRun]]:

@@ -45,11 +45,11 @@ from libra.rl.routes import router_for
 from libra.rl.schedule import (
     admit,
     hybrids_wanted,
+    iteration_tasks,
     loss_bearing,
     rollout_spec,
     select_groups,
     trained_rewards,
-    training_tasks,
     whole_groups,
 )
 from libra.rl.trainers import Reshard, layout_of
@@ -231,7 +231,7 @@ class TrainingSession:
         prompts = groups_to_start(t.prompts_per_step, r.overprovision, len({s.prompt_id for s in carried.resumed})) \
             if partial else spec.prompts
         tasks = [] if not prompts else self.env.tasks(prompts, seed=spec.task_seed) if evaluation \
-            else training_tasks(self.env, prompts, spec.task_seed, t.eval_prompts)
+            else iteration_tasks(self.env, prompts, spec.task_seed, t, self.state.summary.get("curriculum"))
         workroot = make_workroot("libra-train-")
         for engine in self.engines:  # what the engines timed before (an evaluation's steps) is not this batch's
             engine.timer.drain()
@@ -382,7 +382,7 @@ class TrainingSession:
         """The state after iteration `record.step`: weights, optimizer, RNG, the batches rolled out
         ahead, the suspended trajectories (partial rollouts) and the iteration's record (re-recorded
         on resume if the process died before)."""
-        self.state = advanced(self.state, record, self.trainer.updates, mlflow_run_id)
+        self.state = advanced(self.state, record, self.trainer.updates, mlflow_run_id, self.config.trainer.curriculum_decay)
         self.last_record = record
         saved = Saved(self.trainer.optimizer_state(), rng_state(), self.pending, self.suspended, record,
                       self.planning_state())

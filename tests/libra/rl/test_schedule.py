@@ -126,8 +126,8 @@ def test_hybrids_follow_the_schedule_from_the_last_iteration_it_names_else_the_p
     assert [hybrids_wanted({}, 2, step) for step in range(3)] == [2, 2, 2]
 
 
-def run(prompt: str, reward: float) -> SimpleNamespace:
-    return SimpleNamespace(prompt_id=prompt, reward=reward)
+def run(prompt: str, reward: float, category: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(prompt_id=prompt, reward=reward, category=category)
 
 
 def test_dynamic_sampling_trains_on_the_first_groups_whose_rewards_differ():
@@ -144,7 +144,7 @@ def test_dynamic_sampling_trains_on_the_first_groups_whose_rewards_differ():
 
 def test_partial_credit_trains_a_wrong_answer_on_its_share_and_never_a_right_one_or_none():
     def scored(tid: str, prompt: str, reward: float, answer: str | None, credit: float) -> SimpleNamespace:
-        return SimpleNamespace(trajectory_id=tid, prompt_id=prompt, reward=reward, answer=answer,
+        return SimpleNamespace(trajectory_id=tid, prompt_id=prompt, reward=reward, answer=answer, category=None,
                                episode=SimpleNamespace(partial_credit=lambda: credit))
 
     runs = [scored("a0", "a", 1.0, "7", 1.0), scored("a1", "a", 0.0, "8", 2 / 3), scored("a2", "a", 0.0, None, 1.0),
