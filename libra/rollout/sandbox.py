@@ -445,7 +445,7 @@ class Sandbox:
                   if cgroups is not None else None)
         call = Stopwatch(self.clock)
         try:
-            with tempfile.TemporaryFile(prefix="libra-sandbox-") as out, tempfile.TemporaryFile(prefix="libra-sandbox-") as err:
+            with _output_file("stdout") as out, _output_file("stderr") as err:
                 if served:
                     try:
                         exit_code, timed_out = self._server(launcher).run(code, workdir.relative_to(base), _rlimits(limits),
@@ -575,9 +575,28 @@ def _init_handle(info: int, bwrap: int, limit_s: float) -> int | None:
     return handle
 
 
+def _output_file(name: str):
+    """A file in memory for a call's stdout or stderr (`memfd_create`), never one on the host's
+    disk: the call shares its open file, so what the call does to it must not reach the host's.
+    A disk file had let a call set O_DIRECT on it (the flags belong to the open file, which the host
+    reads through too): the host's read then failed (EINVAL: an unaligned read) and the trajectory
+    with it, and direct writes went on to the disk uncached at the disk's speed, past the page
+    cache and the memory cgroup. In memory, its pages are the writer's: the call's memory cgroup's
+    (root) or capped by RLIMIT_FSIZE, and its name shows no host path."""
+    return os.fdopen(os.memfd_create(f"libra-sandbox-{name}", os.MFD_CLOEXEC), "w+b")
+
+
 def _read(handle, cap: int) -> tuple[str, bool]:
-    handle.seek(0)
-    data = handle.read(cap + 1)
+    """Up to `cap` bytes of a call's output, read through an open file of the host's own (the call
+    may have changed the flags of the one it shares); output that cannot be read is said so."""
+    try:
+        fd = os.open(f"/proc/self/fd/{handle.fileno()}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.pread(fd, cap + 1, 0)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return f"[the call's output could not be read: {exc.strerror}]", False
     return data[:cap].decode("utf-8", "replace"), len(data) > cap
 
 

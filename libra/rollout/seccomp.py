@@ -22,6 +22,7 @@ What the list covers, by what it would reach:
   call shares through the sandbox's host uid, and Linux AIO contexts, one count for the host;
 - the page cache of the shared read-only system, which a call could read without a sound and so
   pass data to a later call (`mincore`, `cachestat`, `preadv2`/`pwritev2` with `RWF_NOWAIT`);
+- the disk, past the page cache: direct I/O (`O_DIRECT` at open or by `fcntl`, and `openat2`);
 - sockets of every family but unix (`ALLOWED_FAMILIES`; EAFNOSUPPORT): inet, netlink and the rest,
   whose buffers the call's memory cgroup does not see and whose kernel modules a socket loads.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import tempfile
 from functools import lru_cache
 
@@ -50,13 +52,16 @@ DENIED = (
     "syslog", "settimeofday", "clock_settime", "clock_adjtime", "iopl", "ioperm", "vhangup",
     "lookup_dcookie", "open_by_handle_at", "name_to_handle_at", "nfsservctl", "uselib", "ustat", "sysfs",
     "_sysctl", "fanotify_init",
+    # secret memory (unmapped from the kernel's direct map, which each one splits) and the mount calls
+    # added since open_tree: a call needs none of them
+    "memfd_secret", "open_tree_attr", "statmount", "listmount",
 )
 
 # calls refused with another answer than EPERM, one that programs read as "not here" and work around
 REFUSED = {
     # fallocate(FALLOC_FL_KEEP_SIZE) takes disk space without growing the file, past RLIMIT_FSIZE (on
-    # ext4 and xfs; a call's output files are on the host's disk): glibc's posix_fallocate writes the
-    # zeros instead on EOPNOTSUPP, and those writes are capped
+    # ext4 and xfs; a call's working directory is on the host's disk where Libra runs without root):
+    # glibc's posix_fallocate writes the zeros instead on EOPNOTSUPP, and those writes are capped
     "fallocate": errno.EOPNOTSUPP,
     # inotify instances are counted per host uid across namespaces, and every call runs as the same
     # uid: one call holding them all would leave the other trajectories' calls none (watchers poll
@@ -73,13 +78,25 @@ REFUSED = {
 
 # calls missing from older libseccomp tables, by number (the same on x86-64 and arm64: calls added
 # since Linux 5.1 have one number on every architecture)
-NUMBERS = {"cachestat": 451}
+NUMBERS = {"cachestat": 451, "memfd_secret": 447, "statmount": 457, "listmount": 458, "open_tree_attr": 467}
 
 # preadv2/pwritev2 with RWF_NOWAIT fail rather than wait for the disk: the other probe of the page
 # cache. Refused with the answer a file system without it gives (EOPNOTSUPP); the flags are the
 # sixth argument. What is left is timing a read, which a call cannot be kept from.
 RWF_NOWAIT = 0x8
 PAGE_CACHE_PROBES = ("preadv2", "pwritev2")
+
+# direct I/O (O_DIRECT) goes past the page cache and the memory cgroup to the disk at the disk's
+# speed: a call rewriting one block of a file in its working directory (on the host's disk where
+# Libra runs without root) wrote gigabytes a second, RLIMIT_FSIZE capping only the file's size.
+# Refused where a program asks for it: opening with the flag (EINVAL, what a file system without
+# direct I/O answers; programs retry without it) and setting it later (fcntl F_SETFL); openat2
+# carries its flags in a structure a filter cannot read, so it is not there (ENOSYS: glibc and
+# Python open with openat).
+O_DIRECT = os.O_DIRECT  # this architecture's bit (0x4000 on x86-64, 0x10000 on arm64)
+F_SETFL = 4
+DIRECT_OPENS = {"open": 1, "openat": 2}  # the call, and which argument holds the flags
+REFUSED["openat2"] = errno.ENOSYS
 
 # socket families: only unix sockets are made (asyncio, multiprocessing); every other family is
 # refused (EAFNOSUPPORT) with the answer programs read as "no such network". The call's network
@@ -156,6 +173,17 @@ def filter_program() -> bytes:
             if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EOPNOTSUPP,
                                           lib.seccomp_syscall_resolve_name(name.encode()), 1, ctypes.byref(compare)) != 0:
                 raise SeccompUnavailable(f"libseccomp refused the rule for {name}(RWF_NOWAIT)")
+        for name, arg in DIRECT_OPENS.items():
+            call = lib.seccomp_syscall_resolve_name(name.encode())
+            if call < 0:  # arm64 has openat alone
+                continue
+            compare = _ArgCmp(arg, SCMP_CMP_MASKED_EQ, O_DIRECT, O_DIRECT)
+            if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EINVAL, call, 1, ctypes.byref(compare)) != 0:
+                raise SeccompUnavailable(f"libseccomp refused the rule for {name}(O_DIRECT)")
+        setfl = (_ArgCmp * 2)(_ArgCmp(1, SCMP_CMP_MASKED_EQ, LOW_32_BITS, F_SETFL), _ArgCmp(2, SCMP_CMP_MASKED_EQ, O_DIRECT, O_DIRECT))
+        if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EINVAL,
+                                      lib.seccomp_syscall_resolve_name(b"fcntl"), 2, setfl) != 0:
+            raise SeccompUnavailable("libseccomp refused the rule for fcntl(F_SETFL, O_DIRECT)")
         with tempfile.TemporaryFile() as out:
             if lib.seccomp_export_bpf(context, out.fileno()) != 0:
                 raise SeccompUnavailable("libseccomp could not export the filter")
