@@ -1,5 +1,6 @@
 """`repo`: a tiny Python repository with one injected bug and a failing test. Tools read a file,
-replace one line, and run the tests in the sandbox; the reward is 1 when the tests pass."""
+replace one line, and run the tests in the sandbox; the reward is 1 when the tests pass with the
+bug's line the only one changed."""
 
 from __future__ import annotations
 
@@ -142,7 +143,8 @@ class RepoEnv:
     def open(self, task: Task, workdir: Path) -> _Episode:
         self.sandbox.prepare(workdir)
         write_work_file(workdir, "code.py", task.data["code"])
-        return _Episode(workdir, task.data["tests"], task.data["names"], self.sandbox, self.limits)
+        return _Episode(workdir, task.data["tests"], task.data["names"], self.sandbox, self.limits, task.data["code"],
+                        task.data["line"])
 
     def problem(self, task: Task) -> str:
         return f"{task.question}\n{task.data['code']}"
@@ -174,8 +176,10 @@ class RepoEnv:
 class _Episode:
     FILES = ("code.py", "test_code.py")
 
-    def __init__(self, workdir: Path, tests: str, names: list[str], sandbox: Sandbox, limits: SandboxLimits) -> None:
+    def __init__(self, workdir: Path, tests: str, names: list[str], sandbox: Sandbox, limits: SandboxLimits,
+                 code: str, line: int) -> None:
         self.workdir, self.tests, self.names, self.sandbox, self.limits = workdir, tests, names, sandbox, limits
+        self.code, self.line = code, line  # the task's code.py and its buggy line (1-based), kept on the host
         self.passed = False
 
     def _tests(self) -> tuple[str, str]:
@@ -213,6 +217,8 @@ class _Episode:
         parts = target.split()
         if len(parts) != 2 or parts[0] != "code.py" or not (parts[1].isascii() and parts[1].isdigit()) or not _:
             return "edit expects: code.py N: NEW LINE (only code.py may change)", "error"
+        if "\n" in new or "\r" in new:  # one line: several had appended whole new definitions
+            return "edit replaces one line: NEW LINE may not hold a line break", "error"
         lines = read_work_file(self.workdir, "code.py").splitlines()
         n = count_of(parts[1], len(lines))
         if not n:
@@ -224,10 +230,22 @@ class _Episode:
         return f"line {n} is now: {lines[n - 1]}", "ok"
 
     def reward(self, answer: str) -> float:
-        # the tests run as at a call, with the host's cases added, without rewriting test_code.py:
-        # nothing the model did to its working directory can fail the reward, only fail the tests
+        """1 when the tests pass, with the host's cases added, and code.py is the task's but for its
+        buggy line: the bug fixed where it is. The same edit to every function's body (one that
+        computes each function's right value from its own name) passed every task's tests without
+        finding the bug. The tests run as at a call, without rewriting test_code.py: nothing the
+        model did to its working directory can fail the reward, only fail the tests."""
         self._run(held=True)
-        return 1.0 if self.passed else 0.0
+        return 1.0 if self.passed and self._only_the_bug_changed() else 0.0
+
+    def _only_the_bug_changed(self) -> bool:
+        try:
+            now = read_work_file(self.workdir, "code.py").splitlines()
+        except WorkFileError:
+            return False
+        given = self.code.splitlines()
+        return len(now) == len(given) and all(a == b for i, (a, b) in enumerate(zip(now, given, strict=True))
+                                              if i != self.line - 1)
 
     def partial_credit(self) -> float:
         return 0.0  # the tests pass or they do not

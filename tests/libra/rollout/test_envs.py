@@ -117,6 +117,33 @@ def test_code_that_returns_the_shown_cases_values_passes_the_tests_tool_and_earn
             function = eval(f"lambda {'a' if len(held[0][0]) == 1 else 'a, b'}: {body.removeprefix('return ')}")  # noqa: S307
             assert all(function(*a) == w for a, w in held) == (body == correct), (name, body)
 
+def test_an_edit_is_one_line_and_only_the_bugs_line_fixed_earns_the_reward(tmp_path):
+    """A red team's two ways to pass every task's tests without finding the bug: one edit whose new
+    line held line breaks (it appended right definitions of all six functions), and the same edit to
+    every body line (a body that computes each function's value from its own name)."""
+    env = make_env("repo")
+    task = env.tasks(1, seed=0)[0]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    episode = env.open(task, tmp_path / "a")
+    appended = "code.py 8:     return 0\n" + "\n".join(f"def {n}(a, b=0): return {FUNCTIONS[n][0][7:]}" for n in FUNCTIONS)
+    assert episode.call("edit", appended) == ("edit replaces one line: NEW LINE may not hold a line break", "error")
+    assert episode.call("edit", "code.py 2: return 1\r")[1] == "error"
+    assert (tmp_path / "a" / "code.py").read_text() == task.data["code"]
+    episode = env.open(task, tmp_path / "b")
+    right = {n: FUNCTIONS[n][0][7:] for n in FUNCTIONS}
+    table = "{" + ", ".join(f"{n!r}: (lambda a, b=0: {body})" for n, body in right.items()) + "}"
+    everywhere = f"    return {table}[__import__('sys')._getframe().f_code.co_name](*[v for v in (a, locals().get('b')) if v is not None])"
+    for line in (2, 5, 8):
+        assert episode.call("edit", f"code.py {line}: {everywhere}")[1] == "ok"
+    assert episode.call("test", "all") == ("all 3 tests passed", "ok")
+    assert episode.reward("done") == 0.0  # the tests pass; code.py is not the task's but for its bug
+    for line in (2, 5, 8):  # the task's lines back, the bug's fixed: the reward
+        given = task.data["code"].splitlines()[line - 1]
+        episode.call("edit", f"code.py {line}: {task.data['fix'] if line == task.data['line'] else given}")
+    assert episode.reward("done") == 1.0
+
+
 def test_bm25_ranks_the_matching_document_first():
     index = BM25(["the cat sat", "a dog ran far", "cats and dogs"])
     assert index.search("dog ran", 2) == [1]  # no stemming: "dogs" is another word
