@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import io
+import operator
 import re
 import tokenize
 from collections.abc import Callable
@@ -78,11 +80,12 @@ class _Episode:
     def __init__(self, task: Task, workdir: Path, sandbox: Sandbox, limits: SandboxLimits) -> None:
         self.task, self.workdir, self.sandbox, self.limits = task, workdir, sandbox, limits
         self.last_code = ""  # the code of the last python call that ran and printed (kept here, out of its reach)
+        self.last_output = ""  # and what it printed
 
     def call(self, name: str, argument: str) -> tuple[str, str]:
         result = self.sandbox.run(argument, self.workdir, self.limits)
         if result.status == "ok" and result.output:  # only computed work earns partial credit
-            self.last_code = argument
+            self.last_code, self.last_output = argument, result.output
         return result.output or "(no output: print the result)", result.status
 
     def reward(self, answer: str) -> float:
@@ -91,12 +94,54 @@ class _Episode:
     def partial_credit(self) -> float:
         """The task's expression, its numbers and operators in order, that the last python call that
         ran and printed has in the same places, over the longer of the two: the expression copied
-        right and nothing else scores 1; a call with extra terms, or the numbers without the
-        operators (printed, or a syntax error, which never counts), scores less."""
+        right and nothing else scores 1; a call with extra terms scores less. Only terms the call
+        computed and printed count: its last printed line must be the value of its terms read as
+        one expression (the numbers printed without operators, or the expression in code that
+        never runs, `if []:` or a lambda never called, score 0; a red team's dead code had scored
+        1), and a syntax error never counts."""
         want, got = _TERMS.findall(self.task.data["expression"]), computed_terms(self.last_code)
+        if not got or printed_value(self.last_output) != term_value(got):  # terms it wrote but did not print
+            return 0.0
         return sum(a == b for a, b in zip(want, got, strict=False)) / max(len(want), len(got), 1)
 
 
+def term_value(terms: list[str]) -> str | None:
+    """The value of `terms` (numbers and operators) read in order as one expression, as `print`
+    writes it; None when they are not one, or it is out of bounds (a call's own numbers)."""
+    if len(terms) > 64:
+        return None
+    try:
+        tree = ast.parse(" ".join(terms), mode="eval")
+    except SyntaxError:
+        return None
+
+    def value(node: ast.AST) -> int | float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float) and abs(node.value) < 10**12:
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            operand = value(node.operand)
+            return -operand if isinstance(node.op, ast.USub) else operand
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+            left, right = value(node.left), value(node.right)
+            if abs(left) >= 10**12 or abs(right) >= 10**12:
+                raise ArithmeticError
+            return _ARITHMETIC[type(node.op)](left, right)
+        raise ArithmeticError
+
+    try:
+        return str(value(tree.body))
+    except (ArithmeticError, RecursionError):
+        return None
+
+
+def printed_value(output: str) -> str | None:
+    """The last line a call printed, stripped (None when it printed nothing)."""
+    lines = output.strip().splitlines()
+    return lines[-1].strip() if lines else None
+
+
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+               ast.Div: operator.truediv, ast.Mod: operator.mod}
 _TERMS = re.compile(r"\d+|//|\*\*|[-+*/%]")  # an expression's numbers and operators (brackets aside)
 _OPERATORS = frozenset(("//", "**", "-", "+", "*", "/", "%"))
 

@@ -65,11 +65,18 @@ def test_a_math_episode_credits_the_expression_its_last_call_computed_in_place(t
     episode.call("python", f"print({b} * {c} + {a})")  # the right result, the terms out of place
     assert episode.partial_credit() == 0.0
     # the question's numbers copied without computing anything: a syntax error never counts (the
-    # call before stands), printed they are a fifth of the expression (it once scored 1 either way)
+    # call before stands), and printed they compute nothing (they once scored 1, then a fifth)
     assert episode.call("python", f"{a} {b} {c}")[1] == "error"
     assert episode.partial_credit() == 0.0
     episode.call("python", f"print({a}, {b}, {c})")
-    assert episode.partial_credit() == pytest.approx(1 / 5)
+    assert episode.partial_credit() == 0.0
+    # the expression in code that never runs computes nothing either (a red team's: 1 before)
+    for dead in (f"if []:\n    print({a} + {b} * {c})\nprint('hi')", f"f = lambda: {a} + {b} * {c}\nprint(1)",
+                 f"def g():\n    return {a} + {b} * {c}\nprint(0)"):
+        assert episode.call("python", dead)[1] == "ok"
+        assert episode.partial_credit() == 0.0, dead
+    episode.call("python", f"x = {a} + {b} * {c}\nprint(x)")  # computed, then printed
+    assert episode.partial_credit() == 1.0
     # the expression as text computes nothing: in a string, a comment or a docstring it counts for
     # nothing (a red team's `print("a + b * c")` scored 1, a comment then `print(0)` 0.83)
     episode.call("python", f'print("{a} + {b} * {c}")')
