@@ -211,8 +211,12 @@ class RolloutConfig(_Section):
     overprovision: float = Field(1.0, ge=1.0, le=8.0, description="with partial: groups in flight per iteration "
                                  "(suspended ones continued, new ones started), as a multiple of prompts_per_step")
     suspend_bytes: int = Field(4 * 2**20, ge=0, le=2**32, description="with partial: bytes of working-directory "
-                               "files a suspended trajectory may keep (checkpoints hold them); one with more fails, "
-                               "with its group")
+                               "files a suspended trajectory may keep (checkpoints hold them); one with more ends "
+                               "where it stands, unanswered (a reward of 0), and its group is carried")
+    suspend_total_bytes: int = Field(256 * 2**20, ge=0, le=2**40, description="with partial: bytes of "
+                                     "working-directory files the trajectories a batch suspends may keep together "
+                                     "(held in memory and in every checkpoint); past it, the next ones end where "
+                                     "they stand, unanswered, as one over suspend_bytes does")
 
     @model_validator(mode="after")
     def _overprovision_is_partials(self) -> RolloutConfig:

@@ -40,7 +40,7 @@ def config_digest(config: LibraConfig) -> str:
     are written, how often it is evaluated or kept, nor its step count (a run may be extended;
     with a cosine schedule the count shapes the learning rate, so it counts there)."""
     rollout = config.rollout.model_dump(mode="json")
-    for key in ("tool_threads", "tool_timeout_s", "trajectory_timeout_s", "suspend_bytes"):  # limits, not what is trained
+    for key in ("tool_threads", "tool_timeout_s", "trajectory_timeout_s", "suspend_bytes", "suspend_total_bytes"):  # limits, not what is trained
         rollout.pop(key)
     trainer = config.trainer.model_dump(mode="json")
     for key in ("run", "eval_every", "checkpoint_dir", "keep_checkpoints", "track_kl") + (("steps",) if config.trainer.schedule != "cosine" else ()):

@@ -243,7 +243,7 @@ class TrainingSession:
                              tool_threads=r.tool_threads, model_version=self.engine_version, score=False,
                              tool_timeout_s=r.tool_timeout_s, trajectory_timeout_s=r.trajectory_timeout_s,
                              resume=carried.resumed, close_after=t.prompts_per_step if partial else None,
-                             suspend_bytes=r.suspend_bytes,
+                             suspend_bytes=r.suspend_bytes, suspend_total_bytes=r.suspend_total_bytes,
                              hold=self.update_done(beside) if partial and beside is not None else None)
         except BaseException:
             discard_tree(workroot)

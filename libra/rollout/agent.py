@@ -98,7 +98,8 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
             min_tokens_per_turn: int = 0, seed: int = 0, workroot: str | Path | None = None, tool_threads: int = 16, model_version: int = 0,
             score: bool = True, clock: Clock | None = None, tool_timeout_s: float = 300.0,
             trajectory_timeout_s: float = 3600.0, resume: Sequence[Suspended] = (), close_after: int | None = None,
-            suspend_bytes: int = 4 << 20, hold: threading.Event | None = None) -> RolloutResult:
+            suspend_bytes: int = 4 << 20, hold: threading.Event | None = None,
+            suspend_total_bytes: int = 256 << 20) -> RolloutResult:
     """Continuous: each engine instance has a driver thread that keeps stepping it while requests
     are queued (requests join and leave its batch between steps); a trajectory's next turn is
     submitted as soon as its tool returns. All state changes (tools' results, routing, records)
@@ -123,7 +124,8 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
     trajectories are opened at `model_version`, the weights the engines serve). `close_after`: close
     the batch once that many groups are complete, and `hold` is set if given, and suspend the others
     (None: run every trajectory to its end); a trajectory whose working directory holds more than `suspend_bytes` of files when
-    it is suspended fails instead, with the reason."""
+    it is suspended ends where it stands without an answer, as do those past `suspend_total_bytes` of
+    the batch's suspended files together."""
     if not score and not workroot:
         raise ValueError("rollout(score=False) leaves rewards to score_rewards, which needs the working directories: "
                          "pass workroot")
@@ -138,7 +140,7 @@ def rollout(env: Env, tasks: Sequence[Task], samples: int, engines: Sequence[Eng
         runs |= start(env, tasks, prompts, samples, router, root, len(engines), model_version, clock)
         busy, steps, prefill, dead = drive(env, runs, engines, router, tokenizer, limits, seed, tool_threads, clock,
                                            model_version, close_after, hold)
-        suspended = suspend_groups(runs, suspend_bytes, clock, close_after)
+        suspended = suspend_groups(runs, suspend_bytes, clock, close_after, suspend_total_bytes)
         if score:
             score_rewards(list(runs.values()), tool_threads)
     finally:
@@ -503,13 +505,15 @@ def score_rewards(runs: Sequence[TrajectoryRun], threads: int = 16) -> None:
 
 
 def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock,
-                   keep: int | None = None) -> tuple[Suspended, ...]:
+                   keep: int | None = None, total: int = 256 << 20) -> tuple[Suspended, ...]:
     """The groups a closed batch does not take, out of `runs` and suspended whole: those left
     incomplete (their ended samples too: GRPO's baseline is the whole group's) and, beyond the first
     `keep` groups to complete, those that completed later. A group one of whose samples failed is
     lost already: its interrupted samples fail too, with the reason, rather than being carried. A
-    sample whose files cannot be kept (more than `limit` bytes, or not plain files) ends where it
-    stands, without an answer (`_kept_files`), and its group is carried."""
+    sample whose files cannot be kept (more than `limit` bytes, more than what is left of `total`
+    for all the samples suspended here, or not plain files) ends where it stands, without an answer
+    (`_kept_files`), and its group is carried: a policy filling each directory to just under `limit`
+    would otherwise make every checkpoint hold `limit` times the samples suspended."""
     groups: dict[str, list[TrajectoryRun]] = {}
     for run in runs.values():
         groups.setdefault(run.prompt_id, []).append(run)
@@ -522,7 +526,10 @@ def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock,
             continue
         snapshots: list[Suspended] = []
         if not any(m.failed for m in members):
-            snapshots = [Suspended.of(m, _kept_files(m, limit, clock), clock.now() - m.started) for m in members]
+            for m in members:
+                files = _kept_files(m, min(limit, total), clock)
+                total -= sum(len(f.data) for f in files if f.data is not None)
+                snapshots.append(Suspended.of(m, files, clock.now() - m.started))
         if not snapshots:
             for m in members:
                 if m.suspended:

@@ -327,3 +327,25 @@ def test_a_sample_that_had_ended_keeps_its_duration_when_its_group_resumes(tmp_p
     again = resumed(env, kept, router, tmp_path / "b", 1, SimClock(5.0))  # a process resumed from a checkpoint
     back = again[ended.trajectory_id]
     assert (back.started, back.finished) == (-5.0, -2.0) and back.record().rollout_s == 3.0
+
+
+def test_the_files_a_batch_suspends_are_capped_together(tmp_path):
+    """Each suspended sample may keep `rollout.suspend_bytes` of files, and all of a batch's together
+    `rollout.suspend_total_bytes`: past it the next samples end where they stand, unanswered, their
+    groups carried (a policy filling every directory to just under the first cap made every
+    checkpoint hold that times the samples suspended)."""
+    from libra.clock import WallClock
+    from libra.rollout.agent import start, suspend_groups
+
+    env = make_env("math")
+    tasks = env.tasks(2, seed=0)
+    runs = start(env, tasks, [[1, 2, 3]] * len(tasks), 2, LeastLoad(Buckets((10**6,))), tmp_path, 1, 0, WallClock())
+    for run in runs.values():
+        (run.workdir / "filler").write_bytes(b"x" * 3000)
+        run.suspended = True
+    order = list(runs)
+    kept = suspend_groups(runs, 4000, WallClock(), total=7000)  # room for two of the four
+    assert runs == {} and [s.trajectory_id for s in kept] == order
+    held = {s.trajectory_id: sum(len(f.data) for f in s.files if f.data is not None) for s in kept}
+    assert [held[t] for t in order] == [3000, 3000, 0, 0]
+    assert [(s.run.done, s.run.suspended, s.run.answer) for s in kept] == [(False, True, None)] * 2 + [(True, False, None)] * 2
