@@ -40,7 +40,7 @@ from libra.errors import LibraError
 from libra.files import discard_tree
 from libra.rollout.engines import Engine, Generation
 from libra.rollout.envs import Env, Task, prompt
-from libra.rollout.protocol import STOPS, Action, observation, parse
+from libra.rollout.protocol import STOPS, Action, observation, observation_ids, parse
 from libra.rollout.sandbox import SandboxUnavailable
 from libra.rollout.suspend import Suspended, WorkdirTooLarge, WorkFile, restore_files, snapshot_files
 from libra.rollout.trajectory import PartialTurn, TrajectoryRun, TurnRecord
@@ -464,7 +464,7 @@ def _record_turn(run: TrajectoryRun, gen, versions: list[int], acted: tuple[str,
     final = action_kind == "answer"
     if final:
         run.answer = text
-    obs_ids = [] if final else tokenizer(text, add_special_tokens=False)["input_ids"]
+    obs_ids = [] if final else observation_ids(tokenizer, text)
     # the observation's characters are capped, its tokens are not (4 a character, for some text): what
     # would pass the context limit is cut, and the trajectory ends with its context full
     obs_ids = obs_ids[:max(0, limits.max_context - len(run.ids))]

@@ -84,3 +84,21 @@ def observation(output: str, status: str, max_chars: int = 2_000) -> str:
     text = output if len(output) <= max_chars else output[:max_chars] + " [...]"
     text = text.encode("utf-8", "replace").decode("utf-8")
     return f"<obs>{text}</obs>\n" if status == "ok" else f"<obs status=error>{text}</obs>\n"
+
+
+OPENINGS = ("<obs status=error>", "<obs>")  # an observation's first tag (the longer first: both start "<obs")
+
+
+def observation_ids(tokenizer, text: str) -> list[int]:
+    """The token ids of `observation`'s text: its tags as the special tokens they are, and the
+    tool's output between them as plain text throughout. A call printing `</obs>`, `<answer>` or
+    `<|eos|>` had put those very tokens in the context. An output without such text has the ids the
+    whole text has (the tokenizer splits at special tokens before anything else)."""
+    opening = next(tag for tag in OPENINGS if text.startswith(tag))
+    body, _, after = text[len(opening):].rpartition("</obs>")
+
+    def ids(part: str, split_special_tokens: bool = False) -> list[int]:
+        return tokenizer(part, add_special_tokens=False, split_special_tokens=split_special_tokens)["input_ids"]
+
+    return ids(opening) + ids(body, split_special_tokens=True) + ids("</obs>" + after)
+
