@@ -77,6 +77,9 @@ def write_placed_run(root: Path, run: str, steps: int = 12, turns_per_step: int 
         n = trajectories.num_rows
         rewards = pa.array([float(i % 4 < 1 + step // 4) for i in range(n)])  # 0.25, 0.5, 0.75 by thirds
         trajectories = trajectories.set_column(trajectories.schema.get_field_index("reward"), "reward", rewards)
+        categories = pa.array([{f"s{step}-p0": "tank", f"s{step}-p1": "pages"}.get(p) for p in
+                               trajectories.column("prompt_id").to_pylist()], pa.string())  # the rest: none
+        trajectories = trajectories.set_column(trajectories.schema.get_field_index("category"), "category", categories)
         moved = step >= 6
         row = {"run": run, "step": step, "policy": "libra", "plan_id": "p1" if moved else "p0", "start_s": 20.0 * step,
                "rollout_s": 12.0 + step, "train_s": 6.0, "step_s": 14.0 + step / 2, "trajectories": n,

@@ -1,4 +1,4 @@
-"""Run overview: reward and held-out reward, throughput, stage seconds, how stale the trained tokens
+"""Run overview: reward and held-out reward, the groups that carry a gradient by task category, throughput, stage seconds, how stale the trained tokens
 were and what partial rollouts carried over, and the GPU split over steps, with the plans that
 changed it and their reasons.
 
@@ -30,6 +30,19 @@ ORDER BY step
 """
 
 COUNT_SQL = "SELECT count(*) AS n FROM steps WHERE coalesce(policy, '') = $policy"
+
+# a training's groups by task category: the share whose rewards differ (the rest carry no gradient)
+CATEGORIES_SQL = """
+WITH g AS (
+    SELECT step, category, max(reward) > min(reward) AS differ
+    FROM trajectories
+    WHERE category IS NOT NULL AND step >= 0
+    GROUP BY step, prompt_id, category)
+SELECT min(step) AS step, category, count(*) AS groups, avg(CASE WHEN differ THEN 1.0 ELSE 0.0 END) AS informative
+FROM g
+GROUP BY step // $stride, category
+ORDER BY category, step
+"""
 
 PLANS_SQL = """
 SELECT step, plan_id, applied, reason, train_gpus, rollout_gpus, hybrid_gpus, train_tp, train_pp, train_dp,
@@ -65,6 +78,16 @@ def build(view: View) -> Page:
     ], empty="no rewards: a simulated run has none, and this training has logged none yet",
         note="mean reward of the step's trajectories; held-out: greedy, on tasks no step trains on (MLflow), drawn "
              "at the step whose update it follows (-1: the initial policy)" + binned)
+    by_category: dict[str, list[dict]] = {}
+    for row in view.rows("groups by category", CATEGORIES_SQL, stride=k):
+        by_category.setdefault(row["category"], []).append(row)
+    gradient = lines("categories", "Groups with a gradient, by task category", "step", "share of the groups", [
+        Series(category, [r["step"] for r in rows], [r["informative"] for r in rows],
+               hover=[f"{r['groups']} group{'' if r['groups'] == 1 else 's'}" for r in rows]) for category, rows in by_category.items()
+    ], empty="no task categories: a simulated run, or an environment whose tasks have none (math's have)",
+        note="the share of each category's groups whose samples' rewards differed; a group whose rewards are all "
+             "equal has advantage 0 and teaches nothing (trainer.curriculum draws more of the categories "
+             "where this is high)" + binned)
     throughput = lines("throughput", "Throughput", "step", "tokens / s", [
         Series("generated tokens / s", x, [s["gen_tokens_per_s"] for s in steps]),
         Series("trained tokens / s", x, [s["trained_tokens_per_s"] for s in steps]),
@@ -113,8 +136,8 @@ def build(view: View) -> Page:
                          "" if p["train_tp"] is None else f"{p['train_tp']} x {p['train_pp']} x {p['train_dp']}",
                          _round(p["t_iter_s"]), _round(p["switch_cost_s"])) for p in plans[:50]),
                   note="" if plans else "no plans: the planner has not run in this run")
-    charts = (reward, throughput, stages, staleness, carried, split) if reward.figure else \
-        (throughput, stages, split, reward, staleness, carried)
+    charts = (reward, gradient, throughput, stages, staleness, carried, split) if reward.figure else \
+        (throughput, stages, split, reward, gradient, staleness, carried)
     return Page(f"{view.run}: overview" + (f" ({policy})" if len(names) > 1 else ""), summary, charts, (table,), controls)
 
 

@@ -36,6 +36,10 @@ def test_overview_of_a_placed_training(client) -> None:
     assert reward["training batch (mean)"]["y"] == [0.25] * 4 + [0.5] * 4 + [0.75] * 4
     heldout = reward["held-out (after the step's update)"]  # version v follows step v - 1's update
     assert (heldout["x"], heldout["y"]) == ([v - 1 for v in HELDOUT], list(HELDOUT.values()))
+    categories = traces(c["categories"])  # two groups a step have a category, and each group's rewards differ
+    assert sorted(categories) == ["pages", "tank"]
+    assert categories["tank"]["x"] == list(range(12)) and categories["tank"]["y"] == [1.0] * 12
+    assert categories["pages"]["hovertext"] == ["1 group"] * 12
     stages = traces(c["stages"])
     assert stages["rollout"]["y"] == [12.0 + s for s in range(12)]
     assert stages["weight sync"]["y"] == [SYNC_S] * 12  # from MLflow, the run not superseded
