@@ -215,8 +215,8 @@ class RolloutConfig(_Section):
                                "where it stands, unanswered (a reward of 0), and its group is carried")
     suspend_total_bytes: int = Field(256 * 2**20, ge=0, le=2**40, description="with partial: bytes of "
                                      "working-directory files the trajectories a batch suspends may keep together "
-                                     "(held in memory and in every checkpoint); past it, the next ones end where "
-                                     "they stand, unanswered, as one over suspend_bytes does")
+                                     "(held in memory and in every checkpoint): each may keep an even share, and "
+                                     "one with more ends where it stands, unanswered, as one over suspend_bytes does")
 
     @model_validator(mode="after")
     def _overprovision_is_partials(self) -> RolloutConfig:

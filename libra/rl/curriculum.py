@@ -12,7 +12,7 @@ so drawing categories uniformly spends most of a step on groups without gradient
 over counts that decay by `decay` each iteration (recent iterations count most: the policy moves).
 The prior (one informative group in two) makes a category not seen for a while worth trying again,
 and keeps every category's share above zero: one that has never informed in n recent groups is
-still drawn at 1 / (n + 2) of the rate of a certain one, so a category the policy starts to
+still drawn at 1 / (n + 1) of the rate of a certain one, so a category the policy starts to
 learn is found again. An iteration's prompts are drawn category by category in proportion to the
 rates, from the iteration's own stream of fresh tasks (`schedule.training_tasks`), so the tasks are
 a function of the run's seed, the step and the counts alone, and a resumed run draws the same.

@@ -50,11 +50,12 @@ def config_digest(config: LibraConfig) -> str:
                                   ("trainer", "oversample", 1.0), ("trainer", "epochs", 1),
                                   ("trainer", "decoupled_cap", 0.0), ("rollout", "partial", False),
                                   ("trainer", "partial_credit", 0.0), ("rollout", "overprovision", 1.0),
-                                  ("trainer", "overlong_filter", False), ("trainer", "curriculum", False),
-                                  ("trainer", "curriculum_decay", 0.8)):
+                                  ("trainer", "overlong_filter", False), ("trainer", "curriculum", False)):
         values = trainer if section == "trainer" else rollout
         if values[key] == default:
             values.pop(key)
+    if not config.trainer.curriculum:  # its decay shapes nothing then
+        trainer.pop("curriculum_decay", None)
     trainer["policy"] = str(Path(config.trainer.policy).resolve())
     data = {"run": config.trainer.run_name(), "rollout": rollout, "trainer": trainer,
             "scheduler": config.scheduler.model_dump(mode="json"), "placement": config.placement.strategy}

@@ -510,26 +510,25 @@ def suspend_groups(runs: dict[str, TrajectoryRun], limit: int, clock: Clock,
     incomplete (their ended samples too: GRPO's baseline is the whole group's) and, beyond the first
     `keep` groups to complete, those that completed later. A group one of whose samples failed is
     lost already: its interrupted samples fail too, with the reason, rather than being carried. A
-    sample whose files cannot be kept (more than `limit` bytes, more than what is left of `total`
-    for all the samples suspended here, or not plain files) ends where it stands, without an answer
+    sample whose files cannot be kept (more than `limit` bytes, more than its even share of `total`
+    among the samples suspended here, or not plain files) ends where it stands, without an answer
     (`_kept_files`), and its group is carried: a policy filling each directory to just under `limit`
-    would otherwise make every checkpoint hold `limit` times the samples suspended."""
+    would otherwise make every checkpoint hold `limit` times the samples suspended. An even share,
+    not what the samples before left: a sample's small directory never pays for another's."""
     groups: dict[str, list[TrajectoryRun]] = {}
     for run in runs.values():
         groups.setdefault(run.prompt_id, []).append(run)
     complete = sorted((max(m.finished for m in members), pid) for pid, members in groups.items()
                       if not any(m.suspended or m.failed or not m.done for m in members))
     late = {pid for _, pid in complete[keep:]} if keep is not None else set()
+    carried = {pid: members for pid, members in groups.items() if any(m.suspended for m in members) or pid in late}
+    kept = sum(len(members) for members in carried.values() if not any(m.failed for m in members))
+    share = min(limit, total // max(kept, 1))
     out: list[Suspended] = []
-    for pid, members in groups.items():
-        if not any(m.suspended for m in members) and pid not in late:
-            continue
+    for members in carried.values():
         snapshots: list[Suspended] = []
         if not any(m.failed for m in members):
-            for m in members:
-                files = _kept_files(m, min(limit, total), clock)
-                total -= sum(len(f.data) for f in files if f.data is not None)
-                snapshots.append(Suspended.of(m, files, clock.now() - m.started))
+            snapshots = [Suspended.of(m, _kept_files(m, share, clock), clock.now() - m.started) for m in members]
         if not snapshots:
             for m in members:
                 if m.suspended:

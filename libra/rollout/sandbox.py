@@ -73,6 +73,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import SandboxConfig
@@ -575,7 +576,7 @@ def _init_handle(info: int, bwrap: int, limit_s: float) -> int | None:
     return handle
 
 
-def _output_file(name: str):
+def _output_file(name: str) -> BinaryIO:
     """A file in memory for a call's stdout or stderr (`memfd_create`), never one on the host's
     disk: the call shares its open file, so what the call does to it must not reach the host's.
     A disk file had let a call set O_DIRECT on it (the flags belong to the open file, which the host

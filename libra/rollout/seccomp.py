@@ -74,11 +74,14 @@ REFUSED = {
     # which pages of a file it holds, so one call reading chosen pages of a large system file and a
     # later call probing them passed a number between two trajectories (see `PAGE_CACHE_PROBES`)
     "mincore": errno.ENOSYS, "cachestat": errno.ENOSYS,
+    # openat2 carries its flags in a structure a filter cannot read, so O_DIRECT could pass there (see
+    # O_DIRECT below); glibc and Python open with openat
+    "openat2": errno.ENOSYS,
 }
 
 # calls missing from older libseccomp tables, by number (the same on x86-64 and arm64: calls added
 # since Linux 5.1 have one number on every architecture)
-NUMBERS = {"cachestat": 451, "memfd_secret": 447, "statmount": 457, "listmount": 458, "open_tree_attr": 467}
+NUMBERS = {"cachestat": 451, "openat2": 437, "memfd_secret": 447, "statmount": 457, "listmount": 458, "open_tree_attr": 467}
 
 # preadv2/pwritev2 with RWF_NOWAIT fail rather than wait for the disk: the other probe of the page
 # cache. Refused with the answer a file system without it gives (EOPNOTSUPP); the flags are the
@@ -90,13 +93,11 @@ PAGE_CACHE_PROBES = ("preadv2", "pwritev2")
 # speed: a call rewriting one block of a file in its working directory (on the host's disk where
 # Libra runs without root) wrote gigabytes a second, RLIMIT_FSIZE capping only the file's size.
 # Refused where a program asks for it: opening with the flag (EINVAL, what a file system without
-# direct I/O answers; programs retry without it) and setting it later (fcntl F_SETFL); openat2
-# carries its flags in a structure a filter cannot read, so it is not there (ENOSYS: glibc and
-# Python open with openat).
+# direct I/O answers; programs retry without it) and setting it later (fcntl F_SETFL); openat2 is
+# refused whole (`REFUSED`).
 O_DIRECT = os.O_DIRECT  # this architecture's bit (0x4000 on x86-64, 0x10000 on arm64)
 F_SETFL = 4
 DIRECT_OPENS = {"open": 1, "openat": 2}  # the call, and which argument holds the flags
-REFUSED["openat2"] = errno.ENOSYS
 
 # socket families: only unix sockets are made (asyncio, multiprocessing); every other family is
 # refused (EAFNOSUPPORT) with the answer programs read as "no such network". The call's network

@@ -87,10 +87,13 @@ def _copied(run: TrajectoryRun) -> TrajectoryRun:
 MAX_ENTRIES = 10_000  # folders and files a kept working directory may hold
 MAX_DEPTH = 64  # folders deep
 MAX_PATH = 1_024  # characters of a relative path (the new working directory's own path comes before it)
+ENTRY_BYTES = 128  # what an entry costs a snapshot beside its path and data (its record, pickled): counted in the limit
 
 
 def snapshot_files(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
-    """The folders and plain files under `workdir`, at most `limit` bytes of file data in all. Links
+    """The folders and plain files under `workdir`, at most `limit` bytes in all: their data, their
+    paths and `ENTRY_BYTES` an entry (10,000 empty files of long names had pickled to 10 MB under a
+    limit of 0). Links
     and special files are refused (`WorkdirTooLarge`), never followed; so are more than
     `MAX_ENTRIES` entries, folders more than `MAX_DEPTH` deep, paths longer than `MAX_PATH`, and
     anything that cannot be read (a tool's code shapes this tree: whatever it made, the trajectory
@@ -113,6 +116,10 @@ def _snapshot(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
             if len(rel) > MAX_PATH:
                 raise WorkdirTooLarge(f"its working directory holds a path of more than {MAX_PATH:,} characters")
             listed.append((rel, os.lstat(workdir / rel)))
+            total += len(rel.encode("utf-8", "surrogateescape")) + ENTRY_BYTES
+            if total > limit:
+                raise WorkdirTooLarge(f"its working directory holds more than {limit:,} bytes of files, names "
+                                      "and entries (rollout.suspend_bytes)")
         listed.sort(key=lambda entry: (not stat.S_ISDIR(entry[1].st_mode), entry[0]))  # its folders, then the rest
         subfolders = []
         for rel, info in listed:
@@ -125,11 +132,11 @@ def _snapshot(workdir: Path, limit: int) -> tuple[WorkFile, ...]:
             elif stat.S_ISREG(info.st_mode):
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
                 with os.fdopen(fd, "rb") as handle:
-                    data = handle.read(limit - total + 1)
+                    data = handle.read(max(0, limit - total) + 1)
                 total += len(data)
                 if total > limit:
-                    raise WorkdirTooLarge(f"its working directory holds more than {limit:,} bytes of files "
-                                                   "(rollout.suspend_bytes)")
+                    raise WorkdirTooLarge(f"its working directory holds more than {limit:,} bytes of files, names "
+                                          "and entries (rollout.suspend_bytes)")
                 out.append(WorkFile(rel, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid, data))
             else:
                 raise WorkdirTooLarge(f"its working directory holds {rel!r}, which is neither a folder nor a "

@@ -80,12 +80,12 @@ class _Episode:
     def __init__(self, task: Task, workdir: Path, sandbox: Sandbox, limits: SandboxLimits) -> None:
         self.task, self.workdir, self.sandbox, self.limits = task, workdir, sandbox, limits
         self.last_code = ""  # the code of the last python call that ran and printed (kept here, out of its reach)
-        self.last_output = ""  # and what it printed
+        self.last_output = ""  # and what it printed to stdout
 
     def call(self, name: str, argument: str) -> tuple[str, str]:
         result = self.sandbox.run(argument, self.workdir, self.limits)
         if result.status == "ok" and result.output:  # only computed work earns partial credit
-            self.last_code, self.last_output = argument, result.output
+            self.last_code, self.last_output = argument, result.stdout
         return result.output or "(no output: print the result)", result.status
 
     def reward(self, answer: str) -> float:
@@ -95,7 +95,7 @@ class _Episode:
         """The task's expression, its numbers and operators in order, that the last python call that
         ran and printed has in the same places, over the longer of the two: the expression copied
         right and nothing else scores 1; a call with extra terms scores less. Only terms the call
-        computed and printed count: its last printed line must be the value of its terms read as
+        computed and printed count: the last word it printed must be the value of its terms read as
         one expression (the numbers printed without operators, or the expression in code that
         never runs, `if []:` or a lambda never called, score 0; a red team's dead code had scored
         1), and a syntax error never counts."""
@@ -135,9 +135,10 @@ def term_value(terms: list[str]) -> str | None:
 
 
 def printed_value(output: str) -> str | None:
-    """The last line a call printed, stripped (None when it printed nothing)."""
-    lines = output.strip().splitlines()
-    return lines[-1].strip() if lines else None
+    """The last word of the last line a call printed (`print("answer:", x)` prints x last), None
+    when it printed nothing."""
+    words = output.strip().rsplit(None, 1)
+    return words[-1] if words else None
 
 
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,

@@ -233,10 +233,14 @@ class _Episode:
         """1 when the tests pass, with the host's cases added, and code.py is the task's but for its
         buggy line: the bug fixed where it is. The same edit to every function's body (one that
         computes each function's right value from its own name) passed every task's tests without
-        finding the bug. The tests run as at a call, without rewriting test_code.py: nothing the
-        model did to its working directory can fail the reward, only fail the tests."""
+        finding the bug. code.py is read before the tests run (code under test that put the task's
+        lines back as it ran had passed the check after them). The tests run as at a call, without
+        rewriting test_code.py: nothing the model did to its working directory can fail the reward,
+        only fail the tests."""
+        if not self._only_the_bug_changed():  # checked before the tests run: their code can rewrite code.py
+            return 0.0
         self._run(held=True)
-        return 1.0 if self.passed and self._only_the_bug_changed() else 0.0
+        return 1.0 if self.passed else 0.0
 
     def _only_the_bug_changed(self) -> bool:
         try:

@@ -77,6 +77,8 @@ def test_a_math_episode_credits_the_expression_its_last_call_computed_in_place(t
         assert episode.partial_credit() == 0.0, dead
     episode.call("python", f"x = {a} + {b} * {c}\nprint(x)")  # computed, then printed
     assert episode.partial_credit() == 1.0
+    episode.call("python", f"import sys\nx = {a} + {b} * {c}\nprint('answer:', x)\nprint('note', file=sys.stderr)")
+    assert episode.partial_credit() == 1.0  # a label before it, a warning on stderr after it
     # the expression as text computes nothing: in a string, a comment or a docstring it counts for
     # nothing (a red team's `print("a + b * c")` scored 1, a comment then `print(0)` 0.83)
     episode.call("python", f'print("{a} + {b} * {c}")')
@@ -145,6 +147,16 @@ def test_an_edit_is_one_line_and_only_the_bugs_line_fixed_earns_the_reward(tmp_p
         assert episode.call("edit", f"code.py {line}: {everywhere}")[1] == "ok"
     assert episode.call("test", "all") == ("all 3 tests passed", "ok")
     assert episode.reward("done") == 0.0  # the tests pass; code.py is not the task's but for its bug
+    # the same body, which also puts the task's lines back (right ones for the bug's) while the tests run:
+    # code.py is read before they do (a reviewer's: it had earned 1 on 12 of 12 tasks)
+    given = task.data["code"].splitlines()
+    fixed = [task.data["fix"] if i == task.data["line"] - 1 else line for i, line in enumerate(given)]
+    restore = (f"__import__('pathlib').Path('code.tmp').write_text({chr(10).join(fixed) + chr(10)!r}), "
+               "__import__('os').replace('code.tmp', 'code.py')")
+    sneaky = everywhere.replace("    return ", f"    return ({restore}) and None or ", 1)
+    for line in (2, 5, 8):
+        assert episode.call("edit", f"code.py {line}: {sneaky}")[1] == "ok"
+    assert episode.reward("done") == 0.0
     for line in (2, 5, 8):  # the task's lines back, the bug's fixed: the reward
         given = task.data["code"].splitlines()[line - 1]
         episode.call("edit", f"code.py {line}: {task.data['fix'] if line == task.data['line'] else given}")

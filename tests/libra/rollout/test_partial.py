@@ -329,23 +329,30 @@ def test_a_sample_that_had_ended_keeps_its_duration_when_its_group_resumes(tmp_p
     assert (back.started, back.finished) == (-5.0, -2.0) and back.record().rollout_s == 3.0
 
 
-def test_the_files_a_batch_suspends_are_capped_together(tmp_path):
+def test_the_files_a_batch_suspends_are_capped_together_in_even_shares(tmp_path):
     """Each suspended sample may keep `rollout.suspend_bytes` of files, and all of a batch's together
-    `rollout.suspend_total_bytes`: past it the next samples end where they stand, unanswered, their
-    groups carried (a policy filling every directory to just under the first cap made every
-    checkpoint hold that times the samples suspended)."""
+    `rollout.suspend_total_bytes`, an even share each: past it a sample ends where it stands,
+    unanswered, its group carried (a policy filling every directory to just under the first cap made
+    every checkpoint hold that times the samples suspended). Names and entries count too: empty
+    files of long names had pickled to 10 MB under a limit of 0."""
     from libra.clock import WallClock
     from libra.rollout.agent import start, suspend_groups
+    from libra.rollout.suspend import ENTRY_BYTES
 
     env = make_env("math")
-    tasks = env.tasks(2, seed=0)
+    tasks = env.tasks(3, seed=0)
     runs = start(env, tasks, [[1, 2, 3]] * len(tasks), 2, LeastLoad(Buckets((10**6,))), tmp_path, 1, 0, WallClock())
-    for run in runs.values():
-        (run.workdir / "filler").write_bytes(b"x" * 3000)
-        run.suspended = True
     order = list(runs)
-    kept = suspend_groups(runs, 4000, WallClock(), total=7000)  # room for two of the four
+    for i, run in enumerate(runs.values()):
+        if i == 4:  # no data at all, but many entries
+            for n in range(20):
+                (run.workdir / f"{n:0100d}").touch()
+        else:
+            (run.workdir / "filler").write_bytes(b"x" * (3000 if i % 2 == 0 else 100))
+        run.suspended = True
+    kept = suspend_groups(runs, 4000, WallClock(), total=6 * 1000)  # an even share: 1,000 bytes each
     assert runs == {} and [s.trajectory_id for s in kept] == order
-    held = {s.trajectory_id: sum(len(f.data) for f in s.files if f.data is not None) for s in kept}
-    assert [held[t] for t in order] == [3000, 3000, 0, 0]
-    assert [(s.run.done, s.run.suspended, s.run.answer) for s in kept] == [(False, True, None)] * 2 + [(True, False, None)] * 2
+    held = [sum(len(f.data) for f in s.files if f.data is not None) for s in kept]
+    assert held == [0, 100, 0, 100, 0, 100]  # the first sample's 3,000 bytes never took the others' share
+    assert [s.run.answer is None and s.run.done for s in kept] == [True, False, True, False, True, False]
+    assert len("filler") + 100 + ENTRY_BYTES <= 1000 < 20 * (100 + ENTRY_BYTES)
