@@ -543,12 +543,20 @@ def _launch(launcher: Launcher, limits: SandboxLimits, workdir: Path, cwd: Path,
                 pass
         proc.wait()
         if init is not None:
-            select.select([init], [], [], _EXIT_WAIT_S)  # readable once it has exited, and with it its namespace
+            _readable(init, _EXIT_WAIT_S)  # readable once it has exited, and with it its namespace
             os.close(init)
     return proc.returncode, timed_out
 
 
 _EXIT_WAIT_S = 10.0  # how long a call's end waits for its namespace's init to exit once killed
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether `fd` becomes readable within `timeout_s` (poll: select refuses descriptors numbered
+    1,024 and up, which a busy process reaches, and the call's init would then go unheld)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout_s) * 1000))
 
 
 def _init_handle(info: int, bwrap: int, limit_s: float) -> int | None:
@@ -557,7 +565,7 @@ def _init_handle(info: int, bwrap: int, limit_s: float) -> int | None:
     not bwrap's: a pid reused)."""
     try:
         with os.fdopen(info, "rb") as handle:
-            if not select.select([handle], [], [], limit_s)[0]:
+            if not _readable(handle.fileno(), limit_s):
                 return None
             pid = int(json.loads(handle.read() or b"{}").get("child-pid", 0))
         if pid <= 0:

@@ -49,6 +49,8 @@ def run_tool(source_fd, limits, program):
         os.close(null)
     for name, value in limits:
         resource.setrlimit(getattr(resource, name), value)
+    with open("/proc/self/oom_score_adj", "w") as adj:  # a machine out of memory kills a call before Libra
+        adj.write("1000")
     confine(program)
     try:
         exec(compile(text, "<tool>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})

@@ -82,3 +82,19 @@ def test_the_files_of_a_server_calls_private_tmp_are_capped_in_number(episode, h
     output, status = attack(episode, host, code)
     made, error = map(int, output.split())
     assert error == errno.ENOSPC and made == 16 * 2**20 // 4096 - 1  # the directory itself is one
+
+
+def test_flushing_the_host_and_dropping_its_cache_are_answered_as_done_without_running(episode, host):
+    # each flushed the host's disk cache (26,026 flushes in 2.5 s from one call) and `sync` waited for
+    # the whole host's writeback past the call's timeout; DONTNEED emptied the host's cache of the
+    # system's files. On a descriptor that does not exist the kernel answers EBADF: 0 means the
+    # filter answered without running them
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.sync()\n"
+            "print(libc.fsync(9999), libc.fdatasync(9999), libc.syncfs(9999), libc.sync_file_range(9999, 0, 0, 0),"
+            " libc.msync(ctypes.c_void_p(4096), 4096, 4))\n"
+            "os.posix_fadvise(9999, 0, 0, os.POSIX_FADV_DONTNEED)\nprint('dontneed done')\n"
+            "try:\n    os.posix_fadvise(9999, 0, 0, os.POSIX_FADV_WILLNEED)\nexcept OSError as exc:\n    print('willneed', exc.errno)\n"
+            "print(open('/proc/self/oom_score_adj').read().strip())\n")
+    output, status = attack(episode, host, code)
+    # (the last: a machine out of memory kills a call's processes before Libra's)
+    assert output.splitlines() == ["0 0 0 0 0", "dontneed done", f"willneed {errno.EBADF}", "1000"]
