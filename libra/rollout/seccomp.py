@@ -150,6 +150,27 @@ def refused_families() -> list[int]:
     return [family for family in range(FAMILY_LIMIT) if family not in ALLOWED_FAMILIES.values()]
 
 
+def _masked(arg: int, mask: int, value: int) -> _ArgCmp:
+    """Argument `arg` (from 0), its bits in `mask`, equal to `value`."""
+    return _ArgCmp(arg, SCMP_CMP_MASKED_EQ, mask, value)
+
+
+def _rules() -> list[tuple[str, int, tuple[_ArgCmp, ...], bool]]:
+    """Every rule of the filter: (call, the errno it answers (0: done), the argument comparisons that
+    must all hold, whether the call must exist here)."""
+    return [
+        *((name, errno.EPERM, (), False) for name in DENIED),
+        *((name, answer, (), False) for name, answer in REFUSED.items()),
+        *((name, 0, (), False) for name in PRETENDED),
+        *((name, errno.EAFNOSUPPORT, (_masked(0, LOW_32_BITS, family),), True)
+          for name in FAMILY_CALLS for family in refused_families()),
+        *((name, errno.EOPNOTSUPP, (_masked(5, RWF_NOWAIT, RWF_NOWAIT),), True) for name in PAGE_CACHE_PROBES),
+        *((name, 0, (_masked(3, LOW_32_BITS, FADV_DONTNEED),), False) for name in FADVISE_CALLS),
+        *((name, errno.EINVAL, (_masked(arg, O_DIRECT, O_DIRECT),), False) for name, arg in DIRECT_OPENS.items()),
+        ("fcntl", errno.EINVAL, (_masked(1, LOW_32_BITS, F_SETFL), _masked(2, O_DIRECT, O_DIRECT)), True),
+    ]
+
+
 @lru_cache(maxsize=1)
 def filter_program() -> bytes:
     """The filter as a classic BPF program (8 bytes an instruction), for `prctl(PR_SET_SECCOMP)`."""
@@ -160,7 +181,6 @@ def filter_program() -> bytes:
                                  "installed; install it (Debian/Ubuntu: apt-get install libseccomp2)") from None
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
     lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
                                            ctypes.POINTER(_ArgCmp)]
@@ -170,44 +190,18 @@ def filter_program() -> bytes:
     if not context:
         raise SeccompUnavailable("libseccomp could not start a filter (seccomp_init failed)")
     try:
-        for name, answer in [*((name, errno.EPERM) for name in DENIED), *REFUSED.items(), *((name, 0) for name in PRETENDED)]:
+        for name, answer, compares, required in _rules():
             number = lib.seccomp_syscall_resolve_name(name.encode())
-            if number < 0:  # not a call of this architecture (32-bit only, or removed from the kernel)
+            if number < 0:  # not a call of this architecture (32-bit only, removed, or another name here)
                 number = NUMBERS.get(name, -1)
                 if number < 0:
+                    if required:
+                        raise SeccompUnavailable(f"libseccomp does not know the call {name}")
                     continue
-            if lib.seccomp_rule_add(context, SCMP_ACT_ERRNO | answer, number, 0) != 0:
-                raise SeccompUnavailable(f"libseccomp refused the rule for {name}")
-        for name in FAMILY_CALLS:
-            call = lib.seccomp_syscall_resolve_name(name.encode())
-            for family in refused_families():
-                compare = _ArgCmp(0, SCMP_CMP_MASKED_EQ, LOW_32_BITS, family)
-                if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EAFNOSUPPORT, call, 1,
-                                              ctypes.byref(compare)) != 0:
-                    raise SeccompUnavailable(f"libseccomp refused the rule for {name}(family {family})")
-        for name in PAGE_CACHE_PROBES:
-            compare = _ArgCmp(5, SCMP_CMP_MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT)
-            if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EOPNOTSUPP,
-                                          lib.seccomp_syscall_resolve_name(name.encode()), 1, ctypes.byref(compare)) != 0:
-                raise SeccompUnavailable(f"libseccomp refused the rule for {name}(RWF_NOWAIT)")
-        for name in FADVISE_CALLS:
-            call = lib.seccomp_syscall_resolve_name(name.encode())
-            if call < 0:  # not this architecture's name for it
-                continue
-            compare = _ArgCmp(3, SCMP_CMP_MASKED_EQ, LOW_32_BITS, FADV_DONTNEED)
-            if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | 0, call, 1, ctypes.byref(compare)) != 0:
-                raise SeccompUnavailable(f"libseccomp refused the rule for {name}(POSIX_FADV_DONTNEED)")
-        for name, arg in DIRECT_OPENS.items():
-            call = lib.seccomp_syscall_resolve_name(name.encode())
-            if call < 0:  # arm64 has openat alone
-                continue
-            compare = _ArgCmp(arg, SCMP_CMP_MASKED_EQ, O_DIRECT, O_DIRECT)
-            if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EINVAL, call, 1, ctypes.byref(compare)) != 0:
-                raise SeccompUnavailable(f"libseccomp refused the rule for {name}(O_DIRECT)")
-        setfl = (_ArgCmp * 2)(_ArgCmp(1, SCMP_CMP_MASKED_EQ, LOW_32_BITS, F_SETFL), _ArgCmp(2, SCMP_CMP_MASKED_EQ, O_DIRECT, O_DIRECT))
-        if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | errno.EINVAL,
-                                      lib.seccomp_syscall_resolve_name(b"fcntl"), 2, setfl) != 0:
-            raise SeccompUnavailable("libseccomp refused the rule for fcntl(F_SETFL, O_DIRECT)")
+            array = (_ArgCmp * len(compares))(*compares)
+            if lib.seccomp_rule_add_array(context, SCMP_ACT_ERRNO | answer, number, len(compares), array) != 0:
+                raise SeccompUnavailable(f"libseccomp refused the rule for {name}"
+                                         + (f" (arguments {[(c.arg, c.datum_b) for c in compares]})" if compares else ""))
         with tempfile.TemporaryFile() as out:
             if lib.seccomp_export_bpf(context, out.fileno()) != 0:
                 raise SeccompUnavailable("libseccomp could not export the filter")
