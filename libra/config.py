@@ -181,6 +181,9 @@ class SandboxConfig(_Section):
     workdirs_bytes: int = Field(0, ge=0, le=2**44, description="host memory the working directories open at once "
                                 "may pin together, where they are tmpfs mounts (each counts its workdir_bytes); "
                                 "0: a quarter of the machine's memory")
+    calls_bytes: int = Field(0, ge=0, le=2**44, description="host memory the tool calls in flight may hold together, "
+                             "where Libra runs as root (a cap on their cgroups' directory; each call is also capped "
+                             "alone): past it the kernel ends a call, never Libra; 0: a quarter of the machine's memory")
 
 
 class RolloutConfig(_Section):

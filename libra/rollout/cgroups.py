@@ -128,9 +128,11 @@ class CallCgroups:
         return tuple(tree.top for tree in self.trees)
 
     @classmethod
-    def open(cls, uid: int, clock: Clock, proc_cgroup: str | None = None, mountinfo: str | None = None) -> CallCgroups:
-        """Make this process's directories of calls (removing those of processes that are gone), or
-        raise `CgroupUnavailable` saying why it cannot make memory cgroups. A CPU or process-count
+    def open(cls, uid: int, clock: Clock, proc_cgroup: str | None = None, mountinfo: str | None = None,
+             total_bytes: int | None = None) -> CallCgroups:
+        """Make this process's directories of calls (removing those of processes that are gone), the
+        memory of all its calls together capped at `total_bytes` (None: uncapped), or raise
+        `CgroupUnavailable` saying why it cannot make memory cgroups. A CPU or process-count
         controller that cannot be used is named in `missing`, with the reason."""
         if os.geteuid() != 0:
             raise CgroupUnavailable("cgroups for tool calls need Libra to run as root")
@@ -145,7 +147,7 @@ class CallCgroups:
         try:
             for hierarchy in hierarchies:
                 try:
-                    trees.append(_open_tree(hierarchy, name))
+                    trees.append(_open_tree(hierarchy, name, total_bytes))
                 except CgroupUnavailable as exc:
                     if "memory" in hierarchy.controllers:
                         raise
@@ -273,9 +275,12 @@ def cpu_quota_us(cpus: float) -> int:
     return max(1_000, round(cpus * CPU_PERIOD_US))
 
 
-def _open_tree(hierarchy: Hierarchy, name: str) -> _Tree:
+def _open_tree(hierarchy: Hierarchy, name: str, total_bytes: int | None = None) -> _Tree:
     """This process's directory of calls (`name`) in `hierarchy`, with the hierarchy's controllers that can
-    be used (v2: those it can enable for the directory; the memory controller is required)."""
+    be used (v2: those it can enable for the directory; the memory controller is required), the
+    memory of every call below it capped at `total_bytes` (each call is capped alone as well: 16
+    calls in flight of 1 GiB each had held what they liked together, and a machine out of memory
+    ends its largest process, Libra's)."""
     # v2 allows no process in a cgroup whose controllers its children use: the directory goes
     # beside this process's cgroup; v1 has no such rule and it goes below
     parent = hierarchy.own if hierarchy.version == 1 else hierarchy.own.parent
@@ -295,6 +300,8 @@ def _open_tree(hierarchy: Hierarchy, name: str) -> _Tree:
                 if controller not in (parent / "cgroup.subtree_control").read_text().split():
                     _write(parent / "cgroup.subtree_control", f"+{controller}")
                 _write(top / "cgroup.subtree_control", f"+{controller}")
+        if total_bytes is not None and "memory" in controllers:
+            _write(top / ("memory.limit_in_bytes" if hierarchy.version == 1 else "memory.max"), str(total_bytes))
     except OSError as exc:
         _rmdir(top)
         if isinstance(exc, CgroupUnavailable):

@@ -364,7 +364,8 @@ class Sandbox:
                 made = None
                 if launcher.isolation == "bwrap":
                     try:
-                        made = CallCgroups.open(launcher.uid if launcher.uid is not None else os.geteuid(), self.clock)
+                        made = CallCgroups.open(launcher.uid if launcher.uid is not None else os.geteuid(), self.clock,
+                                                total_bytes=self.config.calls_bytes or machine_memory_bytes() // 4)
                         atexit.register(made.close)
                     except CgroupUnavailable as exc:
                         warn_once(f"tool calls get no cgroups ({exc}): the memory a call holds is capped per "

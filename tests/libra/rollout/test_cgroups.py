@@ -113,3 +113,30 @@ def test_a_cpu_hierarchy_that_cannot_be_used_is_named_missing_with_the_reason(tm
     finally:
         cgroups.close()
     assert not cgroups.tops[0].exists()
+
+
+def test_the_calls_together_are_capped_and_a_call_past_it_ends_not_libra(tmp_path):
+    """Each call is capped alone, and the calls in flight together at `sandbox.calls_bytes`: 16
+    calls of 1 GiB had held what they liked together, and a machine out of memory ends its largest
+    process, Libra's (a red team's)."""
+    from libra.config import SandboxConfig
+    from libra.rollout.sandbox import Sandbox, SandboxLimits
+
+    try:
+        cgroups = CallCgroups.open(os.geteuid(), WallClock(), total_bytes=96 * 2**20)
+    except CgroupUnavailable as exc:
+        pytest.skip(f"no cgroups here: {exc}")
+    try:
+        memory = next(tree for tree in cgroups.trees if "memory" in tree.controllers)
+        limit = memory.top / ("memory.limit_in_bytes" if memory.hierarchy.version == 1 else "memory.max")
+        assert limit.read_text().split() == [str(96 * 2**20)]
+    finally:
+        cgroups.close()
+    box = Sandbox(SandboxConfig(calls_bytes=48 * 2**20))
+    work = tmp_path / "w"
+    work.mkdir()
+    box.prepare(work)
+    code = "b = bytearray(100 * 2**20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\nprint('held')"
+    alone = box.run(code, work, SandboxLimits(call_memory_bytes=256 * 2**20, memory_bytes=512 * 2**20))
+    assert alone.status == "error" and "held" not in alone.stdout  # under its own cap, past the calls' together
+    assert box.run("print(6 * 7)", work, SandboxLimits()).stdout.strip() == "42"
