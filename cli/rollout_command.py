@@ -106,7 +106,7 @@ def cmd_rollout(args: argparse.Namespace, config: LibraConfig) -> int:
     from cli.streams import json_stdout
     from flows.rollout import rollout_flow, rollout_request
     from libra.checks import as_flag
-    from libra.rollout.sandbox import check_workdirs
+    from libra.rollout.workroots import check_workdirs
     from storage.writer import ANOTHER, refuse_existing
 
     request = rollout_request(args.env, args.prompts, args.samples, args.batches, args.engine, args.instances,

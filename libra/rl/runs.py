@@ -128,7 +128,7 @@ def check_tasks(config: LibraConfig) -> None:
     from libra.partial import groups_to_start
     from libra.rl.schedule import iteration_tasks, rolled_prompts, train_task_seed
     from libra.rollout.envs import make_env
-    from libra.rollout.sandbox import check_workdirs
+    from libra.rollout.workroots import check_workdirs
 
     t = config.trainer
     env = make_env(t.env, config.sandbox)

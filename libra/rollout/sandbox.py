@@ -79,7 +79,7 @@ from libra.clock import Clock, Stopwatch, WallClock
 from libra.config import SandboxConfig
 from libra.devices import machine_memory_bytes
 from libra.errors import LibraError
-from libra.mounts import MountError, can_mount, mount_tmpfs, workdir_bytes_held
+from libra.mounts import MountError, can_mount, mount_tmpfs
 from libra.rollout.cgroups import CallCgroups, CgroupUnavailable
 from libra.rollout.sandbox_client import Server, ServerStopped
 from libra.rollout.sandbox_server import (
@@ -92,7 +92,7 @@ from libra.rollout.sandbox_server import (
     TOOL_RUNNER,
 )
 from libra.rollout.seccomp import filter_program
-from libra.rollout.workroots import base_shared, warn_once, workroot_base
+from libra.rollout.workroots import base_shared, check_room, warn_once, workroot_base
 
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
         "HOME": INSIDE, "PWD": INSIDE, "TMPDIR": "/tmp"}
@@ -102,34 +102,6 @@ _PRELUDE = TOOL_RUNNER + "sys.exit(run_tool(0, %(limits)r, bytes.fromhex(%(progr
 
 
 _MOUNTING = threading.Lock()
-
-
-class WorkdirsFull(LibraError):
-    """Another working directory's tmpfs would let them all pin more memory than `sandbox.workdirs_bytes`."""
-
-
-def check_workdirs(sandbox: SandboxConfig, trajectories: int) -> None:
-    """Refused before any work where the working directories are tmpfs mounts (Libra runs as root):
-    `trajectories` open at once whose caps pass sandbox.workdirs_bytes (each would be refused as it
-    opened, the rollout with it)."""
-    allowed, named = workdirs_budget(sandbox)
-    if sandbox.isolation == "bwrap" and can_mount() and trajectories * sandbox.workdir_bytes > allowed:
-        raise WorkdirsFull(f"{trajectories} trajectories at once, each with a working directory of sandbox.workdir_bytes "
-                           f"{sandbox.workdir_bytes / 2**20:,.0f} MiB, may hold "
-                           f"{trajectories * sandbox.workdir_bytes / 2**20:,.0f} MiB of files in memory, past {named}; "
-                           f"{WORKDIRS_REMEDY}")
-
-
-def workdirs_budget(sandbox: SandboxConfig) -> tuple[int, str]:
-    """The bytes the working directories open at once may pin (sandbox.workdirs_bytes, 0: a quarter
-    of this machine's memory), and the budget in words."""
-    allowed = sandbox.workdirs_bytes or machine_memory_bytes() // 4
-    return allowed, (f"sandbox.workdirs_bytes {allowed / 2**20:,.0f} MiB"
-                     f"{'' if sandbox.workdirs_bytes else ' (a quarter of this machine memory)'}")
-
-
-WORKDIRS_REMEDY = ("lower sandbox.workdir_bytes (a task's files need a few KiB) or the trajectories in flight, or raise "
-                   "sandbox.workdirs_bytes")
 
 
 class SandboxUnavailable(LibraError):
@@ -414,12 +386,7 @@ class Sandbox:
             return False  # the sandbox server would not see the mount (workroot_base warned)
         size = self.config.workdir_bytes
         with _MOUNTING:  # one count and mount at a time: two threads must not both fit in the last room
-            held = workdir_bytes_held(Path("/proc/self/mountinfo").read_text())
-            allowed, named = workdirs_budget(self.config)
-            if held + size > allowed:
-                raise WorkdirsFull(f"the working directories open now on this machine (every Libra process's) may hold "
-                                   f"{held / 2**20:,.0f} MiB of files in memory, and another of sandbox.workdir_bytes "
-                                   f"{size / 2**20:,.0f} MiB would pass {named}; {WORKDIRS_REMEDY}")
+            check_room(self.config)
             try:
                 mount_tmpfs(workdir, size, max(1_024, size // 4_096), launcher.uid if launcher.uid is not None else os.geteuid())
             except MountError as exc:

@@ -340,7 +340,7 @@ def test_the_working_directories_open_at_once_pin_no_more_than_their_budget(tmp_
     trajectory, with nothing adding them up, let a batch's trajectories pin more than the machine."""
     from libra.files import discard_tree
     from libra.mounts import workdir_bytes_held
-    from libra.rollout.sandbox import WorkdirsFull
+    from libra.rollout.workroots import WorkdirsFull
 
     before = workdir_bytes_held(Path("/proc/self/mountinfo").read_text())
     box = Sandbox(config.model_copy(update={"workdir_bytes": 2**20, "workdirs_bytes": before + 3 * 2**20}))
